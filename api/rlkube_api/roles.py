@@ -1,0 +1,171 @@
+"""Per-role resources: replicas, GPUs, node pool, parallelism and placement.
+
+The trainer reads replicas/GPUs/parallelism to shape its worker groups; the
+operator also reads the pool to place each role's pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from rlkube_api.base import ApiModel, CelRule
+
+# Roles that can run in pods of their own or inside the actor's workers.
+COLOCATABLE_ROLES = ("critic", "reference", "reward")
+ALL_ROLES = ("actor", "critic", "reference", "reward", "rollout")
+
+_GPUS_IMMUTABLE = CelRule(
+    "has(self.gpusPerReplica) == has(oldSelf.gpusPerReplica)"
+    " && (!has(self.gpusPerReplica) || self.gpusPerReplica == oldSelf.gpusPerReplica)",
+    "gpusPerReplica is immutable",
+    ".gpusPerReplica",
+    transition=True,
+)
+
+_WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
+
+
+class Toleration(ApiModel):
+    """A Kubernetes toleration."""
+
+    key: str | None = Field(None, max_length=316, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: str | None = Field(None, max_length=63, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Effect.")
+    toleration_seconds: int | None = Field(None, description="NoExecute: seconds to stay.")
+
+
+class Pool(ApiModel):
+    """The node pool a role's pods go to."""
+
+    node_selector: dict[str, str] | None = Field(None, description="Node labels the pods require.")
+    tolerations: list[Toleration] | None = Field(None, max_length=64, description="Taints the pods tolerate.")
+    affinity: dict[str, Any] | None = Field(None, description="A Kubernetes affinity, copied to the pods.")
+
+
+class Resources(ApiModel):
+    """CPU and memory per pod (requests; memory is also the limit)."""
+
+    cpu: str | None = Field(None, max_length=32, description="CPU request, e.g. '8' or '500m'.")
+    memory: str | None = Field(None, max_length=32, description="Memory request and limit, e.g. '64Gi'.")
+
+
+class _PodRole(ApiModel):
+    """Fields every role with pods of its own has."""
+
+    replicas: int = Field(1, ge=1, le=4096, description="Pods of this role.")
+    gpus_per_replica: int | None = Field(
+        None, ge=0, le=64, description="nvidia.com/gpu per pod (0 on CPU); one worker per GPU."
+    )
+    pool: Pool | None = Field(None, description="Node pool: nodeSelector, tolerations, affinity.")
+    resources: Resources | None = Field(None, description="CPU and memory per pod.")
+
+
+class ActorRoleSpec(_PodRole):
+    """The actor: the policy being trained."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.gpusPerReplica)",
+            "gpusPerReplica is required (0 for CPU)",
+            ".gpusPerReplica",
+            "FieldValueRequired",
+        ),
+        CelRule(
+            f"!has(self.fsdpSize) || {_WORLD_SIZE} % self.fsdpSize == 0",
+            "fsdpSize must divide replicas × gpusPerReplica (the role's world size)",
+            ".fsdpSize",
+        ),
+        _GPUS_IMMUTABLE,
+    )
+
+    fsdp_size: int | None = Field(
+        None, ge=1, description="Ranks each parameter is sharded over (default: the whole role)."
+    )
+
+
+class RoleSpec(_PodRole):
+    """Critic, reference or reward: pods of their own, or colocated with the actor."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.colocateWith) || (!has(self.pool) && !has(self.gpusPerReplica))",
+            "a role colocated with another declares no pool or gpusPerReplica of its own",
+            ".colocateWith",
+        ),
+        CelRule(
+            "has(self.colocateWith) || has(self.gpusPerReplica)",
+            "gpusPerReplica is required (0 for CPU) unless colocateWith is set",
+            ".gpusPerReplica",
+            "FieldValueRequired",
+        ),
+        CelRule(
+            f"has(self.colocateWith) || !has(self.fsdpSize) || {_WORLD_SIZE} % self.fsdpSize == 0",
+            "fsdpSize must divide replicas × gpusPerReplica (the role's world size)",
+            ".fsdpSize",
+        ),
+        _GPUS_IMMUTABLE,
+    )
+
+    colocate_with: Literal["actor"] | None = Field(
+        None, description="Run inside the actor's workers instead of pods of its own."
+    )
+    fsdp_size: int | None = Field(None, ge=1, description="Ranks each parameter is sharded over.")
+
+
+class RolloutRoleSpec(_PodRole):
+    """vLLM rollout: inside the actor (colocated) or on pods of its own (separate)."""
+
+    cel_rules = (
+        CelRule(
+            "self.placement == 'separate' || (!has(self.pool) && !has(self.gpusPerReplica))",
+            "colocated rollout uses the actor's pods: it declares no pool or gpusPerReplica",
+            ".placement",
+        ),
+        CelRule(
+            "self.placement == 'colocated' || has(self.gpusPerReplica)",
+            "gpusPerReplica is required (0 for CPU) when placement is separate",
+            ".gpusPerReplica",
+            "FieldValueRequired",
+        ),
+        CelRule(
+            "!has(self.gpusPerReplica) || (self.gpusPerReplica == 0 ? self.tensorParallelSize == 1"
+            " : self.gpusPerReplica % self.tensorParallelSize == 0)",
+            "tensorParallelSize must divide gpusPerReplica (and be 1 without GPUs)",
+            ".tensorParallelSize",
+        ),
+        _GPUS_IMMUTABLE,
+        CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
+    )
+
+    placement: Literal["colocated", "separate"] = Field(
+        "colocated", description="colocated (hybrid engine in the actor's workers) or separate (own pods)."
+    )
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per vLLM engine.")
+
+
+class Roles(ApiModel):
+    """The worker groups of the job. actor is required."""
+
+    cel_rules = (
+        CelRule(
+            "self.rollout.placement != 'colocated' || !has(self.actor.gpusPerReplica)"
+            " || (self.actor.gpusPerReplica == 0"
+            " ? self.rollout.tensorParallelSize == 1"
+            " : self.actor.gpusPerReplica % self.rollout.tensorParallelSize == 0)",
+            "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica",
+            ".rollout.tensorParallelSize",
+        ),
+    )
+
+    actor: ActorRoleSpec = Field(description="The policy.")
+    critic: RoleSpec | None = Field(None, description="The value model (required for gae).")
+    reference: RoleSpec | None = Field(
+        None, description="The frozen reference policy for KL (default: colocated with the actor when KL is used)."
+    )
+    reward: RoleSpec | None = Field(None, description="The reward model, when reward.model is set.")
+    rollout: RolloutRoleSpec = Field(
+        default_factory=RolloutRoleSpec, description="Generation: placement and resources."
+    )

@@ -1,0 +1,176 @@
+"""Certificates for the local control plane: one CA signs everything.
+
+The layout follows kwokctl's: a CA, a serving certificate for the apiserver, one
+admin client certificate in group system:masters (used by the user and by every
+component, which keeps the setup small), and a separate service-account signing
+key so that tokens the apiserver issues are verifiable the way they are in a real
+cluster. EC P-256 keys are used throughout because they are generated in
+milliseconds, which matters for a warm start on two cores.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# The service CIDR's first address is the ClusterIP of the `kubernetes` Service;
+# in-cluster clients verify the apiserver against it.
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
+KUBERNETES_SERVICE_IP = "10.96.0.1"
+VALIDITY = datetime.timedelta(days=365)
+
+
+@dataclass(frozen=True)
+class Pki:
+    dir: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.dir / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.dir / "ca.key"
+
+    @property
+    def apiserver_cert(self) -> Path:
+        return self.dir / "apiserver.crt"
+
+    @property
+    def apiserver_key(self) -> Path:
+        return self.dir / "apiserver.key"
+
+    @property
+    def admin_cert(self) -> Path:
+        return self.dir / "admin.crt"
+
+    @property
+    def admin_key(self) -> Path:
+        return self.dir / "admin.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.dir / "sa.key"
+
+    @property
+    def service_account_pub(self) -> Path:
+        return self.dir / "sa.pub"
+
+    def complete(self) -> bool:
+        files = [self.ca_cert, self.ca_key, self.apiserver_cert, self.apiserver_key]
+        files += [self.admin_cert, self.admin_key, self.service_account_key, self.service_account_pub]
+        return all(path.is_file() for path in files)
+
+
+def ensure_pki(directory: Path) -> Pki:
+    """Create the certificates unless a complete set is already there.
+
+    Reusing them across `down --keep` / `up` keeps kubeconfigs and service-account
+    tokens issued earlier valid against the kept etcd data.
+    """
+    pki = Pki(directory)
+    if pki.complete():
+        return pki
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "rlkube-e2e-ca")])
+    ca_cert = (
+        _builder(ca_name, ca_name, ca_key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    _write_key(pki.ca_key, ca_key)
+    pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+
+    dns_names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns_names.append("kubernetes.default.svc.cluster.local")
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName(name) for name in dns_names]
+        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", KUBERNETES_SERVICE_IP)]
+    )
+    _issue(pki.apiserver_cert, pki.apiserver_key, "kube-apiserver", None, ca_cert, ca_key, san, server=True)
+    # Group system:masters is bound to cluster-admin by the apiserver's bootstrap policy.
+    _issue(pki.admin_cert, pki.admin_key, "rlkube-admin", "system:masters", ca_cert, ca_key, None, server=False)
+
+    sa_key = ec.generate_private_key(ec.SECP256R1())
+    _write_key(pki.service_account_key, sa_key)
+    pki.service_account_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki
+
+
+def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+    # Backdated a little so a clock that is a few seconds off does not reject a fresh cert.
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(minutes=5)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now)
+        .not_valid_after(now + VALIDITY)
+    )
+
+
+def _issue(
+    cert_path: Path,
+    key_path: Path,
+    common_name: str,
+    organization: str | None,
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    san: x509.SubjectAlternativeName | None,
+    *,
+    server: bool,
+) -> None:
+    key = ec.generate_private_key(ec.SECP256R1())
+    attributes = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if organization:
+        attributes.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
+    usage = ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH
+    builder = (
+        _builder(x509.Name(attributes), ca_cert.subject, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    )
+    if san is not None:
+        builder = builder.add_extension(san, critical=False)
+    cert = builder.sign(ca_key, hashes.SHA256())
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    # Private keys are readable by the owner only, like kubeadm's.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds the local control plane from package registries (Go module proxy) and
+# caches each component outside the repo, keyed by version:
+#   $RLKUBE_CACHE/k8s-v1.36.3/bin/{kube-apiserver,kube-controller-manager,kube-scheduler}
+#   $RLKUBE_CACHE/etcd-v3.6.10/bin/etcd
+#   $RLKUBE_CACHE/kwok-v0.8.0/bin/kwok
+#   $RLKUBE_CACHE/helm-v3.21.4/bin/helm
+# A component already in the cache is not rebuilt. Prints progress while building.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-1.36.3}
+ETCD_VERSION=${ETCD_VERSION:-3.6.10}
+KWOK_VERSION=${KWOK_VERSION:-0.8.0}
+HELM_VERSION=${HELM_VERSION:-3.21.4}
+CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
+export CGO_ENABLED=0
+export GOFLAGS=${GOFLAGS:--trimpath}
+
+log() { printf '[toolchain %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# Runs a command while printing a heartbeat every 30 s, so a cold build that
+# takes tens of minutes never looks hung.
+with_progress() {
+  local what=$1; shift
+  local start=$SECONDS
+  "$@" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 5
+    if (( (SECONDS - start) % 30 < 5 )) && kill -0 "$pid" 2>/dev/null; then
+      log "$what: still building ($((SECONDS - start)) s)"
+    fi
+  done
+  wait "$pid"
+  log "$what: done in $((SECONDS - start)) s"
+}
+
+k8s_ldflags() {
+  local minor=${K8S_VERSION#*.}; minor=${minor%%.*}
+  local flags="-s -w" pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    flags+=" -X $pkg.gitVersion=v$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  printf '%s' "$flags"
+}
+
+build_k8s() {
+  local dest=$CACHE/k8s-v$K8S_VERSION/bin
+  if [[ -x $dest/kube-apiserver && -x $dest/kube-controller-manager && -x $dest/kube-scheduler ]]; then
+    return
+  fi
+  log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kube-scheduler (cold: tens of minutes)"
+  local work=$CACHE/src/k8s-v$K8S_VERSION
+  mkdir -p "$work" "$dest"
+  cd "$work"
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them
+  # with local paths; a wrapper module replaces each with its published v0.X.Y.
+  local gomod
+  gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  local staging_version="v0.${K8S_VERSION#*.}"
+  {
+    echo "module rlkube.dev/k8s-build"
+    echo
+    echo "go $(sed -n 's/^go //p' "$gomod")"
+    echo
+    echo "require k8s.io/kubernetes v$K8S_VERSION"
+    echo
+    echo "replace ("
+    sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\t\1 => \1 '"$staging_version"'#p' "$gomod"
+    echo ")"
+    echo
+    echo "tool ("
+    echo "	k8s.io/kubernetes/cmd/kube-apiserver"
+    echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
+    echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+    echo ")"
+  } > go.mod
+  with_progress "kubernetes: go mod tidy" go mod tidy
+  with_progress "kubernetes v$K8S_VERSION" go build -ldflags "$(k8s_ldflags)" -o "$dest/" \
+    k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler
+}
+
+build_etcd() {
+  local dest=$CACHE/etcd-v$ETCD_VERSION/bin
+  [[ -x $dest/etcd ]] && return
+  log "etcd v$ETCD_VERSION: building"
+  local work=$CACHE/src/etcd-v$ETCD_VERSION
+  mkdir -p "$work" "$dest"
+  cd "$work"
+  printf 'module rlkube.dev/etcd-build\n\ngo 1.24\n\ntool go.etcd.io/etcd/server/v3\n' > go.mod
+  with_progress "etcd: go get" go get "go.etcd.io/etcd/server/v3@v$ETCD_VERSION"
+  with_progress "etcd v$ETCD_VERSION" go build -ldflags "-s -w" -o "$dest/etcd" go.etcd.io/etcd/server/v3
+}
+
+# Commands whose modules have no replace directives install with plain `go install`.
+go_install() {
+  local name=$1 pkg=$2 version=$3
+  local dest=$CACHE/$name-v$version/bin
+  [[ -x $dest/$name ]] && return
+  log "$name v$version: building"
+  mkdir -p "$dest"
+  with_progress "$name v$version" env GOBIN="$dest" go install -ldflags "-s -w" "$pkg@v$version"
+}
+
+main() {
+  command -v go >/dev/null || { log "go is not installed (apt-get install golang-go, or see README)"; exit 1; }
+  mkdir -p "$CACHE"
+  local what=${1:-all}
+  case $what in
+    k8s) build_k8s ;;
+    etcd) build_etcd ;;
+    kwok) go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
+    helm) go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+    all)
+      # Small ones first so a failure there shows before the long build.
+      (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
+      (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
+      (build_etcd)
+      (build_k8s)
+      ;;
+    paths)
+      echo "K8S_BIN=$CACHE/k8s-v$K8S_VERSION/bin"
+      echo "ETCD_BIN=$CACHE/etcd-v$ETCD_VERSION/bin"
+      echo "KWOK_BIN=$CACHE/kwok-v$KWOK_VERSION/bin"
+      echo "HELM_BIN=$CACHE/helm-v$HELM_VERSION/bin"
+      ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|all|paths)"; exit 2 ;;
+  esac
+}
+main "$@"

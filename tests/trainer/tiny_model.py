@@ -1,0 +1,101 @@
+"""A tiny random-initialised Qwen2 causal LM with a locally built tokenizer.
+
+Tests must not download anything (no hub access here or in CI), so both the model and the tokenizer
+are made from scratch: the model from a small `Qwen2Config`, the tokenizer as a byte-level BPE with
+no merges (every byte is one token), which round-trips any text with a vocabulary of a few hundred.
+vLLM and transformers both load the saved directory like any hub checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# Qwen-style ChatML, so prompts built with `apply_chat_template` look like a real chat model's.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def build_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer whose vocabulary is exactly `vocab` ids.
+
+    The vocabulary is padded with unused `<|extra_N|>` tokens up to the model's size: every id the
+    model can sample then decodes to something, which keeps vLLM's detokenizer out of trouble.
+    """
+    byte_alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    n_fixed = len(byte_alphabet) + len(SPECIAL_TOKENS)
+    if vocab < n_fixed:
+        raise ValueError(f"vocab must be at least {n_fixed} (256 bytes + {len(SPECIAL_TOKENS)} specials)")
+    token_to_id = {tok: i for i, tok in enumerate(byte_alphabet)}
+    extras = [f"<|extra_{i}|>" for i in range(vocab - n_fixed)]
+    for tok in (*SPECIAL_TOKENS, *extras):
+        token_to_id[tok] = len(token_to_id)
+
+    backend = Tokenizer(models.BPE(vocab=token_to_id, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([*SPECIAL_TOKENS, *extras])
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        model_max_length=4096,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_tiny_model(
+    path: str | Path,
+    vocab: int = 512,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    tie_word_embeddings: bool = True,
+) -> Path:
+    """Save a random-initialised tiny Qwen2 model and its tokenizer to `path`; returns the path.
+
+    Embeddings are tied by default, as in the small Qwen2.5 models, so weight syncing is exercised
+    on the case where HF names `lm_head.weight` but the checkpoint only stores the embedding.
+    """
+    path = Path(path)
+    tokenizer = build_tokenizer(vocab)
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=1024,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    # Random init at std 0.02 gives near-uniform next-token distributions; a wider spread makes the
+    # greedy continuations depend clearly on the weights, which the weight-sync tests rely on.
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.2)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

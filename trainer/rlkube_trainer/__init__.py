@@ -1,0 +1,1 @@
+"""rlkube_trainer."""
