@@ -104,6 +104,13 @@ class RLJobSpec(TrainerConfig):
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
 
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's sections of this spec, without what only Kubernetes reads."""
+        fields = TrainerConfig.model_fields
+        data = {k: v for k, v in self.to_config().items() if k in fields}
+        data["checkpoint"].pop("volume", None)
+        return TrainerConfig.model_validate(data)
+
 
 # --- status -------------------------------------------------------------------------------------
 

@@ -61,15 +61,20 @@ def build_tiny_model(
     seed: int = 0,
     hidden_size: int = 64,
     num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
     tie_word_embeddings: bool = True,
 ) -> Path:
     """Save a random-initialised tiny Qwen2 model and its tokenizer to `path`; returns the path.
 
+    vLLM's CPU attention supports head sizes 32, 64, 80, ... only, and vLLM's Qwen2 derives the head
+    size as `hidden_size // num_heads` (it ignores `head_dim`), hence 64 hidden with 2 heads.
     Embeddings are tied by default, as in the small Qwen2.5 models, so weight syncing is exercised
     on the case where HF names `lm_head.weight` but the checkpoint only stores the embedding.
     """
+    if hidden_size // num_heads < 32:
+        raise ValueError(f"hidden_size / num_heads must be at least 32 for vLLM's CPU attention, got "
+                         f"{hidden_size} / {num_heads}")
     path = Path(path)
     tokenizer = build_tokenizer(vocab)
     config = Qwen2Config(

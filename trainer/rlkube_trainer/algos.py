@@ -265,9 +265,7 @@ def compute_policy_loss(  # noqa: PLR0917 - verl's positional signature
     loss_agg_mode: str = "token-mean",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Dual-clip PPO policy loss; returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
-    assert clip_ratio_c > 1.0, (
-        f"clip_ratio_c (dual-clip lower bound) must be greater than 1.0, got {clip_ratio_c}"
-    )
+    assert clip_ratio_c > 1.0, f"clip_ratio_c (dual-clip lower bound) must be greater than 1.0, got {clip_ratio_c}"
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
     if low is None or high is None:
@@ -287,9 +285,7 @@ def compute_policy_loss(  # noqa: PLR0917 - verl's positional signature
     pg_losses3 = -advantages * clip_ratio_c
     clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
     negative = advantages < 0
-    pg_clipfrac_lower = masked_mean(
-        ((clip_pg_losses1 > pg_losses3) & negative).to(log_prob.dtype), response_mask
-    )
+    pg_clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & negative).to(log_prob.dtype), response_mask)
 
     pg_losses = torch.where(negative, clip_pg_losses2, clip_pg_losses1)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
@@ -341,9 +337,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         # Both clamps keep a single far-off token from exploding the estimate (exp overflow, huge grads).
         kl = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(kl) - kl - 1, min=-10.0, max=10.0)
-    raise ValueError(
-        f"unknown kl_penalty {kl_penalty!r}; choose one of: kl, k1, abs, mse, k2, low_var_kl, k3"
-    )
+    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; choose one of: kl, k1, abs, mse, k2, low_var_kl, k3")
 
 
 class KLController(Protocol):
@@ -380,9 +374,7 @@ class AdaptiveKLController:
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
         """Start at ``init_kl_coef``; ``horizon`` is how many samples a full correction is spread over."""
         if target_kl <= 0 or horizon <= 0:
-            raise ValueError(
-                f"target_kl and horizon must be > 0, got target_kl={target_kl}, horizon={horizon}"
-            )
+            raise ValueError(f"target_kl and horizon must be > 0, got target_kl={target_kl}, horizon={horizon}")
         self.value = float(init_kl_coef)
         self.target = float(target_kl)
         self.horizon = float(horizon)

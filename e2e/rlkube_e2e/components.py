@@ -1,0 +1,191 @@
+"""Command lines of the five control-plane processes.
+
+kwokctl's binary runtime (sigs.k8s.io/kwok pkg/kwokctl/components) is the
+reference; the differences are noted where they are made. Everything listens on
+127.0.0.1 only, on ports chosen free at start, so several clusters (a developer's
+and a test session's) can run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlkube_e2e.binaries import Binaries
+from rlkube_e2e.layout import Layout
+from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE
+from rlkube_e2e.pools import KWOK_NODE_ANNOTATION
+
+LOCALHOST = "127.0.0.1"
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+# The controllers the operator's tests rely on, and what they need to work:
+# service accounts and their tokens (pods are rejected without the namespace's
+# `default` service account), namespace deletion, ownerReference garbage
+# collection, the workload controllers, PodDisruptionBudgets, EndpointSlices for
+# headless Services, and node lifecycle (it removes the not-ready taint that the
+# apiserver puts on every new node). Left out on purpose: taint-based eviction
+# (a slow simulated node would otherwise lose its pods), storage, certificates,
+# cloud and IPAM controllers, which these tests never exercise and which would
+# only cost CPU on small machines.
+CONTROLLERS = (
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "namespace-controller",
+    "garbage-collector-controller",
+    "statefulset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "job-controller",
+    "ttl-after-finished-controller",
+    "disruption-controller",
+    "endpointslice-controller",
+    "node-lifecycle-controller",
+    "pod-garbage-collector-controller",
+)
+# Order of start; shutdown goes in reverse.
+ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+NODE_LEASE_SECONDS = 40
+
+
+@dataclass(frozen=True)
+class Ports:
+    etcd_client: int
+    etcd_peer: int
+    apiserver: int
+    controller_manager: int
+    scheduler: int
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    binary: Path
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def argv(self) -> list[str]:
+        return [str(self.binary), *self.args]
+
+
+def etcd(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+    client = f"http://{LOCALHOST}:{ports.etcd_client}"
+    peer = f"http://{LOCALHOST}:{ports.etcd_peer}"
+    return Component(
+        "etcd",
+        binaries.etcd,
+        [
+            "--name=node0",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=node0={peer}",
+            "--auto-compaction-retention=1",
+            # A throwaway test cluster does not need its writes to survive a power
+            # cut; skipping fsync makes every API write several times faster.
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+        ],
+    )
+
+
+def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+    pki = layout.pki
+    return Component(
+        "kube-apiserver",
+        binaries.kube_apiserver,
+        [
+            f"--etcd-servers=http://{LOCALHOST}:{ports.etcd_client}",
+            f"--bind-address={LOCALHOST}",
+            f"--secure-port={ports.apiserver}",
+            # The apiserver would otherwise advertise the host's primary address,
+            # and fail to start on a machine without a default route.
+            f"--advertise-address={LOCALHOST}",
+            # Endpoints may not hold a loopback address, so the `kubernetes`
+            # Service gets none; nothing in-cluster calls it (kwok runs no pods).
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={pki.apiserver_cert}",
+            f"--tls-private-key-file={pki.apiserver_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            f"--service-account-key-file={pki.service_account_pub}",
+            f"--service-account-signing-key-file={pki.service_account_key}",
+            f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # As in a real cluster, so `kubectl auth can-i --as ...` answers what
+            # the operator's RBAC really allows.
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ],
+    )
+
+
+def kube_controller_manager(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+    pki = layout.pki
+    return Component(
+        "kube-controller-manager",
+        binaries.kube_controller_manager,
+        [
+            f"--kubeconfig={layout.kubeconfig}",
+            f"--bind-address={LOCALHOST}",
+            f"--secure-port={ports.controller_manager}",
+            f"--cert-dir={layout.cert_dir('kube-controller-manager')}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            # One instance: leader election would only delay a restart by up to a
+            # lease duration (the old lease survives in the kept etcd data).
+            "--leader-elect=false",
+            f"--controllers={','.join(CONTROLLERS)}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-account-private-key-file={pki.service_account_key}",
+            # The defaults (20 qps) make a StatefulSet of a few dozen pods visibly slow.
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+        ],
+    )
+
+
+def kube_scheduler(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+    return Component(
+        "kube-scheduler",
+        binaries.kube_scheduler,
+        [
+            f"--kubeconfig={layout.kubeconfig}",
+            f"--bind-address={LOCALHOST}",
+            f"--secure-port={ports.scheduler}",
+            f"--cert-dir={layout.cert_dir('kube-scheduler')}",
+            "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+            "--leader-elect=false",
+        ],
+    )
+
+
+def kwok(binaries: Binaries, layout: Layout, stages: list[Path]) -> Component:
+    return Component(
+        "kwok",
+        binaries.kwok,
+        [
+            f"--kubeconfig={layout.kubeconfig}",
+            *(f"--config={stage}" for stage in stages),
+            # Only the nodes this package creates; a real node joined to the
+            # cluster later (e.g. a process-running one) is left alone.
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+            # Leases keep nodes Ready with far fewer writes than status heartbeats.
+            f"--node-lease-duration-seconds={NODE_LEASE_SECONDS}",
+            # Pod IPs come from here; the default /24 runs out in long test sessions.
+            "--cidr=10.244.0.0/16",
+            # No --node-port/--server-address: kwok's kubelet-like server (logs,
+            # exec) is useless when no container runs, and would need a port.
+        ],
+        env={"HOME": str(layout.kwok_home)},
+    )
+
+
+def process_env(component: Component) -> dict[str, str]:
+    return {**os.environ, **component.env}

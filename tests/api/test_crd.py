@@ -1,0 +1,90 @@
+"""The generated CRD: committed copy up to date, and the real API server gives the
+same verdict as the pydantic models on every example and every invalid case."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlkube_api import crd
+from rlkube_api.validation import InvalidSpec, check_rljob_update, parse_rljob
+from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, Case, base_job
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def test_committed_crd_matches_the_models() -> None:
+    assert crd.main(["--check"]) == 0, "crds/rljob.yaml is stale: run `make crd`"
+
+
+def test_crd_has_the_names_users_type() -> None:
+    spec = crd.crd()["spec"]
+    assert spec["names"]["shortNames"] == ["rlj"]
+    version = spec["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"] for c in version["additionalPrinterColumns"]}
+    assert {"State", "Step", "Reward", "Age"} <= columns
+
+
+def _server_verdict(kubectl: Kubectl, namespace: str, job: dict[str, Any], verb: str = "create") -> str | None:
+    """None when the API server accepts the object (dry run), else its error text."""
+    result = kubectl(verb, "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(job), check=False)
+    return None if result.returncode == 0 else result.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_pass_server_dry_run(kubectl: Kubectl, rljob_crd: None, namespace: str, path: Path) -> None:
+    result = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path), check=False)
+    assert result.returncode == 0, result.stderr
+    assert "created (server dry run)" in result.stdout
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_server_refuses_what_the_models_refuse(kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case) -> None:
+    job = case.job()
+    server = _server_verdict(kubectl, namespace, job)
+    assert server is not None, f"{case.id}: the API server accepted an invalid RLJob"
+    for field in case.fields:
+        assert field in server, f"{case.id}: expected {field!r} in the server's message:\n{server}"
+    with pytest.raises(InvalidSpec):
+        parse_rljob(job)
+
+
+@pytest.mark.cluster
+def test_server_applies_schema_defaults(kubectl: Kubectl, rljob_crd: None, namespace: str) -> None:
+    job = base_job()
+    result = kubectl("create", "--dry-run=server", "-n", namespace, "-o", "yaml", "-f", "-", input=yaml.safe_dump(job))
+    stored = yaml.safe_load(result.stdout)
+    # The server's defaults equal the models' defaults.
+    assert stored["spec"] == parse_rljob(job).to_wire()["spec"]
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", IMMUTABLE, ids=lambda c: c.id)
+def test_immutable_fields_are_refused_on_update(
+    kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case
+) -> None:
+    kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(base_job()))
+    changed = case.job()
+    server = _server_verdict(kubectl, namespace, changed, verb="apply")
+    assert server is not None, f"{case.id}: the API server accepted a change to an immutable field"
+    for field in case.fields:
+        assert field in server, f"{case.id}: expected {field!r} in:\n{server}"
+    old = parse_rljob(base_job())
+    with pytest.raises(InvalidSpec):
+        check_rljob_update(old, parse_rljob(changed)) if _valid(changed) else parse_rljob(changed)
+
+
+def _valid(job: dict[str, Any]) -> bool:
+    try:
+        parse_rljob(job)
+    except InvalidSpec:
+        return False
+    return True

@@ -1,0 +1,104 @@
+"""The RLJob and trainer-config models on their own (no cluster)."""
+
+from __future__ import annotations
+
+import operator as stdlib_operator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlkube_api.rljob import RLJob
+from rlkube_api.validation import InvalidSpec, check_rljob_update, load_trainer_config, parse_rljob
+from tests.api.cases import IMMUTABLE, INVALID, EXAMPLES, Case, base_job, example
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    job = parse_rljob(yaml.safe_load(path.read_text()), str(path))
+    assert job.spec.roles.actor.replicas >= 1
+    assert job.metadata.name
+
+
+@pytest.mark.parametrize("case", INVALID, ids=lambda c: c.id)
+def test_invalid_spec_is_refused_naming_the_field(case: Case) -> None:
+    with pytest.raises(InvalidSpec) as info:
+        parse_rljob(case.job())
+    text = str(info.value)
+    for field in case.fields:
+        assert field in text, f"{case.id}: expected {field!r} in:\n{text}"
+
+
+@pytest.mark.parametrize("case", IMMUTABLE, ids=lambda c: c.id)
+def test_immutable_fields_refuse_changes(case: Case) -> None:
+    old = parse_rljob(base_job())
+    try:
+        new = parse_rljob(case.job())
+    except InvalidSpec as exc:  # also refused on its own merits; the message still names the field
+        text = str(exc)
+    else:
+        with pytest.raises(InvalidSpec) as info:
+            check_rljob_update(old, new)
+        text = str(info.value)
+    for field in case.fields:
+        assert field in text, f"{case.id}: expected {field!r} in:\n{text}"
+
+
+def test_unchanged_update_is_allowed() -> None:
+    old = parse_rljob(base_job())
+    job = base_job()
+    job["spec"]["trainer"]["totalTrainingSteps"] = 1000  # mutable
+    check_rljob_update(old, parse_rljob(job))
+
+
+def test_defaults_follow_verl() -> None:
+    spec = parse_rljob(example("tiny-cpu.yaml")).spec
+    assert spec.actor.clip_ratio == 0.2
+    assert spec.actor.clip_ratio_c == 3.0
+    assert spec.actor.entropy_coeff == 0.0
+    assert spec.actor.ppo_epochs == 1
+    assert spec.actor.loss_agg_mode == "token-mean"
+    assert spec.actor.kl_loss_type == "low_var_kl"
+    assert (spec.algorithm.gamma, spec.algorithm.lam) == (1.0, 1.0)
+    assert spec.algorithm.kl_ctrl.kl_coef == 0.001
+    assert spec.critic.optim.lr == 1e-5
+
+
+def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Path) -> None:
+    spec = parse_rljob(example("tiny-cpu.yaml")).spec
+    config = spec.trainer_config().to_config()
+    assert "adv_estimator" in config["algorithm"]
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(config))
+    assert load_trainer_config(good).rollout.n == 4
+
+    config["actor"]["clip_ratio_c"] = 0.5
+    config["algorithm"]["adv_estimatr"] = "grpo"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    with pytest.raises(InvalidSpec) as info:
+        load_trainer_config(bad)
+    text = str(info.value)
+    assert str(bad) in text
+    assert "actor.clip_ratio_c: Input should be greater than 1" in text
+    assert "algorithm.adv_estimatr: Extra inputs are not permitted" in text
+
+
+def test_trainer_config_file_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(InvalidSpec, match="missing.yaml"):
+        load_trainer_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("model: [unclosed")
+    with pytest.raises(InvalidSpec, match="broken.yaml.*\n.*not valid YAML"):
+        load_trainer_config(broken)
+
+
+def test_wire_round_trip_is_stable() -> None:
+    job = parse_rljob(base_job())
+    again = RLJob.model_validate(job.to_wire())
+    assert again == job
+
+
+def test_no_package_shadows_the_standard_operator_module() -> None:
+    assert stdlib_operator.add(2, 3) == 5
+    assert not hasattr(stdlib_operator, "__path__"), "something named 'operator' shadows the standard library"
