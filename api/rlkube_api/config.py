@@ -240,9 +240,7 @@ class TrainerSection(ApiModel):
     save_freq: int = Field(-1, ge=-1, description="Checkpoint every N steps (-1: only at the end).")
     test_freq: int = Field(-1, ge=-1, description="Validate every N steps (-1: never).")
     seed: int = Field(42, description="Seed of model init, sampling and dropout.")
-    logger: list[Logger] = Field(
-        default_factory=_console_only, max_length=2, description="Where metrics go."
-    )
+    logger: list[Logger] = Field(default_factory=_console_only, max_length=2, description="Where metrics go.")
     project_name: str = Field("rlkube", description="Groups runs in the loggers.")
     experiment_name: str = Field("default", description="Names this run in the loggers.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when present.")

@@ -48,6 +48,9 @@ class GangPolicy(ApiModel):
     )
     queue: str | None = Field(None, max_length=253, description="Volcano queue or Kueue LocalQueue.")
     priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the gang.")
+    scheduler_name: str | None = Field(
+        None, max_length=253, description="Pods' schedulerName (default: volcano, scheduler-plugins-scheduler)."
+    )
     schedule_timeout_seconds: int = Field(
         600, ge=1, description="How long the gang may wait for all its pods to be placed."
     )
@@ -170,6 +173,10 @@ class ObjectMeta(ApiModel):
 
     name: str | None = Field(None, description="Job name.")
     namespace: str | None = Field(None, description="Namespace.")
+    uid: str | None = Field(None, description="Set by the API server.")
+    generation: int | None = Field(None, description="Set by the API server.")
+    labels: dict[str, str] | None = Field(None, description="Labels.")
+    annotations: dict[str, str] | None = Field(None, description="Annotations.")
 
 
 class RLJob(ApiModel):

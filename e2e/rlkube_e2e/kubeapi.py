@@ -42,9 +42,7 @@ class KubeApi:
         self, method: str, path: str, body: object = None, content_type: str = "application/json"
     ) -> tuple[int, str]:
         """Send one request; connection errors propagate as OSError."""
-        connection = http.client.HTTPSConnection(
-            self.host, self.port, context=self._context, timeout=self.timeout
-        )
+        connection = http.client.HTTPSConnection(self.host, self.port, context=self._context, timeout=self.timeout)
         try:
             headers = {"Accept": "application/json"}
             payload = None

@@ -85,6 +85,7 @@ def ensure_pki(directory: Path) -> Pki:
     ca_cert = (
         _builder(ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .add_extension(
             x509.KeyUsage(
                 digital_signature=True,
@@ -110,16 +111,32 @@ def ensure_pki(directory: Path) -> Pki:
         [x509.DNSName(name) for name in dns_names]
         + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", KUBERNETES_SERVICE_IP)]
     )
-    _issue(pki.apiserver_cert, pki.apiserver_key, "kube-apiserver", None, ca_cert, ca_key, san, server=True)
+    _issue(
+        pki.apiserver_cert,
+        pki.apiserver_key,
+        common_name="kube-apiserver",
+        organization=None,
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        san=san,
+        server=True,
+    )
     # Group system:masters is bound to cluster-admin by the apiserver's bootstrap policy.
-    _issue(pki.admin_cert, pki.admin_key, "rlkube-admin", "system:masters", ca_cert, ca_key, None, server=False)
+    _issue(
+        pki.admin_cert,
+        pki.admin_key,
+        common_name="rlkube-admin",
+        organization="system:masters",
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        san=None,
+        server=False,
+    )
 
     sa_key = ec.generate_private_key(ec.SECP256R1())
     _write_key(pki.service_account_key, sa_key)
     pki.service_account_pub.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
 
@@ -141,12 +158,12 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurve
 def _issue(
     cert_path: Path,
     key_path: Path,
+    *,
     common_name: str,
     organization: str | None,
     ca_cert: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
     san: x509.SubjectAlternativeName | None,
-    *,
     server: bool,
 ) -> None:
     key = ec.generate_private_key(ec.SECP256R1())
@@ -158,6 +175,9 @@ def _issue(
         _builder(x509.Name(attributes), ca_cert.subject, key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        # Python 3.13+ verifies strictly (RFC 5280) and wants the key identifiers.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
     )
     if san is not None:
         builder = builder.add_extension(san, critical=False)
@@ -167,9 +187,7 @@ def _issue(
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     # Private keys are readable by the owner only, like kubeadm's.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:

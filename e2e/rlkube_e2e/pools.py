@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,8 @@ POOL_KEYS = {"nodes", "labels", "capacity", "allocatable", "taints"}
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Builds the error for a key path; see parse_pools.
+_Fail = Callable[[str, str], ClusterError]
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -170,7 +173,7 @@ def _scalar(value: object) -> str | None:
     return None
 
 
-def _resources(value: object, key: str, fail: Any) -> dict[str, str]:
+def _resources(value: object, key: str, fail: _Fail) -> dict[str, str]:
     if not isinstance(value, dict):
         raise fail(key, "must be a mapping of resource name to quantity")
     resources = {}
@@ -184,7 +187,7 @@ def _resources(value: object, key: str, fail: Any) -> dict[str, str]:
     return resources
 
 
-def _labels(value: object, key: str, fail: Any) -> dict[str, str]:
+def _labels(value: object, key: str, fail: _Fail) -> dict[str, str]:
     if not isinstance(value, dict):
         raise fail(key, "must be a mapping of label key to value")
     labels = {}
@@ -198,7 +201,7 @@ def _labels(value: object, key: str, fail: Any) -> dict[str, str]:
     return labels
 
 
-def _taints(value: object, key: str, fail: Any) -> tuple[Taint, ...]:
+def _taints(value: object, key: str, fail: _Fail) -> tuple[Taint, ...]:
     if not isinstance(value, list):
         raise fail(key, "must be a list of {key, value, effect}")
     taints = []

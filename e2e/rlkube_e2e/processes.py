@@ -7,6 +7,7 @@ reboot, so a pid counts as ours only while /proc says it runs the same binary.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -80,10 +81,8 @@ def stop(pid: int, binary: str, handle: subprocess.Popen[bytes] | None, timeout:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def _reap(handle: subprocess.Popen[bytes] | None) -> None:

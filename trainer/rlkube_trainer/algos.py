@@ -1,7 +1,7 @@
 """RL post-training math: advantage estimators, PPO losses, KL penalties and KL controllers.
 
-Pure torch functions with verl's names, argument names and defaults (see
-``/work/shared/notes/rl-algorithms.md``), so a verl recipe maps over one to one.
+Pure torch functions with the names, argument names and defaults of verl's ``core_algos``
+(volcengine/verl), so a verl recipe maps over one to one.
 Shapes are ``[batch, response_len]`` unless noted; ``response_mask`` is 1 on generated
 tokens and 0 on padding.
 """

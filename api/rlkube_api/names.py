@@ -1,0 +1,81 @@
+"""Names shared by the operator and the trainer: labels, annotations, child
+object names, the rendezvous environment variables, ports and mount paths.
+Defined once here; both sides import them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- labels and annotations -------------------------------------------------------------------
+LABEL_JOB: Final = "rlkube.dev/job-name"
+LABEL_ROLE: Final = "rlkube.dev/role"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+MANAGED_BY: Final = "rlkube-operator"
+# Bumped on every gang restart; pods of older attempts are ignored and deleted.
+ANNOTATION_ATTEMPT: Final = "rlkube.dev/attempt"
+# The driver writes its progress (JSON) here; the operator copies it into status.progress.
+ANNOTATION_PROGRESS: Final = "rlkube.dev/progress"
+# StatefulSet pods carry their ordinal in this label (Kubernetes >= 1.28).
+LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
+
+CONTROLLER_ROLE: Final = "controller"
+
+
+def child_name(job: str, role: str) -> str:
+    """StatefulSet and headless Service of a role."""
+    return f"{job}-{role}"
+
+
+def config_map_name(job: str) -> str:
+    return f"{job}-config"
+
+
+def pod_dns_name(job: str, role: str, index: int, namespace: str) -> str:
+    """Stable DNS name of a role's pod behind its headless Service."""
+    return f"{child_name(job, role)}-{index}.{child_name(job, role)}.{namespace}.svc"
+
+
+# --- ports ---------------------------------------------------------------------------------------
+RENDEZVOUS_PORT: Final = 29500  # torch.distributed store of each role group
+WEIGHT_SYNC_PORT: Final = 29600  # actor rank 0 -> rollout workers
+RAY_PORT: Final = 6379  # Ray head (GCS) in the controller pod
+DRIVER_METRICS_PORT: Final = 9400  # Prometheus endpoint of the driver
+NODE_HEALTH_PORT: Final = 9401  # health endpoint of each role pod
+
+# --- mount paths ------------------------------------------------------------------------------
+CONFIG_DIR: Final = "/etc/rlkube"
+CONFIG_FILE: Final = "config.yaml"
+REWARD_DIR: Final = "/etc/rlkube/reward"
+SHM_DIR: Final = "/dev/shm"
+
+
+class Env:
+    """Environment variables the operator injects and the trainer reads."""
+
+    # torch.distributed rendezvous of the pod's own role group, as PyTorchJob sets it:
+    # RANK is the pod's index (node rank), WORLD_SIZE the role's total processes.
+    MASTER_ADDR: Final = "MASTER_ADDR"
+    MASTER_PORT: Final = "MASTER_PORT"
+    WORLD_SIZE: Final = "WORLD_SIZE"
+    RANK: Final = "RANK"
+    # torchrun's names for the same facts.
+    PET_NNODES: Final = "PET_NNODES"
+    PET_NODE_RANK: Final = "PET_NODE_RANK"
+    PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
+    PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
+    PET_MASTER_PORT: Final = "PET_MASTER_PORT"
+    # rlkube's own.
+    JOB_NAME: Final = "RLKUBE_JOB_NAME"
+    NAMESPACE: Final = "RLKUBE_NAMESPACE"
+    ROLE: Final = "RLKUBE_ROLE"
+    POD_NAME: Final = "RLKUBE_POD_NAME"
+    POD_IP: Final = "RLKUBE_POD_IP"
+    CONFIG: Final = "RLKUBE_CONFIG"
+    ATTEMPT: Final = "RLKUBE_ATTEMPT"
+    RAY_ADDRESS: Final = "RLKUBE_RAY_ADDRESS"  # host:port of the Ray head (controller pod)
+    WEIGHT_SYNC_ADDR: Final = "RLKUBE_WEIGHT_SYNC_ADDR"
+    WEIGHT_SYNC_PORT: Final = "RLKUBE_WEIGHT_SYNC_PORT"
+    WEIGHT_SYNC_WORLD_SIZE: Final = "RLKUBE_WEIGHT_SYNC_WORLD_SIZE"
+    WEIGHT_SYNC_RANK_OFFSET: Final = "RLKUBE_WEIGHT_SYNC_RANK_OFFSET"
+    METRICS_PORT: Final = "RLKUBE_METRICS_PORT"

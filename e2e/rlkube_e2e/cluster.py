@@ -1,0 +1,535 @@
+"""A local Kubernetes control plane with fake GPU node pools, and its CLI.
+
+    python -m rlkube_e2e.cluster up|down|status [--state-dir DIR]
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok run as
+plain local processes (no containers). kwok simulates the nodes listed in
+`e2e/pools.yaml` and moves pods through their lifecycle according to the stages
+in `e2e/stages/`, so the real scheduler and controllers see a GPU cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import fcntl
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rlkube_e2e import components, processes
+from rlkube_e2e.binaries import Binaries, find_binaries
+from rlkube_e2e.components import LOCALHOST, ORDER, Component, Ports
+from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
+from rlkube_e2e.kubeconfig import write_kubeconfig
+from rlkube_e2e.layout import Layout
+from rlkube_e2e.pki import ensure_pki
+from rlkube_e2e.pools import MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, NodePool, load_pools
+from rlkube_e2e.state import ClusterState, ProcessRecord
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
+DEFAULT_POOLS_FILE = REPO_ROOT / "e2e" / "pools.yaml"
+STAGES_DIR = REPO_ROOT / "e2e" / "stages"
+DEFAULT_TIMEOUT = 120.0
+# Taints the control plane puts on a node that is not (yet) usable.
+UNUSABLE_NODE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+MANAGED_NODES = f"/api/v1/nodes?labelSelector={urllib.parse.quote(f'{MANAGED_BY_LABEL}={MANAGED_BY}')}"
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    pid: int
+    running: bool
+    log: Path
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    state_dir: Path
+    server: str
+    kubeconfig: Path
+    components: list[ComponentStatus]
+    api_ready: bool
+    # Pool name -> (nodes, Ready nodes); empty when the API does not answer.
+    pools: dict[str, tuple[int, int]]
+
+    @property
+    def healthy(self) -> bool:
+        return self.api_ready and len(self.components) == len(ORDER) and all(c.running for c in self.components)
+
+
+class LocalCluster:
+    """One local control plane, kept in `state_dir`.
+
+    `up()` starts it (or finds it running), `down()` stops it; `kubeconfig` is the
+    admin kubeconfig. Processes outlive this object unless `die_with_parent` is set,
+    which ties them to the current process (used by the pytest fixture so that a
+    killed test session leaves nothing running).
+    """
+
+    def __init__(
+        self,
+        state_dir: Path = DEFAULT_STATE_DIR,
+        pools_file: Path = DEFAULT_POOLS_FILE,
+        *,
+        die_with_parent: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.layout = Layout(Path(state_dir).absolute())
+        self.pools_file = Path(pools_file)
+        self.die_with_parent = die_with_parent
+        self._log = log or (lambda _message: None)
+        self._handles: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def state_dir(self) -> Path:
+        return self.layout.state_dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.layout.kubeconfig
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.layout.logs
+
+    @property
+    def server(self) -> str:
+        return self._require_state().server
+
+    def api(self) -> KubeApi:
+        pki = self.layout.pki
+        return KubeApi(self.server, Credentials(pki.ca_cert, pki.admin_cert, pki.admin_key))
+
+    def __enter__(self) -> LocalCluster:
+        self.up()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.down()
+
+    # -- up ---------------------------------------------------------------------
+
+    def up(self, timeout: float = DEFAULT_TIMEOUT) -> bool:
+        """Start the cluster and wait until it is ready; False if it was already running."""
+        # Everything a user can get wrong is checked before any process starts.
+        pools = load_pools(self.pools_file)
+        binaries = find_binaries()
+        stages = sorted(STAGES_DIR.glob("*.yaml"))
+        if not stages:
+            raise ClusterError(f"no kwok stages in {STAGES_DIR}; kwok needs them to simulate nodes and pods")
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            previous = ClusterState.load(self.layout.state_file)
+            if previous is not None and self._all_running(previous) and self._api_ready(previous):
+                self._log(f"cluster already running in {self.state_dir} ({previous.server})")
+                self.wait_ready(timeout)
+                return False
+            if previous is not None:
+                # Leftovers of a crashed or half-stopped cluster: stop them, keep the data.
+                self._stop_all(previous)
+            self._start(binaries, pools, stages, previous, timeout)
+            return True
+
+    def _start(
+        self,
+        binaries: Binaries,
+        pools: list[NodePool],
+        stages: list[Path],
+        previous: ClusterState | None,
+        timeout: float,
+    ) -> None:
+        started_at = datetime.datetime.now(datetime.UTC)
+        deadline = time.monotonic() + timeout
+        layout = self.layout
+        ports = _choose_ports(previous.ports if previous else None)
+        state = ClusterState(
+            server=f"https://{LOCALHOST}:{ports.apiserver}",
+            ports=ports,
+            nodes={pool.name: pool.node_names() for pool in pools},
+        )
+        self._log(f"starting the control plane in {self.state_dir}")
+        write_kubeconfig(layout.kubeconfig, state.server, ensure_pki(layout.pki.dir))
+        layout.kwok_home.mkdir(exist_ok=True)
+        try:
+            # The apiserver retries etcd until it answers, so both start together.
+            self._spawn(state, components.etcd(binaries, layout, ports))
+            self._spawn(state, components.kube_apiserver(binaries, layout, ports))
+            self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
+            # The controller-manager gives up if the apiserver is not healthy soon,
+            # so the rest starts only now.
+            self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
+            self._spawn(state, components.kube_scheduler(binaries, layout, ports))
+            self._spawn(state, components.kwok(binaries, layout, stages))
+            self._create_nodes(pools)
+            self._wait(state, deadline, lambda: self._readiness_problem(state, started_at))
+        except BaseException:
+            self._stop_all(state)
+            raise
+        summary = ", ".join(f"{pool.name} {pool.nodes}" for pool in pools)
+        self._log(f"nodes Ready: {summary}")
+        self._log(f"logs: {layout.logs}")
+
+    def _spawn(self, state: ClusterState, component: Component) -> None:
+        log = self.layout.log(component.name)
+        handle = processes.spawn(component, log, self.state_dir, die_with_parent=self.die_with_parent)
+        self._handles[component.name] = handle
+        state.processes.append(ProcessRecord(component.name, handle.pid, str(component.binary), str(log)))
+        # Saved after every start, so `down` can clean up even after a failed `up`.
+        state.save(self.layout.state_file)
+        self._log(f"  {component.name:<24} pid {handle.pid:<8} log {log}")
+
+    def _create_nodes(self, pools: list[NodePool]) -> None:
+        api = self.api()
+        desired = {
+            manifest["metadata"]["name"]: manifest
+            for index, pool in enumerate(pools)
+            for manifest in pool.node_manifests(index)
+        }
+        existing = {item["metadata"]["name"]: item for item in api.get(MANAGED_NODES)["items"]}
+        for name, node in existing.items():
+            # Nodes of pools removed from the file, or whose shape changed, go;
+            # the kept etcd data of `down --keep` would otherwise resurrect them.
+            if name not in desired or not _same_node(node, desired[name]):
+                api.call("DELETE", f"/api/v1/nodes/{name}")
+        for name, manifest in desired.items():
+            if name in existing and _same_node(existing[name], manifest):
+                continue
+            status, text = api.request("POST", "/api/v1/nodes", manifest)
+            if not 200 <= status < 300:
+                raise ClusterError(f"creating node {name} failed: HTTP {status}: {text[:200]}")
+
+    # -- readiness ---------------------------------------------------------------
+
+    def wait_ready(self, timeout: float = DEFAULT_TIMEOUT) -> None:
+        """Wait until the API, controllers, scheduler and every pool node are ready."""
+        state = self._require_state()
+        self._wait(state, time.monotonic() + timeout, lambda: self._readiness_problem(state, None))
+
+    def _wait(self, state: ClusterState, deadline: float, problem: Callable[[], str | None]) -> None:
+        while True:
+            self._check_alive(state)
+            waiting_for = problem()
+            if waiting_for is None:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"cluster not ready in time: still waiting for {waiting_for}; logs in {self.logs_dir}"
+                )
+            time.sleep(0.2)
+
+    def _check_alive(self, state: ClusterState) -> None:
+        for record in state.processes:
+            handle = self._handles.get(record.name)
+            code = handle.poll() if handle is not None else None
+            if code is None and processes.is_running(record.pid, record.binary):
+                continue
+            tail = processes.log_tail(Path(record.log))
+            hint = (
+                " (a port is already in use: run `up` again to pick free ports)"
+                if "address already in use" in tail
+                else ""
+            )
+            exited = f"exited with code {code}" if code is not None else "is not running"
+            raise ClusterError(f"{record.name} {exited}{hint}: {tail or 'no output'} (log: {record.log})")
+
+    def _readiness_problem(self, state: ClusterState, started_at: datetime.datetime | None) -> str | None:
+        """What the cluster still lacks, or None when it is ready for tests."""
+        if not self._api_ready(state):
+            return "kube-apiserver /readyz"
+        for name, port in (
+            ("kube-controller-manager", state.ports.controller_manager),
+            ("kube-scheduler", state.ports.scheduler),
+        ):
+            if not _healthz_ok(port):
+                return f"{name} /healthz"
+        api = self.api()
+        try:
+            # Pods are rejected until the namespace has its `default` service account,
+            # which the controller-manager creates: a sign its controllers run.
+            status, _ = api.request("GET", "/api/v1/namespaces/default/serviceaccounts/default")
+            if status != 200:
+                return "the default service account (kube-controller-manager controllers)"
+            nodes = {item["metadata"]["name"]: item for item in api.get(MANAGED_NODES)["items"]}
+            for name in (name for names in state.nodes.values() for name in names):
+                node = nodes.get(name)
+                if node is None or not _node_usable(node):
+                    return f"node {name} to be Ready"
+                if started_at is not None and not _lease_renewed_since(api, name, started_at):
+                    # After `down --keep`, nodes are still Ready from the last run;
+                    # a fresh lease shows that this run's kwok manages them.
+                    return f"kwok to renew the lease of node {name}"
+        except (OSError, ApiError) as error:
+            return f"the API ({error})"
+        return None
+
+    def _api_ready(self, state: ClusterState) -> bool:
+        try:
+            status, body = self._api_for(state).request("GET", "/readyz")
+        except (OSError, ssl.SSLError):
+            return False
+        return status == 200 and body.strip() == "ok"
+
+    def _api_for(self, state: ClusterState) -> KubeApi:
+        pki = self.layout.pki
+        return KubeApi(state.server, Credentials(pki.ca_cert, pki.admin_cert, pki.admin_key), timeout=3.0)
+
+    # -- down and status ---------------------------------------------------------
+
+    def down(self, keep: bool = False) -> bool:
+        """Stop every process; remove the state dir unless `keep`. False if nothing ran."""
+        if not self.state_dir.exists():
+            return False
+        with self._locked():
+            state = ClusterState.load(self.layout.state_file)
+            running = state is not None and any(
+                processes.is_running(record.pid, record.binary) for record in state.processes
+            )
+            if state is not None:
+                self._stop_all(state)
+            if keep:
+                if state is not None:
+                    state.processes = []
+                    state.save(self.layout.state_file)
+            else:
+                self._remove_state()
+        return running
+
+    def _stop_all(self, state: ClusterState) -> None:
+        by_name = {record.name: record for record in state.processes}
+        # Reverse start order: clients first, etcd last, so nothing logs errors
+        # about a backend that went away first.
+        for name in reversed(ORDER):
+            record = by_name.get(name)
+            if record is not None:
+                processes.stop(record.pid, record.binary, self._handles.pop(name, None))
+                self._log(f"  stopped {name} (pid {record.pid})")
+
+    def _remove_state(self) -> None:
+        # Only what `up` creates is removed, never the whole directory: --state-dir
+        # pointed at a wrong folder must not wipe it.
+        layout = self.layout
+        for path in (layout.state_file, layout.kubeconfig, layout.lock_file):
+            path.unlink(missing_ok=True)
+        for directory in (layout.pki.dir, layout.etcd_data, layout.logs, layout.kwok_home):
+            shutil.rmtree(directory, ignore_errors=True)
+        shutil.rmtree(self.state_dir / "serving-certs", ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.state_dir.rmdir()
+
+    def status(self) -> ClusterStatus | None:
+        state = ClusterState.load(self.layout.state_file)
+        if state is None:
+            return None
+        statuses = [
+            ComponentStatus(record.name, record.pid, processes.is_running(record.pid, record.binary), Path(record.log))
+            for record in state.processes
+        ]
+        ready = self._api_ready(state)
+        pools: dict[str, tuple[int, int]] = {}
+        if ready:
+            try:
+                for node in self._api_for(state).get(MANAGED_NODES)["items"]:
+                    pool = node["metadata"].get("labels", {}).get(POOL_LABEL, "?")
+                    count, usable = pools.get(pool, (0, 0))
+                    pools[pool] = (count + 1, usable + int(_node_usable(node)))
+            except (OSError, ApiError):
+                pass
+        return ClusterStatus(self.state_dir, state.server, self.kubeconfig, statuses, ready, pools)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _require_state(self) -> ClusterState:
+        state = ClusterState.load(self.layout.state_file)
+        if state is None:
+            raise ClusterError(f"no cluster in {self.state_dir}; start one with `e2e/cluster up`")
+        return state
+
+    def _all_running(self, state: ClusterState) -> bool:
+        names = {record.name for record in state.processes}
+        return names == set(ORDER) and all(processes.is_running(r.pid, r.binary) for r in state.processes)
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        # Two `up`s racing on one state dir would start two control planes.
+        with self.layout.lock_file.open("a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+
+def _choose_ports(previous: Ports | None) -> Ports:
+    """Reuse the last run's ports when all are free (kubeconfigs stay valid), else pick new ones."""
+    if previous is not None and all(_port_free(port) for port in vars(previous).values()):
+        return previous
+    sockets = []
+    try:
+        for _ in range(5):
+            sock = socket.socket()
+            sock.bind((LOCALHOST, 0))
+            sockets.append(sock)
+        chosen = [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+    return Ports(*chosen)
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        # As the Go servers do; TIME_WAIT leftovers of the last run do not count as in use.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((LOCALHOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def _healthz_ok(port: int) -> bool:
+    # Controller-manager and scheduler serve a self-signed certificate made at start.
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    connection = http.client.HTTPSConnection(LOCALHOST, port, context=context, timeout=3)
+    try:
+        connection.request("GET", "/healthz")
+        response = connection.getresponse()
+        return response.status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
+
+
+def _node_usable(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    taints = node.get("spec", {}).get("taints") or []
+    return ready and not any(t.get("key") in UNUSABLE_NODE_TAINTS for t in taints)
+
+
+def _same_node(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
+    def user_taints(node: dict[str, Any]) -> list[Any]:
+        taints = node.get("spec", {}).get("taints") or []
+        return [t for t in taints if t.get("key") not in UNUSABLE_NODE_TAINTS]
+
+    return (
+        existing["metadata"].get("labels") == desired["metadata"]["labels"]
+        and existing.get("status", {}).get("capacity") == desired["status"]["capacity"]
+        and existing.get("status", {}).get("allocatable") == desired["status"]["allocatable"]
+        and [{k: t[k] for k in ("key", "value", "effect") if k in t} for t in user_taints(existing)]
+        == user_taints(desired)
+    )
+
+
+def _lease_renewed_since(api: KubeApi, node: str, since: datetime.datetime) -> bool:
+    status, text = api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+    if status != 200:
+        return False
+    renew = json.loads(text).get("spec", {}).get("renewTime")
+    if not renew:
+        return False
+    # Lease times are microsecond RFC 3339 in UTC; a second of slack for rounding.
+    return datetime.datetime.fromisoformat(renew) >= since - datetime.timedelta(seconds=1)
+
+
+# -- CLI ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="e2e/cluster", description="Local Kubernetes control plane with fake GPU node pools (kwok)."
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state-dir",
+        type=Path,
+        default=DEFAULT_STATE_DIR,
+        help=f"where the cluster lives (default {DEFAULT_STATE_DIR})",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", parents=[common], help="start the cluster (no-op when running)")
+    up.add_argument("--pools", type=Path, default=DEFAULT_POOLS_FILE, help="node pools YAML (default e2e/pools.yaml)")
+    up.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for readiness")
+    down = commands.add_parser("down", parents=[common], help="stop the cluster and delete its state")
+    down.add_argument("--keep", action="store_true", help="keep the state dir (etcd data, certs, logs)")
+    commands.add_parser("status", parents=[common], help="show components, API server and nodes per pool")
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(message, flush=True)
+
+    cluster = LocalCluster(args.state_dir, getattr(args, "pools", DEFAULT_POOLS_FILE), log=say)
+    try:
+        if args.command == "up":
+            return _cmd_up(cluster, args.timeout)
+        if args.command == "down":
+            return _cmd_down(cluster, args.keep)
+        return _cmd_status(cluster)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _cmd_up(cluster: LocalCluster, timeout: float) -> int:
+    start = time.monotonic()
+    started = cluster.up(timeout)
+    if started:
+        print(f"cluster ready in {time.monotonic() - start:.1f} s")
+    print(f"API server: {cluster.server}")
+    print(f"kubeconfig: {cluster.kubeconfig}")
+    print(f"  export KUBECONFIG={cluster.kubeconfig}")
+    return 0
+
+
+def _cmd_down(cluster: LocalCluster, keep: bool) -> int:
+    stopped = cluster.down(keep=keep)
+    where = cluster.state_dir
+    if not stopped:
+        print(f"no running cluster in {where}" + ("" if keep else "; state removed"))
+    else:
+        print(f"cluster stopped; state {'kept in ' + str(where) if keep else 'removed'}")
+    return 0
+
+
+def _cmd_status(cluster: LocalCluster) -> int:
+    status = cluster.status()
+    if status is None:
+        print(f"no cluster in {cluster.state_dir} (start one with `e2e/cluster up`)")
+        return 1
+    print(f"state dir:  {status.state_dir}")
+    print(f"API server: {status.server} ({'ready' if status.api_ready else 'not answering'})")
+    print(f"kubeconfig: {status.kubeconfig}")
+    print("components:")
+    for component in status.components:
+        state = f"running (pid {component.pid})" if component.running else "stopped"
+        print(f"  {component.name:<24} {state:<22} log {component.log}")
+    if status.pools:
+        print("nodes per pool:")
+        for pool, (count, ready) in sorted(status.pools.items()):
+            print(f"  {pool:<24} {count} ({ready} Ready)")
+    return 0 if status.healthy else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""One StatefulSet per role: pods with the role's GPUs, pool, /dev/shm, config,
+checkpoint volume and rendezvous environment."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkube_api.names import (
+    ANNOTATION_ATTEMPT,
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONTROLLER_ROLE,
+    DRIVER_METRICS_PORT,
+    NODE_HEALTH_PORT,
+    RAY_PORT,
+    RENDEZVOUS_PORT,
+    REWARD_DIR,
+    SHM_DIR,
+    WEIGHT_SYNC_PORT,
+    Env,
+    child_name,
+    config_map_name,
+)
+from rlkube_api.rljob import RLJob
+from rlkube_operator.children.labels import role_labels, role_selector
+from rlkube_operator.children.rendezvous import rendezvous_env
+from rlkube_operator.children.topology import PodRole, container_resources
+from rlkube_operator.gang.base import PodSchedulingPatch
+
+CONTAINER = "trainer"
+
+# Defaults a user overrides through spec.env. Async error handling makes a dead
+# peer abort the collective instead of hanging it; the rest keeps logs readable.
+NCCL_DEFAULTS = {
+    "NCCL_DEBUG": "WARN",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def container_command(role: str) -> list[str]:
+    if role == CONTROLLER_ROLE:
+        return ["rlkube-trainer", "driver"]
+    return ["rlkube-trainer", "node", "--role", role]
+
+
+def container_env(job: RLJob, role: PodRole, attempt: int) -> list[dict[str, Any]]:
+    env = rendezvous_env(job, role, attempt)
+    env.append({"name": Env.CONFIG, "value": f"{CONFIG_DIR}/{CONFIG_FILE}"})
+    env.append({"name": Env.METRICS_PORT, "value": str(DRIVER_METRICS_PORT)})
+    user = {e.name: e.value for e in job.spec.env or []}
+    env += [{"name": k, "value": v} for k, v in NCCL_DEFAULTS.items() if k not in user]
+    env += [{"name": k, "value": v} for k, v in user.items()]
+    return env
+
+
+def container_ports(role: str) -> list[dict[str, Any]]:
+    if role == CONTROLLER_ROLE:
+        return [
+            {"name": "ray", "containerPort": RAY_PORT},
+            {"name": "metrics", "containerPort": DRIVER_METRICS_PORT},
+        ]
+    ports = [
+        {"name": "rendezvous", "containerPort": RENDEZVOUS_PORT},
+        {"name": "health", "containerPort": NODE_HEALTH_PORT},
+    ]
+    if role in ("actor", "rollout"):
+        ports.append({"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT})
+    return ports
+
+
+def volumes_and_mounts(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    name = job.metadata.name or ""
+    # NCCL and vLLM use shared memory; the 64 MB container default breaks NCCL.
+    volumes: list[dict[str, Any]] = [
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        {"name": "config", "configMap": {"name": config_map_name(name)}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "shm", "mountPath": SHM_DIR},
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+    ]
+    checkpoint = job.spec.checkpoint
+    if checkpoint.volume is not None:
+        volumes.append({"name": "checkpoints", **checkpoint.volume})
+        mounts.append({"name": "checkpoints", "mountPath": checkpoint.dir})
+    function = job.spec.reward.function
+    if function is not None and function.config_map is not None:
+        ref = function.config_map
+        volumes.append(
+            {"name": "reward", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}}
+        )
+        mounts.append({"name": "reward", "mountPath": REWARD_DIR, "readOnly": True})
+    return volumes, mounts
+
+
+def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedulingPatch) -> dict[str, Any]:
+    spec = job.spec
+    volumes, mounts = volumes_and_mounts(job)
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": container_command(role.name),
+        "env": container_env(job, role, attempt),
+        "ports": container_ports(role.name),
+        "volumeMounts": mounts,
+    }
+    resources = container_resources(role)
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    if spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [s.to_wire() for s in spec.image_pull_secrets]
+    if role.pool is not None:
+        pool = role.pool.to_wire()
+        for key in ("nodeSelector", "tolerations", "affinity"):
+            if key in pool:
+                pod[key] = pool[key]
+    if scheduling.scheduler_name:
+        pod["schedulerName"] = scheduling.scheduler_name
+    if scheduling.priority_class_name:
+        pod["priorityClassName"] = scheduling.priority_class_name
+    return {
+        "metadata": {
+            "labels": {**role_labels(job, role.name), **scheduling.labels},
+            "annotations": {ANNOTATION_ATTEMPT: str(attempt), **scheduling.annotations},
+        },
+        "spec": pod,
+    }
+
+
+def stateful_set(
+    job: RLJob, role: PodRole, attempt: int, replicas: int, scheduling: PodSchedulingPatch
+) -> dict[str, Any]:
+    """`replicas` is the role's size while the job runs and 0 while it is suspended or finished."""
+    name = child_name(job.metadata.name or "", role.name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": job.metadata.namespace, "labels": role_labels(job, role.name)},
+        "spec": {
+            "serviceName": name,
+            "replicas": replicas,
+            "podManagementPolicy": "Parallel",
+            # The operator replaces pods itself, as a gang, on restarts.
+            "updateStrategy": {"type": "OnDelete"},
+            "selector": {"matchLabels": role_selector(job, role.name)},
+            "template": pod_template(job, role, attempt, scheduling),
+        },
+    }

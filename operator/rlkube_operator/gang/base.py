@@ -1,0 +1,47 @@
+"""The interface every gang-scheduling plugin implements."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rlkube_api.rljob import RLJob
+
+
+@dataclass(frozen=True)
+class PodSchedulingPatch:
+    """What a gang plugin adds to a role's pod template."""
+
+    scheduler_name: str | None = None
+    priority_class_name: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+class GangPlugin(Protocol):
+    name: str
+
+    def children(self, job: RLJob) -> list[dict[str, Any]]:
+        """Objects the plugin needs (e.g. a PodGroup), owned by the job like the rest."""
+        ...
+
+    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch: ...
+
+    def job_labels(self, job: RLJob) -> dict[str, str]:
+        """Labels for every child object (Kueue reads its queue from them)."""
+        ...
+
+
+class NoGang:
+    """Default: the cluster's scheduler places pods one by one."""
+
+    name = "none"
+
+    def children(self, job: RLJob) -> list[dict[str, Any]]:
+        return []
+
+    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
+        return PodSchedulingPatch()
+
+    def job_labels(self, job: RLJob) -> dict[str, str]:
+        return {}

@@ -1,0 +1,31 @@
+"""What a whole gang asks for, for PodGroups' minResources."""
+
+from __future__ import annotations
+
+from rlkube_api.rljob import RLJob
+from rlkube_operator.children.topology import container_resources, pod_roles
+
+
+def _parse_quantity(value: str) -> float:
+    suffixes = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    for suffix in sorted(suffixes, key=len, reverse=True):
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * suffixes[suffix]
+    return float(value)
+
+
+def _format(name: str, amount: float) -> str:
+    if name == "cpu":
+        return f"{round(amount * 1000)}m" if amount % 1 else str(int(amount))
+    if name == "memory":
+        return f"{int(amount / 2**20)}Mi" if amount % 2**30 else f"{int(amount / 2**30)}Gi"
+    return str(int(amount))
+
+
+def gang_requests(job: RLJob) -> dict[str, str]:
+    """The sum of every pod's requests."""
+    totals: dict[str, float] = {}
+    for role in pod_roles(job):
+        for name, value in container_resources(role).get("requests", {}).items():
+            totals[name] = totals.get(name, 0.0) + _parse_quantity(value) * role.replicas
+    return {name: _format(name, amount) for name, amount in sorted(totals.items())}

@@ -1,0 +1,100 @@
+"""What the operator sees of a job's pods, reduced to the facts the status
+function decides on. Parsing Kubernetes dicts happens here, once."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_ROLE
+
+# Waiting reasons that will not fix themselves.
+BAD_IMAGE_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
+)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    role: str
+    attempt: int
+    phase: str
+    created: datetime | None
+    deleting: bool = False
+    ready: bool = False
+    unschedulable_message: str | None = None
+    waiting_reason: str | None = None
+    waiting_message: str | None = None
+    # A container that ended: (exit code, reason), from its state or, after a restart, its last state.
+    terminated: tuple[int, str] | None = None
+    restarts: int = 0
+    progress: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        if self.phase == "Failed":
+            return True
+        return self.terminated is not None and self.terminated[0] != 0
+
+    @property
+    def succeeded(self) -> bool:
+        if self.phase == "Succeeded":
+            return True
+        return self.terminated is not None and self.terminated[0] == 0
+
+    def failure_reason(self) -> str:
+        if self.terminated is not None:
+            code, reason = self.terminated
+            return f"{reason or 'Error'} (exit code {code})"
+        return "pod failed"
+
+
+def view_pod(pod: dict[str, Any]) -> PodView:
+    meta = pod.get("metadata", {})
+    status = pod.get("status", {}) or {}
+    annotations = meta.get("annotations") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    scheduled = conditions.get("PodScheduled", {})
+    unschedulable = None
+    if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = scheduled.get("message") or "no node fits"
+    waiting_reason = waiting_message = None
+    terminated: tuple[int, str] | None = None
+    restarts = 0
+    for cs in status.get("containerStatuses") or []:
+        restarts += int(cs.get("restartCount", 0))
+        state = cs.get("state") or {}
+        if "waiting" in state:
+            waiting_reason = state["waiting"].get("reason")
+            waiting_message = state["waiting"].get("message")
+        ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if ended is not None and terminated is None:
+            terminated = (int(ended.get("exitCode", 1)), str(ended.get("reason", "")))
+    try:
+        progress = json.loads(annotations.get(ANNOTATION_PROGRESS, "{}"))
+    except json.JSONDecodeError:
+        progress = {}
+    return PodView(
+        name=meta.get("name", ""),
+        role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
+        attempt=int(annotations.get(ANNOTATION_ATTEMPT, "0")),
+        phase=status.get("phase", "Pending"),
+        created=parse_time(meta.get("creationTimestamp")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        ready=conditions.get("Ready", {}).get("status") == "True",
+        unschedulable_message=unschedulable,
+        waiting_reason=waiting_reason,
+        waiting_message=waiting_message,
+        terminated=terminated,
+        restarts=restarts,
+        progress=progress if isinstance(progress, dict) else {},
+    )

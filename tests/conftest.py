@@ -1,0 +1,107 @@
+"""Fixtures shared by all tests: the local control plane and clients for it.
+
+Tests that need a cluster carry `@pytest.mark.cluster` and use the `cluster`,
+`kube`, `kubectl` and `namespace` fixtures. The cluster starts once per session in
+a temporary state dir (a developer's own `.cluster` is untouched) and stops at the
+end; with RLKUBE_KUBECONFIG set, the session uses that existing cluster instead,
+which saves the start-up when iterating on a test (`e2e/cluster up`, then
+`RLKUBE_KUBECONFIG=.cluster/kubeconfig pytest ...`).
+
+Heavy imports (kubernetes, the cluster package) happen inside the fixtures so that
+test runs that need no cluster do not pay for them (about 2 s).
+"""
+
+# ruff: noqa: PLC0415  (imports inside fixtures are deliberate, see above)
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+    from rlkube_e2e.testing import ClusterInfo, Kubectl
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
+    from rlkube_e2e import ClusterError, LocalCluster
+    from rlkube_e2e.testing import ClusterInfo
+
+    external = os.environ.get("RLKUBE_KUBECONFIG")
+    if external:
+        yield ClusterInfo(Path(external))
+        return
+    # die_with_parent: a killed pytest takes the control plane down with it.
+    local = LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True)
+    try:
+        local.up()
+    except ClusterError as error:
+        local.down(keep=True)
+        pytest.fail(f"local cluster: {error}", pytrace=False)
+    try:
+        yield ClusterInfo(local.kubeconfig, local)
+    finally:
+        # State (with logs) stays in pytest's temp dir, which keeps the last few runs.
+        local.down(keep=True)
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: ClusterInfo) -> Iterator[ApiClient]:
+    """A kubernetes.client.ApiClient with admin rights on the test cluster."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def kubectl(cluster: ClusterInfo) -> Kubectl:
+    """Callable: kubectl("get", "pods", "-n", ns) -> CompletedProcess (raises on failure unless check=False)."""
+    from rlkube_e2e.testing import Kubectl
+
+    return Kubectl(cluster.kubeconfig)
+
+
+@pytest.fixture
+def namespace(kube: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace per test, named after it; deleted afterwards (without waiting)."""
+    from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
+    from kubernetes.client.exceptions import ApiException
+
+    from rlkube_e2e.testing import wait_for
+
+    core = CoreV1Api(kube)
+    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem or 't'}-{secrets.token_hex(3)}"
+    core.create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name, labels={"rlkube.dev/test": "true"})))
+
+    def has_default_service_account() -> bool:
+        # The apiserver rejects pods until the controller-manager has created it.
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(has_default_service_account, f"service account default in namespace {name}", timeout=30)
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise

