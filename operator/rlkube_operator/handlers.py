@@ -1,0 +1,144 @@
+"""kopf wiring: indexes of the pods and StatefulSets each job owns, one daemon
+per RLJob that reconciles when something changes (or a deadline comes due), and
+start-up settings. The decisions live in reconcile/status; nothing here decides."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+
+from rlkube_api.names import LABEL_JOB
+from rlkube_api.rljob import GROUP, PLURAL, VERSION
+from rlkube_operator.kube import Kube
+from rlkube_operator.metrics import METRICS
+from rlkube_operator.observed import view_pod
+from rlkube_operator.reconcile import Reconciler, ReconcileResult
+
+JobKey = tuple[str, str]
+# With nothing happening, a job is still looked at this often (progress, drift).
+IDLE_SECONDS = 30.0
+
+
+def _api_client() -> client.ApiClient:
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # kopf's own bookkeeping goes to annotations: the status belongs to the status function.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.rlkube.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.rlkube.dev")
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    # Watches can go silent behind load balancers; reconnect if nothing arrives.
+    settings.watching.inactivity_timeout = 600
+    settings.execution.max_workers = 16
+    memo.reconciler = Reconciler(Kube(_api_client()))
+    memo.wakeups = {}
+    memo.failed_pods = {}
+    memo.latest = {}
+    memo.states = {}
+
+
+def _wake(memo: kopf.Memo, key: JobKey) -> None:
+    event = memo.wakeups.get(key)
+    if event is not None:
+        event.set()
+
+
+@kopf.index("pods", labels={LABEL_JOB: kopf.PRESENT})
+def pods_by_job(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, **_: Any) -> dict[JobKey, Any]:
+    return {(namespace or "", labels[LABEL_JOB]): dict(body)}
+
+
+@kopf.index("statefulsets", labels={LABEL_JOB: kopf.PRESENT})
+def sets_by_job(namespace: str | None, labels: Mapping[str, str], name: str, **_: Any) -> dict[JobKey, str]:
+    return {(namespace or "", labels[LABEL_JOB]): name}
+
+
+@kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})
+def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any) -> None:
+    key = (namespace or "", labels[LABEL_JOB])
+    # A failed pod may be replaced by its StatefulSet before the daemon looks;
+    # remember it so the failure is not missed.
+    if view_pod(dict(body)).failed:
+        memo.failed_pods.setdefault(key, {})[body["metadata"]["uid"]] = dict(body)
+    _wake(memo, key)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    _wake(memo, (namespace or "", name))
+
+
+def _newest(live: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The live body, unless our own last status patch is newer than what the watch delivered."""
+    if written is None:
+        return dict(live)
+    try:
+        newer = int(written["metadata"]["resourceVersion"]) > int(live["metadata"]["resourceVersion"])
+    except (KeyError, ValueError):
+        newer = False
+    return dict(written) if newer else dict(live)
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
+async def run_job(
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    memo: Any,
+    stopped: kopf.DaemonStopped,
+    **indices: Any,
+) -> None:
+    pods_by_job: kopf.Index[JobKey, Any] = indices["pods_by_job"]
+    sets_by_job: kopf.Index[JobKey, str] = indices["sets_by_job"]
+    namespace = namespace or ""
+    key = (namespace, name)
+    wakeup = memo.wakeups.setdefault(key, asyncio.Event())
+    reconciler: Reconciler = memo.reconciler
+    try:
+        while not stopped:
+            wakeup.clear()
+            current = _newest(body, memo.latest.get(key))
+            pods = list(pods_by_job.get(key, []))
+            seen = {p["metadata"]["uid"] for p in pods}
+            failed = memo.failed_pods.pop(key, {})
+            pods += [p for uid, p in failed.items() if uid not in seen]
+            with METRICS.reconcile_duration.time():
+                METRICS.reconciles.labels(namespace=namespace).inc()
+                try:
+                    result: ReconcileResult = await asyncio.to_thread(
+                        reconciler.reconcile, current, pods, set(sets_by_job.get(key, []))
+                    )
+                except Exception:
+                    METRICS.reconcile_errors.labels(namespace=namespace).inc()
+                    logging.getLogger(__name__).exception("reconcile of %s/%s failed", namespace, name)
+                    await asyncio.sleep(5)
+                    continue
+            if result.written is not None:
+                memo.latest[key] = result.written
+            for event in result.events:
+                kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+            if result.state:
+                memo.states[key] = result.state
+                METRICS.set_job_states(list(memo.states.values()))
+            timeout = min(result.requeue_after or IDLE_SECONDS, IDLE_SECONDS)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), timeout=max(timeout, 0.2))
+    finally:
+        memo.wakeups.pop(key, None)
+        memo.latest.pop(key, None)
+        memo.states.pop(key, None)
+        METRICS.set_job_states(list(memo.states.values()))

@@ -1,0 +1,130 @@
+"""The operator's calls to the API server: server-side apply of children, pod
+deletion for gang restarts, scaling down, status patches. Thin and blocking;
+the reconciler runs them in worker threads."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from rlkube_api.names import LABEL_JOB
+from rlkube_api.rljob import GROUP, PLURAL, VERSION
+
+FIELD_MANAGER = "rlkube-operator"
+log = logging.getLogger(__name__)
+
+# Plural resource names of the kinds the operator creates.
+PLURALS = {
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "StatefulSet": "statefulsets",
+    "PodGroup": "podgroups",
+    "ServiceAccount": "serviceaccounts",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+}
+# Kinds deleted when ttlSecondsAfterFinished elapses, as (apiVersion, kind).
+CHILD_KINDS = (
+    ("apps/v1", "StatefulSet"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+    ("scheduling.volcano.sh/v1beta1", "PodGroup"),
+    ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
+)
+
+
+def _collection_path(api_version: str, kind: str, namespace: str) -> str:
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, Any]] | None = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """A raw request for what the typed API classes don't cover (server-side apply, any kind)."""
+        if body is not None and not isinstance(body, str):
+            body = json.dumps(body)  # JSON is YAML, so this also serves apply-patch+yaml
+        method_, url, headers, body_, _ = self.api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method_, url, header_params=headers, body=body_)
+        response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            raise ApiException(http_resp=response)
+        return json.loads(response.data or b"{}")
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        """Server-side apply: idempotent, and the operator owns the fields it sets."""
+        meta = manifest["metadata"]
+        path = f"{_collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
+        self._call(
+            "PATCH",
+            path,
+            body=manifest,
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+
+    def scale_to_zero(self, namespace: str, job: str) -> None:
+        """Stops a finished job's pods without recreating anything that was deleted."""
+        path = _collection_path("apps/v1", "StatefulSet", namespace)
+        for sts in self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")]).get("items", []):
+            if sts["spec"].get("replicas"):
+                self._call(
+                    "PATCH",
+                    f"{path}/{sts['metadata']['name']}",
+                    body={"spec": {"replicas": 0}},
+                    content_type="application/merge-patch+json",
+                )
+
+    def delete_children(self, namespace: str, job: str) -> None:
+        """Deletes every child (pods go with their StatefulSets)."""
+        selector = f"{LABEL_JOB}={job}"
+        for api_version, kind in CHILD_KINDS:
+            path = _collection_path(api_version, kind, namespace)
+            try:
+                found = self._call("GET", path, query=[("labelSelector", selector)])
+            except ApiException as exc:
+                if exc.status == 404:  # a PodGroup CRD that isn't installed
+                    continue
+                raise
+            for item in found.get("items", []):
+                try:
+                    self._call(
+                        "DELETE", f"{path}/{item['metadata']['name']}", query=[("propagationPolicy", "Background")]
+                    )
+                except ApiException as exc:
+                    if exc.status != 404:
+                        raise
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})

