@@ -27,7 +27,7 @@ IDLE_SECONDS = 30.0
 
 def _api_client() -> client.ApiClient:
     try:
-        config.load_incluster_config()
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
     except config.ConfigException:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     return client.ApiClient()

@@ -126,5 +126,10 @@ class Kube:
                     if exc.status != 404:
                         raise
 
-    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, PLURAL, name, {"status": status})
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        """Merge-patches the status subresource; returns the object as stored."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        stored: dict[str, Any] = self._call(
+            "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
+        )
+        return stored
