@@ -168,7 +168,11 @@ class RolloutConfig(ApiModel):
     """Sampling and engine settings (where rollout runs is roles.rollout)."""
 
     name: Literal["vllm", "hf"] = Field("vllm", description="Engine: vllm, or hf generate as a fallback.")
-    n: int = Field(1, ge=1, le=1024, description="Samples per prompt (grpo and rloo need 2 or more).")
+    # verl's key is `n`; on the wire it is spelled out because Kubernetes' YAML
+    # parser reads a bare `n:` key as the boolean false.
+    n: int = Field(
+        1, ge=1, le=1024, alias="samplesPerPrompt", description="Samples per prompt (grpo and rloo need 2 or more)."
+    )
     temperature: float = Field(1.0, ge=0, description="Sampling temperature (0 = greedy).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
     top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
@@ -268,9 +272,9 @@ class TrainerConfig(ApiModel):
 
     cel_rules = (
         CelRule(
-            "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.n > 1",
-            "rollout.n must be at least 2 for group estimators (grpo, rloo)",
-            ".rollout.n",
+            "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.samplesPerPrompt > 1",
+            "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators (grpo, rloo)",
+            ".rollout.samplesPerPrompt",
         ),
         CelRule(
             "self.algorithm.advEstimator != 'gae' || has(self.roles.critic)",

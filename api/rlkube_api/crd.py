@@ -169,9 +169,24 @@ def crd() -> dict[str, Any]:
     }
 
 
+class _Dumper(yaml.SafeDumper):
+    """Quotes strings that YAML 1.1 parsers (Kubernetes' among them) read as booleans."""
+
+
+_YAML11_BOOLS = frozenset("y Y yes Yes YES n N no No NO on On ON off Off OFF".split())
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "'" if value in _YAML11_BOOLS else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def render() -> str:
     header = "# Generated from the pydantic models in api/rlkube_api by `make crd`. Do not edit.\n"
-    return header + yaml.safe_dump(crd(), sort_keys=False, width=120)
+    return header + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=120)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -110,7 +110,7 @@ INVALID = [
     Case("name-too-long", _set("metadata.name", "a" * 42), ("metadata.name",)),
     Case("name-not-dns-label", _set("metadata.name", "9-grpo"), ("metadata.name",)),
     Case("adv-estimator-unknown", _set("spec.algorithm.advEstimator", "ppo2"), ("spec.algorithm.advEstimator",)),
-    Case("grpo-needs-n-above-1", _set("spec.rollout.n", 1), ("spec.rollout.n",)),
+    Case("grpo-needs-n-above-1", _set("spec.rollout.samplesPerPrompt", 1), ("spec.rollout.samplesPerPrompt",)),
     Case("gae-needs-critic", _set("spec.algorithm.advEstimator", "gae"), ("spec.roles", "critic")),
     Case("clip-ratio-c-at-most-1", _set("spec.actor.clipRatioC", 1.0), ("spec.actor.clipRatioC",)),
     Case("train-files-empty", _set("spec.data.trainFiles", []), ("spec.data.trainFiles",)),

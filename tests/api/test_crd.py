@@ -3,6 +3,7 @@ same verdict as the pydantic models on every example and every invalid case."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -60,8 +61,8 @@ def test_server_refuses_what_the_models_refuse(kubectl: Kubectl, rljob_crd: None
 @pytest.mark.cluster
 def test_server_applies_schema_defaults(kubectl: Kubectl, rljob_crd: None, namespace: str) -> None:
     job = base_job()
-    result = kubectl("create", "--dry-run=server", "-n", namespace, "-o", "yaml", "-f", "-", input=yaml.safe_dump(job))
-    stored = yaml.safe_load(result.stdout)
+    result = kubectl("create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-", input=yaml.safe_dump(job))
+    stored = json.loads(result.stdout)
     # The server's defaults equal the models' defaults.
     assert stored["spec"] == parse_rljob(job).to_wire()["spec"]
 

