@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
-    from rlkube_e2e import ClusterError, LocalCluster
+    from rlkube_e2e.cluster import LocalCluster
+    from rlkube_e2e.errors import ClusterError
     from rlkube_e2e.testing import ClusterInfo
 
     external = os.environ.get("RLKUBE_KUBECONFIG")

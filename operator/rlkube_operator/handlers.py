@@ -35,6 +35,8 @@ def _api_client() -> client.ApiClient:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # kopf logs every handled watch event at INFO; the operator's own log says what matters.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     # kopf's own bookkeeping goes to annotations: the status belongs to the status function.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kopf.rlkube.dev")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kopf.rlkube.dev")
@@ -73,7 +75,7 @@ def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Bod
     # A failed pod may be replaced by its StatefulSet before the daemon looks;
     # remember it so the failure is not missed.
     if view_pod(dict(body)).failed:
-        memo.failed_pods.setdefault(key, {})[body["metadata"]["uid"]] = dict(body)
+        memo.failed_pods.setdefault(key, {}).setdefault(body["metadata"]["uid"], dict(body))
     _wake(memo, key)
 
 

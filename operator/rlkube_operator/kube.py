@@ -58,8 +58,8 @@ class Kube:
         content_type: str = "application/json",
     ) -> Any:
         """A raw request for what the typed API classes don't cover (server-side apply, any kind)."""
-        if body is not None and not isinstance(body, str):
-            body = json.dumps(body)  # JSON is YAML, so this also serves apply-patch+yaml
+        if body is not None and "yaml" in content_type:
+            body = json.dumps(body)  # JSON is YAML; the client only serializes JSON content types itself
         method_, url, headers, body_, _ = self.api.param_serialize(
             method=method,
             resource_path=path,

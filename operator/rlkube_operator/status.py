@@ -133,6 +133,15 @@ def _age(pod: PodView, now: datetime) -> float:
     return (now - pod.created).total_seconds() if pod.created else 0.0
 
 
+def _replaced_pods(current: list[PodView], running: Condition | None) -> list[PodView]:
+    """Pods created after the gang was last all ready: their predecessor died, even if
+    the operator missed the failure (it was down, or the pod was deleted)."""
+    if running is None or running.status != "True":
+        return []
+    since = parse_time(running.last_transition_time)
+    return [p for p in current if since is not None and p.created is not None and p.created > since]
+
+
 def compute_status(job: RLJob, observed: Observed) -> Decision:
     prev = job.status or RLJobStatus()
     now = observed.now
@@ -192,10 +201,13 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
     if any(p.succeeded for p in current if p.role == CONTROLLER_ROLE):
         return finish("Succeeded", "Succeeded", "DriverSucceeded", "the driver finished training")
 
-    failed = [p for p in current if p.failed]
-    if failed:
-        pod = failed[0]
-        what = f"pod {pod.name} (role {pod.role}) failed: {pod.failure_reason()}"
+    # A failed pod counts even while its StatefulSet deletes it.
+    failed = [p for p in observed.pods if p.attempt == prev.restart_count and p.failed]
+    replaced = _replaced_pods(current, conds.by_type.get("Running"))
+    if failed or replaced:
+        pod = (failed or replaced)[0]
+        cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
+        what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
         if prev.restart_count >= policy.backoff_limit:
             return finish(
                 "Failed",
