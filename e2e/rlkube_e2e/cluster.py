@@ -430,8 +430,13 @@ def _same_node(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
         taints = node.get("spec", {}).get("taints") or []
         return [t for t in taints if t.get("key") not in UNUSABLE_NODE_TAINTS]
 
+    def own_labels(node: dict[str, Any]) -> dict[str, str]:
+        # The node lifecycle controller adds the deprecated beta.kubernetes.io/ labels.
+        labels: dict[str, str] = node["metadata"].get("labels") or {}
+        return {key: value for key, value in labels.items() if not key.startswith("beta.kubernetes.io/")}
+
     return (
-        existing["metadata"].get("labels") == desired["metadata"]["labels"]
+        own_labels(existing) == desired["metadata"]["labels"]
         and existing.get("status", {}).get("capacity") == desired["status"]["capacity"]
         and existing.get("status", {}).get("allocatable") == desired["status"]["allocatable"]
         and [{k: t[k] for k in ("key", "value", "effect") if k in t} for t in user_taints(existing)]

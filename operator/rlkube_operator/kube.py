@@ -33,6 +33,9 @@ CHILD_KINDS = (
     ("apps/v1", "StatefulSet"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),
+    ("v1", "ServiceAccount"),
+    ("rbac.authorization.k8s.io/v1", "Role"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
 )

@@ -1,7 +1,7 @@
 """Pure builders: an RLJob in, the manifests of its children out.
 
-One module per child kind (statefulset, service, configmap; PodGroups come from
-the gang plugins). Nothing here talks to the API server.
+One module per child kind (statefulset, service, configmap, rbac; PodGroups come
+from the gang plugins). Nothing here talks to the API server.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.configmap import config_map
 from rlkube_operator.children.labels import owner_reference
+from rlkube_operator.children.rbac import rbac_children
 from rlkube_operator.children.service import headless_service
 from rlkube_operator.children.statefulset import stateful_set
 from rlkube_operator.children.topology import pod_roles
@@ -24,6 +25,7 @@ def desired_children(job: RLJob, uid: str, attempt: int, pods_wanted: bool) -> l
     StatefulSets stay but scale to zero, so nothing holds GPUs."""
     gang = plugin_for(job)
     children: list[Manifest] = [config_map(job)]
+    children += rbac_children(job)
     children += gang.children(job)
     for role in pod_roles(job):
         children.append(headless_service(job, role))

@@ -23,6 +23,7 @@ from rlkube_api.names import (
 )
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.labels import role_labels, role_selector
+from rlkube_operator.children.rbac import trainer_service_account_name
 from rlkube_operator.children.rendezvous import rendezvous_env
 from rlkube_operator.children.topology import PodRole, container_resources
 from rlkube_operator.gang.base import PodSchedulingPatch
@@ -112,8 +113,7 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
     if resources:
         container["resources"] = resources
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
-    if spec.service_account_name:
-        pod["serviceAccountName"] = spec.service_account_name
+    pod["serviceAccountName"] = trainer_service_account_name(job)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [s.to_wire() for s in spec.image_pull_secrets]
     if role.pool is not None:

@@ -1,0 +1,65 @@
+"""The driver's permission to report progress: it patches the `rlkube.dev/progress`
+annotation of its own pod (the controller pod), which the operator already
+watches. A Role limited to that one pod, bound to the pods' ServiceAccount."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.rljob import RLJob
+from rlkube_operator.children.labels import job_labels
+
+
+def trainer_service_account_name(job: RLJob) -> str:
+    return job.spec.service_account_name or f"{job.metadata.name}-trainer"
+
+
+def driver_pod_name(job: RLJob) -> str:
+    return f"{child_name(job.metadata.name or '', CONTROLLER_ROLE)}-0"
+
+
+def rbac_children(job: RLJob) -> list[dict[str, Any]]:
+    name = f"{job.metadata.name}-progress"
+    meta = {"namespace": job.metadata.namespace, "labels": job_labels(job)}
+    children: list[dict[str, Any]] = []
+    if job.spec.service_account_name is None:
+        children.append(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": trainer_service_account_name(job), **meta},
+                "automountServiceAccountToken": True,
+            }
+        )
+    children.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": name, **meta},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods"],
+                    "resourceNames": [driver_pod_name(job)],
+                    "verbs": ["get", "patch"],
+                }
+            ],
+        }
+    )
+    children.append(
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": name, **meta},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [
+                {
+                    "kind": "ServiceAccount",
+                    "name": trainer_service_account_name(job),
+                    "namespace": job.metadata.namespace,
+                }
+            ],
+        }
+    )
+    return children
