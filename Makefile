@@ -65,3 +65,7 @@ cluster-up: venv toolchain ## start the local control plane with fake GPU pools
 .PHONY: cluster-down
 cluster-down: venv ## stop the local control plane
 	$(PY) -m rlkube_e2e.cluster down
+
+.PHONY: demo
+demo: venv toolchain ## local cluster + operator + the tiny CPU RLJob (examples/tiny-cpu.yaml)
+	$(PY) -m rlkube_e2e.demo

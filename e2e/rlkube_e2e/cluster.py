@@ -47,6 +47,7 @@ STAGES_DIR = REPO_ROOT / "e2e" / "stages"
 DEFAULT_TIMEOUT = 120.0
 # Taints the control plane puts on a node that is not (yet) usable.
 UNUSABLE_NODE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 MANAGED_NODES = f"/api/v1/nodes?labelSelector={urllib.parse.quote(f'{MANAGED_BY_LABEL}={MANAGED_BY}')}"
 
 
@@ -169,12 +170,15 @@ class LocalCluster:
         write_kubeconfig(layout.kubeconfig, state.server, ensure_pki(layout.pki.dir))
         layout.kwok_home.mkdir(exist_ok=True)
         try:
-            # The apiserver retries etcd until it answers, so both start together.
             self._spawn(state, components.etcd(binaries, layout, ports))
+            # The apiserver would retry, but fill its log with connection errors
+            # that hide real ones; etcd answers within a fraction of a second.
+            self._wait(state, deadline, lambda: None if _etcd_healthy(ports.etcd_client) else "etcd /health")
             self._spawn(state, components.kube_apiserver(binaries, layout, ports))
             self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
             # The controller-manager gives up if the apiserver is not healthy soon,
             # so the rest starts only now.
+            self._release_node_leases(state)
             self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
             self._spawn(state, components.kube_scheduler(binaries, layout, ports))
             self._spawn(state, components.kwok(binaries, layout, stages))
@@ -195,6 +199,19 @@ class LocalCluster:
         # Saved after every start, so `down` can clean up even after a failed `up`.
         state.save(self.layout.state_file)
         self._log(f"  {component.name:<24} pid {handle.pid:<8} log {log}")
+
+    def _release_node_leases(self, state: ClusterState) -> None:
+        """Drop node leases a previous kwok held (kept etcd data after `down --keep`).
+
+        A new kwok has a new identity and will not take over a lease until it
+        expires, which would keep `up` waiting for a lease duration (40 s).
+        """
+        api = self.api()
+        ours = {name for names in state.nodes.values() for name in names}
+        for lease in api.get(NODE_LEASES)["items"]:
+            name = lease["metadata"]["name"]
+            if name in ours:
+                api.request("DELETE", f"{NODE_LEASES}/{name}")
 
     def _create_nodes(self, pools: list[NodePool]) -> None:
         api = self.api()
@@ -402,6 +419,18 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _etcd_healthy(port: int) -> bool:
+    connection = http.client.HTTPConnection(LOCALHOST, port, timeout=3)
+    try:
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        return response.status == 200 and json.loads(response.read()).get("health") == "true"
+    except (OSError, ValueError):
+        return False
+    finally:
+        connection.close()
+
+
 def _healthz_ok(port: int) -> bool:
     # Controller-manager and scheduler serve a self-signed certificate made at start.
     context = ssl.create_default_context()
@@ -445,7 +474,7 @@ def _same_node(existing: dict[str, Any], desired: dict[str, Any]) -> bool:
 
 
 def _lease_renewed_since(api: KubeApi, node: str, since: datetime.datetime) -> bool:
-    status, text = api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+    status, text = api.request("GET", f"{NODE_LEASES}/{node}")
     if status != 200:
         return False
     renew = json.loads(text).get("spec", {}).get("renewTime")

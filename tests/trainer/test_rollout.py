@@ -19,6 +19,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -68,14 +69,14 @@ def w1(w0_path: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, d
 @pytest.fixture(scope="module")
 def prompts(w0_path: Path) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(w0_path)
-    return [
-        list(
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-            )
+    result = []
+    for text in MESSAGES:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
         )
-        for text in MESSAGES
-    ]
+        assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+        result.append(cast(list[int], ids))
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,8 @@ def hf_logprobs(
     model_path: Path, prompts: list[list[int]], batch: RolloutBatch, temperature: float
 ) -> list[list[float]]:
     """Log-probs of each sample's tokens under an HF forward pass of prompt + response."""
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.eval()
     result = []
     with torch.no_grad():
         for sample in batch:

@@ -45,7 +45,7 @@ def build_tokenizer(vocab: int) -> PreTrainedTokenizerFast:
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens([*SPECIAL_TOKENS, *extras])
 
-    tokenizer = PreTrainedTokenizerFast(
+    tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=backend,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
@@ -94,7 +94,7 @@ def build_tiny_model(
         dtype="float32",
     )
     torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
     # Random init at std 0.02 gives near-uniform next-token distributions; a wider spread makes the
     # greedy continuations depend clearly on the weights, which the weight-sync tests rely on.
     with torch.no_grad():
