@@ -16,6 +16,7 @@ import datetime
 import fcntl
 import http.client
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -48,6 +49,7 @@ DEFAULT_TIMEOUT = 120.0
 # Taints the control plane puts on a node that is not (yet) usable.
 UNUSABLE_NODE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 NODE_LEASES = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
+_PORT_IN_USE = re.compile(r"listen tcp [0-9.]+:(\d+): bind: address already in use")
 MANAGED_NODES = f"/api/v1/nodes?labelSelector={urllib.parse.quote(f'{MANAGED_BY_LABEL}={MANAGED_BY}')}"
 
 
@@ -258,14 +260,12 @@ class LocalCluster:
             code = handle.poll() if handle is not None else None
             if code is None and processes.is_running(record.pid, record.binary):
                 continue
-            tail = processes.log_tail(Path(record.log))
-            hint = (
-                " (a port is already in use: run `up` again to pick free ports)"
-                if "address already in use" in tail
-                else ""
-            )
+            line = processes.log_error(Path(record.log))
             exited = f"exited with code {code}" if code is not None else "is not running"
-            raise ClusterError(f"{record.name} {exited}{hint}: {tail or 'no output'} (log: {record.log})")
+            busy = _PORT_IN_USE.search(line)
+            if busy:
+                line = f"port {busy.group(1)} is already in use; run `up` again to pick free ports"
+            raise ClusterError(f"{record.name} {exited}: {line or 'no output'} (log: {record.log})")
 
     def _readiness_problem(self, state: ClusterState, started_at: datetime.datetime | None) -> str | None:
         """What the cluster still lacks, or None when it is ready for tests."""
@@ -537,12 +537,13 @@ def _cmd_up(cluster: LocalCluster, timeout: float) -> int:
 
 
 def _cmd_down(cluster: LocalCluster, keep: bool) -> int:
-    stopped = cluster.down(keep=keep)
     where = cluster.state_dir
-    if not stopped:
-        print(f"no running cluster in {where}" + ("" if keep else "; state removed"))
-    else:
-        print(f"cluster stopped; state {'kept in ' + str(where) if keep else 'removed'}")
+    if not where.exists():
+        print(f"no cluster in {where}")
+        return 0
+    stopped = cluster.down(keep=keep)
+    state = f"state kept in {where}" if keep else f"state removed from {where}"
+    print(f"cluster stopped; {state}" if stopped else f"no cluster was running; {state}")
     return 0
 
 
@@ -555,6 +556,8 @@ def _cmd_status(cluster: LocalCluster) -> int:
     print(f"API server: {status.server} ({'ready' if status.api_ready else 'not answering'})")
     print(f"kubeconfig: {status.kubeconfig}")
     print("components:")
+    if not status.components:
+        print("  none running (stopped with --keep; `up` restarts it from the kept state)")
     for component in status.components:
         state = f"running (pid {component.pid})" if component.running else "stopped"
         print(f"  {component.name:<24} {state:<22} log {component.log}")

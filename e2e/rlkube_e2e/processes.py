@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import signal
 import subprocess
 import time
@@ -42,12 +43,14 @@ def spawn(component: Component, log_path: Path, cwd: Path, *, die_with_parent: b
 
 
 def _die_with_parent() -> None:
-    """Make the kernel SIGTERM this child when the test session that started it dies.
+    """Make the kernel kill this child when the test session that started it dies.
 
-    A crashed or killed pytest then leaves no control plane behind.
+    A crashed or killed pytest then leaves no control plane behind. SIGKILL, not
+    SIGTERM: an apiserver still starting up ignores SIGTERM once etcd is gone, and
+    a test cluster's state is thrown away anyway.
     """
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def is_running(pid: int, binary: str) -> bool:
@@ -91,11 +94,21 @@ def _reap(handle: subprocess.Popen[bytes] | None) -> None:
         handle.poll()
 
 
-def log_tail(path: Path, lines: int = 3) -> str:
-    """The last meaningful log lines, for one-line error messages."""
+def log_error(path: Path) -> str:
+    """The line of a component log most likely to say why it stopped, for one-line errors.
+
+    klog marks errors with E/F and a date (E1129 ...), etcd and kwok log JSON with
+    a level; without such a line the last line is the best guess.
+    """
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    kept = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("==> ")]
-    return " | ".join(kept[-lines:])
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("==> ")]
+    for line in reversed(lines):
+        if _ERROR_LINE.search(line):
+            return line[:400]
+    return lines[-1][:400] if lines else ""
+
+
+_ERROR_LINE = re.compile(r'^[EF]\d{4} |"level":"(error|fatal|panic)"|\b(Error|error|fatal):')

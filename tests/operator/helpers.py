@@ -16,6 +16,7 @@ import yaml
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_POD_INDEX, LABEL_ROLE
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import parse_rljob
+from rlkube_operator.children import desired_children
 from rlkube_operator.children.topology import pod_roles
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -56,16 +57,35 @@ def set_path(path: str, value: Any) -> Mutation:
     return mutate
 
 
+# Parsing evaluates the CEL rules in Python (tens of ms each time), so jobs and their
+# children are built once per session. Both are shared: never mutate them (model_copy).
+_JOBS: dict[tuple[Any, ...], RLJob] = {}
+_CHILDREN: dict[tuple[int, int, bool], tuple[RLJob, list[Obj]]] = {}
+
+
 def load_job(name: str, *mutations: Mutation, generation: int = 1, namespace: str | None = NAMESPACE) -> RLJob:
     """An example RLJob as the API server would hand it over (namespace, uid, generation set)."""
-    obj = example(name)
-    meta = obj["metadata"]
-    meta.update(uid=UID, generation=generation)
-    if namespace is not None:
-        meta["namespace"] = namespace
-    for mutate in mutations:
-        mutate(obj)
-    return parse_rljob(obj)
+    key = (name, mutations, generation, namespace)
+    if key not in _JOBS:
+        obj = example(name)
+        meta = obj["metadata"]
+        meta.update(uid=UID, generation=generation)
+        if namespace is not None:
+            meta["namespace"] = namespace
+        for mutate in mutations:
+            mutate(obj)
+        _JOBS[key] = parse_rljob(obj)
+    return _JOBS[key]
+
+
+def children_of(job: RLJob, *, attempt: int = 0, pods_wanted: bool = True) -> list[Obj]:
+    """desired_children(job, UID, attempt, pods_wanted), computed once per job object."""
+    key = (id(job), attempt, pods_wanted)
+    cached = _CHILDREN.get(key)
+    if cached is None or cached[0] is not job:
+        cached = (job, desired_children(job, UID, attempt, pods_wanted))
+        _CHILDREN[key] = cached  # holds the job, so its id is not reused
+    return cached[1]
 
 
 def pod(

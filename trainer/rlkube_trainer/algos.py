@@ -253,7 +253,7 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 
 
 @register_policy_loss("vanilla")
-def compute_policy_loss(  # noqa: PLR0917 - verl's positional signature
+def compute_policy_loss(
     old_log_prob: torch.Tensor,
     log_prob: torch.Tensor,
     advantages: torch.Tensor,
@@ -292,7 +292,7 @@ def compute_policy_loss(  # noqa: PLR0917 - verl's positional signature
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
-def compute_value_loss(  # noqa: PLR0917 - verl's positional signature
+def compute_value_loss(
     vpreds: torch.Tensor,
     returns: torch.Tensor,
     values: torch.Tensor,
@@ -409,7 +409,7 @@ def get_kl_controller(
     raise ValueError(f"unknown KL controller type {type!r}; choose one of: fixed, adaptive")
 
 
-def apply_kl_penalty(  # noqa: PLR0917 - verl's positional signature
+def apply_kl_penalty(
     token_level_scores: torch.Tensor,
     old_log_prob: torch.Tensor,
     ref_log_prob: torch.Tensor,

@@ -112,9 +112,9 @@ class VLLMRolloutEngine(RolloutEngine):
 
         if vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING:
             raise RuntimeError(
-                "vLLM already runs engines in a separate process in this process's configuration "
-                "(an engine was started before with VLLM_ENABLE_V1_MULTIPROCESSING unset, and vLLM "
-                "cached it); set VLLM_ENABLE_V1_MULTIPROCESSING=0 before the first engine starts"
+                "vLLM has cached VLLM_ENABLE_V1_MULTIPROCESSING as enabled (an engine was started in "
+                "this process before rlkube_trainer.rollout.vllm_engine was imported); this engine "
+                "must run in-process: set VLLM_ENABLE_V1_MULTIPROCESSING=0 before any engine starts"
             )
         if current_platform.device_type != device:
             raise ValueError(

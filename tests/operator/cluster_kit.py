@@ -1,0 +1,350 @@
+"""Helpers for the operator's cluster tests: the operator run in-process (in a thread
+of the test process, against the local control plane), small RLJobs derived from
+examples/tiny-cpu.yaml, and a per-namespace view of a job and its children.
+
+kwok simulates the pods: they become Running/Ready on their own, the chaos label
+fails one, and `finish_driver` makes the controller pod's container exit 0 as a
+kubelet reports it for a restartPolicy Always pod (phase stays Running).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi, RbacAuthorizationV1Api
+from kubernetes.client.exceptions import ApiException
+
+from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
+from rlkube_api.rljob import GROUP, PLURAL, VERSION
+from rlkube_e2e.testing import Kubectl, wait_for
+
+Obj = dict[str, Any]
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
+PODGROUP_CRDS = Path(__file__).resolve().parent / "crds"
+FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
+# Pods of the tiny job: controller + 2 actor + 1 rollout.
+TINY_PODS = 4
+TINY_ROLES = {"controller": 1, "actor": 2, "rollout": 1}
+
+
+# --- the operator, in-process ------------------------------------------------------------------
+
+
+class InProcessOperator:
+    """The real operator (rlkube_operator.handlers) run by kopf in a thread of the
+    test process: the same handlers, settings and metrics registry as
+    `python -m rlkube_operator`, started and stopped on demand.
+
+    `kopf.operator()` is used directly rather than kopf.testing.KopfRunner: the
+    runner goes through click's CliRunner, which swaps sys.stdin/stdout/stderr for
+    the whole process for as long as the operator runs (all of a test session
+    here) and fights pytest's capture; kopf.operator() takes the same stop and
+    ready flags without that. One instance per session: `start` refuses to run a
+    second operator at the same time.
+    """
+
+    _lock = threading.Lock()
+    _active: InProcessOperator | None = None
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.starts = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, timeout: float = 60.0) -> None:
+        import kopf
+
+        import rlkube_operator.handlers  # registers the handlers with kopf's default registry
+
+        assert rlkube_operator.handlers.run_job
+        with InProcessOperator._lock:
+            if InProcessOperator._active is not None:
+                raise RuntimeError("an operator is already running against the test cluster")
+            InProcessOperator._active = self
+        # kopf's login and the operator's own client (handlers._api_client) read KUBECONFIG.
+        os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        logging.getLogger("rlkube_operator").setLevel(logging.INFO)
+        self._stop = threading.Event()
+        ready = threading.Event()
+        self._error = None
+
+        def run() -> None:
+            try:
+                asyncio.run(kopf.operator(clusterwide=True, standalone=True, stop_flag=self._stop, ready_flag=ready))
+            except BaseException as error:
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name=f"rlkube-operator-{self.starts}", daemon=True)
+        self._thread.start()
+        self.starts += 1
+        deadline = time.monotonic() + timeout
+        while not ready.wait(0.1):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the operator did not start: {self._error!r}")
+
+    def stop(self, timeout: float = 60.0) -> float:
+        """Stops the operator; returns how long that took."""
+        started = time.monotonic()
+        try:
+            if self._thread is not None:
+                self._stop.set()
+                self._thread.join(timeout)
+                if self._thread.is_alive():
+                    raise RuntimeError(f"the operator did not stop within {timeout:.0f} s")
+                self._thread = None
+            if self._error is not None:
+                raise RuntimeError("the operator crashed") from self._error
+        finally:
+            with InProcessOperator._lock:
+                if InProcessOperator._active is self and not self.running:
+                    InProcessOperator._active = None
+        return time.monotonic() - started
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+
+
+def tiny_job(name: str, namespace: str, overrides: dict[str, Any] | None = None) -> Obj:
+    """examples/tiny-cpu.yaml as `name` in `namespace`, with dotted-path overrides
+    ('spec.runPolicy.backoffLimit': 0); a value of None removes the key."""
+    body: Obj = yaml.safe_load(EXAMPLE.read_text())
+    body["metadata"] = {"name": name, "namespace": namespace}
+    for path, value in (overrides or {}).items():
+        *parents, leaf = path.split(".")
+        node = body
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is None:
+            node.pop(leaf, None)
+        else:
+            node[leaf] = copy.deepcopy(value)
+    return body
+
+
+def condition(job: Obj, type_: str) -> Obj | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def is_true(job: Obj, type_: str) -> bool:
+    cond = condition(job, type_)
+    return cond is not None and cond.get("status") == "True"
+
+
+def attempt(pod: Obj) -> int:
+    return int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_ATTEMPT, "-1"))
+
+
+def ready(pod: Obj) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+class Jobs:
+    """RLJobs and their children in one namespace, read the way a user would see them."""
+
+    def __init__(self, api: ApiClient, kubectl: Kubectl, namespace: str) -> None:
+        self.api = api
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.core = CoreV1Api(api)
+        self.apps = AppsV1Api(api)
+        self.custom = CustomObjectsApi(api)
+        self.rbac = RbacAuthorizationV1Api(api)
+
+    # --- the RLJob ---
+
+    def create(self, body: Obj) -> Obj:
+        created: Obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+        return created
+
+    def get(self, name: str) -> Obj:
+        job: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        return job
+
+    def exists(self, name: str) -> bool:
+        try:
+            self.get(name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def patch(self, name: str, patch: Obj) -> Obj:
+        """A merge patch of the RLJob (spec, metadata)."""
+        self.kubectl("patch", "rljob", name, "-n", self.namespace, "--type=merge", "-p", json.dumps(patch))
+        return self.get(name)
+
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def wait(self, name: str, check: Callable[[Obj], bool], what: str, timeout: float = 30.0) -> Obj:
+        """Polls the RLJob until `check` holds; the timeout message shows its last status."""
+        last: list[Obj] = [{}]
+
+        def probe() -> Obj | None:
+            job = self.get(name)
+            last[0] = job
+            return job if check(job) else None
+
+        try:
+            return wait_for(probe, f"RLJob {self.namespace}/{name}: {what}", timeout=timeout)
+        except AssertionError as error:
+            raise AssertionError(f"{error}; last status: {json.dumps(last[0].get('status'), indent=1)}") from None
+
+    def wait_state(self, name: str, state: str, timeout: float = 30.0) -> Obj:
+        return self.wait(name, lambda j: (j.get("status") or {}).get("state") == state, f"state {state}", timeout)
+
+    def wait_running(self, name: str, restarts: int = 0, timeout: float = 30.0) -> Obj:
+        """Running with every pod of the given attempt Ready (the status says so)."""
+
+        def check(job: Obj) -> bool:
+            status = job.get("status") or {}
+            return status.get("state") == "Running" and status.get("restartCount", 0) == restarts
+        return self.wait(name, check, f"state Running after {restarts} restarts", timeout)
+
+    # --- children ---
+
+    def pods(self, name: str, include_deleting: bool = False) -> list[Obj]:
+        items = self.core.list_namespaced_pod(self.namespace, label_selector=f"{LABEL_JOB}={name}").items
+        pods = [self.api.sanitize_for_serialization(p) for p in items]
+        return [p for p in pods if include_deleting or not p["metadata"].get("deletionTimestamp")]
+
+    def pod(self, pod_name: str) -> Obj:
+        pod: Obj = self.api.sanitize_for_serialization(self.core.read_namespaced_pod(pod_name, self.namespace))
+        return pod
+
+    def wait_pods(self, name: str, count: int, at_attempt: int = 0, timeout: float = 30.0) -> list[Obj]:
+        """`count` pods, all Running and Ready, all of the given attempt, none being deleted."""
+
+        def probe() -> list[Obj] | None:
+            pods = self.pods(name, include_deleting=True)
+            good = [
+                p
+                for p in pods
+                if p["status"].get("phase") == "Running"
+                and ready(p)
+                and attempt(p) == at_attempt
+                and not p["metadata"].get("deletionTimestamp")
+            ]
+            return pods if len(good) == count == len(pods) else None
+
+        return wait_for(probe, f"{count} Ready pods of attempt {at_attempt} of job {name}", timeout)
+
+    def wait_no_pods(self, name: str, timeout: float = 30.0) -> None:
+        wait_for(lambda: not self.pods(name, include_deleting=True), f"no pods of job {name}", timeout)
+
+    def statefulsets(self, name: str) -> dict[str, Obj]:
+        items = self.apps.list_namespaced_stateful_set(self.namespace, label_selector=f"{LABEL_JOB}={name}").items
+        return {s.metadata.name: self.api.sanitize_for_serialization(s) for s in items}
+
+    def children(self, name: str) -> dict[str, Obj]:
+        """'Kind/name' -> object for every child kind the operator always creates."""
+        selector = f"{LABEL_JOB}={name}"
+        ns = self.namespace
+        found: dict[str, Any] = {}
+        listings: list[tuple[str, Any]] = [
+            ("StatefulSet", self.apps.list_namespaced_stateful_set(ns, label_selector=selector)),
+            ("Service", self.core.list_namespaced_service(ns, label_selector=selector)),
+            ("ConfigMap", self.core.list_namespaced_config_map(ns, label_selector=selector)),
+            ("ServiceAccount", self.core.list_namespaced_service_account(ns, label_selector=selector)),
+            ("Role", self.rbac.list_namespaced_role(ns, label_selector=selector)),
+            ("RoleBinding", self.rbac.list_namespaced_role_binding(ns, label_selector=selector)),
+        ]
+        for kind, listing in listings:
+            for item in listing.items:
+                found[f"{kind}/{item.metadata.name}"] = self.api.sanitize_for_serialization(item)
+        return found
+
+    def child_uids(self, name: str) -> dict[str, str]:
+        return {key: obj["metadata"]["uid"] for key, obj in self.children(name).items()}
+
+    def podgroups(self, group: str, version: str) -> list[Obj]:
+        listing = self.custom.list_namespaced_custom_object(group, version, self.namespace, "podgroups")
+        items: list[Obj] = listing["items"]
+        return items
+
+    # --- what happens to pods ---
+
+    def fail_pod(self, pod_name: str) -> None:
+        """kwok's chaos stage turns the Running pod Failed (exit code 1)."""
+        self.core.patch_namespaced_pod(pod_name, self.namespace, {"metadata": {"labels": {FAIL_LABEL: "true"}}})
+
+    def finish_driver(self, name: str) -> None:
+        """The driver exits 0: the controller pod's container terminates with exit
+        code 0 while the pod stays Running (restartPolicy Always), as a kubelet
+        reports it before restarting the container."""
+        pod_name = f"{name}-controller-0"
+        pod = self.pod(pod_name)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = copy.deepcopy(pod["status"]["containerStatuses"])
+        statuses[0]["ready"] = False
+        statuses[0]["started"] = False
+        started = (statuses[0].get("state") or {}).get("running", {}).get("startedAt", now)
+        statuses[0]["state"] = {
+            "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": now}
+        }
+        patch = {"status": {"containerStatuses": statuses}}
+        self.kubectl(
+            "patch", "pod", pod_name, "-n", self.namespace, "--subresource=status", "--type=merge",
+            "-p", json.dumps(patch),
+        )  # fmt: skip
+
+    def report_progress(self, name: str, progress: Obj) -> None:
+        """What the driver does: its progress as JSON in its own pod's annotation."""
+        patch = {"metadata": {"annotations": {ANNOTATION_PROGRESS: json.dumps(progress)}}}
+        self.core.patch_namespaced_pod(f"{name}-controller-0", self.namespace, patch)
+
+    # --- what users see ---
+
+    def events(self, name: str) -> list[Obj]:
+        items = self.core.list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.kind=RLJob,involvedObject.name={name}"
+        ).items
+        return [self.api.sanitize_for_serialization(e) for e in items]
+
+    def wait_event(self, name: str, reason: str, timeout: float = 15.0) -> Obj:
+        def probe() -> Obj | None:
+            return next((e for e in self.events(name) if e.get("reason") == reason), None)
+
+        return wait_for(probe, f"an Event {reason} for RLJob {name}", timeout)
+
+    def table(self, resource: str, name: str, *extra: str) -> dict[str, str]:
+        """`kubectl get <resource> <name>` as {column: value}."""
+        out = self.kubectl("get", resource, name, "-n", self.namespace, *extra).stdout.splitlines()
+        assert len(out) == 2, out
+        header, row = out
+        # Column starts from the header (values may be empty: "<none>" is printed then).
+        starts = [i for i, ch in enumerate(header) if ch != " " and (i == 0 or header[i - 1] == " ")]
+        bounds = [*starts[1:], None]
+        return {header[s:e].strip(): row[s:e].strip() for s, e in zip(starts, bounds, strict=True)}
+
+
+def roles_of(pods: list[Obj]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for pod in pods:
+        role = pod["metadata"]["labels"][LABEL_ROLE]
+        counts[role] = counts.get(role, 0) + 1
+    return counts

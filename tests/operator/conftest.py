@@ -1,0 +1,108 @@
+"""Fixtures for the operator's cluster tests (`@pytest.mark.cluster`).
+
+- `rljob_crd`: the generated RLJob CRD (crds/rljob.yaml), installed once per session;
+- `operator`: the real operator running in-process against the session's cluster,
+  started once per session; tests that need to stop and start it (idempotency)
+  call `operator.stop()` / `operator.start()`; there is never more than one;
+- `podgroup_crds`: minimal Volcano and scheduler-plugins PodGroup CRDs (crds/);
+- `jobs`: RLJobs and their children in the test's own namespace.
+
+Heavy imports happen inside the fixtures (tests/conftest.py explains why): the
+pure unit tests in this folder load this file too.
+"""
+
+# ruff: noqa: PLC0415  (imports inside fixtures are deliberate, see above)
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+    from rlkube_e2e.testing import ClusterInfo, Kubectl
+    from tests.operator.cluster_kit import InProcessOperator, Jobs
+
+CRDS = Path(__file__).resolve().parent / "crds"
+PODGROUP_CRDS = ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io")
+
+
+@pytest.fixture(scope="session")
+def rljob_crd(kubectl: Kubectl) -> None:
+    from rlkube_api.crd import CRD_FILES
+
+    kubectl("apply", "--server-side", "-f", str(CRD_FILES[0]))
+    wait_established(kubectl, "rljobs.rlkube.dev")
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: ClusterInfo, rljob_crd: None, kubectl: Kubectl) -> Iterator[InProcessOperator]:
+    """The operator, running for the whole session (restartable)."""
+    from tests.operator.cluster_kit import InProcessOperator
+
+    instance = InProcessOperator(cluster.kubeconfig)
+    instance.start()
+    try:
+        yield instance
+    finally:
+        if instance.running:
+            # Let it release the jobs of namespaces being deleted (its finalizers),
+            # so a reused cluster (RLKUBE_KUBECONFIG) is not left with stuck namespaces.
+            _wait_for_no_test_rljobs(kubectl, timeout=30)
+            instance.stop()
+
+
+def _wait_for_no_test_rljobs(kubectl: Kubectl, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listing = kubectl("get", "rljobs", "-A", "-o", "name", check=False)
+        if listing.returncode != 0 or not listing.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
+@pytest.fixture
+def podgroup_crds(kubectl: Kubectl) -> None:
+    """Installed for the test (idempotent; test_gang_cluster removes them on purpose)."""
+    install_podgroup_crds(kubectl)
+
+
+def install_podgroup_crds(kubectl: Kubectl) -> None:
+    for path in sorted(CRDS.glob("*.yaml")):
+        kubectl("apply", "--server-side", "-f", str(path))
+    for name in PODGROUP_CRDS:
+        wait_established(kubectl, name)
+
+
+def wait_established(kubectl: Kubectl, crd: str) -> None:
+    """`kubectl wait --for=condition=Established` fails outright while a new CRD has
+    no conditions yet; poll instead."""
+    from rlkube_e2e.testing import wait_for
+
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        result = kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
+        return result.stdout.strip() == "True"
+
+    wait_for(established, f"CRD {crd} to be Established", timeout=60)
+
+
+def uninstall_podgroup_crds(kubectl: Kubectl) -> None:
+    for name in PODGROUP_CRDS:
+        kubectl("delete", "crd", name, "--ignore-not-found", "--wait=true", timeout=120)
+
+
+@pytest.fixture
+def jobs(kube: ApiClient, kubectl: Kubectl, namespace: str, operator: InProcessOperator) -> Jobs:
+    """RLJobs in the test's namespace, with the operator running."""
+    from tests.operator.cluster_kit import Jobs
+
+    assert operator.running, "the operator is not running"
+    return Jobs(kube, kubectl, namespace)

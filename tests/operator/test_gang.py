@@ -1,0 +1,246 @@
+"""Gang-scheduling plugins behind plugin_for(job): Volcano and coscheduling PodGroups,
+Kueue's queue label, and nothing at all without spec.runPolicy.gang."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rlkube_api.names import LABEL_JOB, LABEL_ROLE
+from rlkube_api.rljob import RLJob
+from rlkube_operator.gang import plugin_for
+from rlkube_operator.gang.resources import gang_requests
+from tests.operator.helpers import CPU, GPU, NAMESPACE, UID, Mutation, Obj, children_of, load_job, set_path
+
+GPU_JOB = "qwen-gsm8k-grpo"
+VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+VOLCANO_TASK = "volcano.sh/task-spec"
+COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+GPU_REQUESTS = {"cpu": "192", "memory": "2600Gi", "nvidia.com/gpu": "24"}  # 2×(64, 900Gi, 8) + 4×(16, 200Gi, 2)
+
+
+def gang(scheduler: str, **fields: Any) -> Mutation:
+    return set_path("spec.runPolicy.gang", {"scheduler": scheduler, **fields})
+
+
+def children(job: RLJob, pods_wanted: bool = True) -> list[Obj]:
+    return children_of(job, pods_wanted=pods_wanted)
+
+
+def pod_groups(objs: list[Obj]) -> list[Obj]:
+    return [c for c in objs if c["kind"] == "PodGroup"]
+
+
+def templates(objs: list[Obj]) -> dict[str, Obj]:
+    return {
+        c["metadata"]["labels"][LABEL_ROLE]: c["spec"]["template"] for c in objs if c["kind"] == "StatefulSet"
+    }
+
+
+def owner_of(child: Obj) -> Obj:
+    refs = child["metadata"]["ownerReferences"]
+    assert len(refs) == 1
+    ref: Obj = refs[0]
+    return ref
+
+
+@pytest.mark.parametrize("pods_wanted", [True, False])
+def test_volcano_pod_group(pods_wanted: bool) -> None:
+    job = load_job(GPU, gang("volcano", queue="research", priorityClassName="rl-high"))
+    groups = pod_groups(children(job, pods_wanted))
+    assert len(groups) == 1
+    group = groups[0]
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert group["metadata"]["name"] == GPU_JOB
+    assert group["metadata"]["namespace"] == NAMESPACE
+    assert group["metadata"]["labels"][LABEL_JOB] == GPU_JOB
+    assert owner_of(group)["uid"] == UID
+    assert owner_of(group)["controller"] is True
+    assert group["spec"] == {
+        "minMember": 7,  # every pod: 1 controller + 2 actor + 4 rollout
+        "minTaskMember": {"controller": 1, "actor": 2, "rollout": 4},
+        "minResources": GPU_REQUESTS,
+        "queue": "research",
+        "priorityClassName": "rl-high",
+    }
+    assert sum(group["spec"]["minTaskMember"].values()) == group["spec"]["minMember"]
+
+
+def test_volcano_without_queue_or_priority_leaves_them_out() -> None:
+    (group,) = pod_groups(children(load_job(CPU, gang("volcano"))))
+    assert group["spec"] == {
+        "minMember": 4,
+        "minTaskMember": {"controller": 1, "actor": 2, "rollout": 1},
+        "minResources": {},  # the CPU example asks for nothing
+    }
+
+
+@pytest.mark.parametrize("timeout", [None, 120])
+def test_coscheduling_pod_group(timeout: int | None) -> None:
+    fields = {} if timeout is None else {"scheduleTimeoutSeconds": timeout}
+    job = load_job(GPU, gang("coscheduling", **fields))
+    (group,) = pod_groups(children(job))
+    assert group["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
+    assert group["metadata"]["name"] == GPU_JOB
+    assert group["metadata"]["namespace"] == NAMESPACE
+    assert owner_of(group)["uid"] == UID
+    assert group["spec"] == {
+        "minMember": 7,
+        "minResources": GPU_REQUESTS,
+        "scheduleTimeoutSeconds": 600 if timeout is None else timeout,
+    }
+
+
+@pytest.mark.parametrize(
+    "mutations", [[], [gang("kueue", queue="team-a")]], ids=["no-gang", "kueue"]
+)
+def test_no_pod_group_without_a_gang_scheduler(mutations: list[Mutation]) -> None:
+    job = load_job(GPU, *mutations)
+    assert pod_groups(children(job)) == []
+    assert plugin_for(job).children(job) == []
+
+
+# mutations, schedulerName, priorityClassName, pod labels, pod annotations (role filled in for "{role}")
+POD_PATCHES = [
+    pytest.param([], None, None, {}, {}, id="no-gang"),
+    pytest.param(
+        [gang("volcano", priorityClassName="rl-high")],
+        "volcano",
+        "rl-high",
+        {},
+        {VOLCANO_GROUP: GPU_JOB, VOLCANO_TASK: "{role}"},
+        id="volcano",
+    ),
+    pytest.param(
+        [gang("volcano", schedulerName="vc-scheduler")],
+        "vc-scheduler",
+        None,
+        {},
+        {VOLCANO_GROUP: GPU_JOB, VOLCANO_TASK: "{role}"},
+        id="volcano-custom-scheduler",
+    ),
+    pytest.param(
+        [gang("coscheduling")],
+        "scheduler-plugins-scheduler",
+        None,
+        {COSCHEDULING_GROUP: GPU_JOB},
+        {},
+        id="coscheduling",
+    ),
+    pytest.param([gang("kueue", queue="team-a")], None, None, {KUEUE_QUEUE: "team-a"}, {}, id="kueue"),
+    pytest.param([gang("kueue")], None, None, {}, {}, id="kueue-without-queue"),
+]
+GANG_KEYS = {VOLCANO_GROUP, VOLCANO_TASK, COSCHEDULING_GROUP, KUEUE_QUEUE}
+
+
+@pytest.mark.parametrize(("mutations", "scheduler", "priority", "labels", "annotations"), POD_PATCHES)
+def test_pod_templates_join_the_gang(
+    mutations: list[Mutation],
+    scheduler: str | None,
+    priority: str | None,
+    labels: dict[str, str],
+    annotations: dict[str, str],
+) -> None:
+    job = load_job(GPU, *mutations)
+    by_role = templates(children(job))
+    assert set(by_role) == {"controller", "actor", "rollout"}
+    for role, template in by_role.items():
+        spec, meta = template["spec"], template["metadata"]
+        assert spec.get("schedulerName") == scheduler, role
+        assert spec.get("priorityClassName") == priority, role
+        pod_labels = {k: v for k, v in meta["labels"].items() if k in GANG_KEYS}
+        pod_annotations = {k: v for k, v in meta["annotations"].items() if k in GANG_KEYS}
+        assert pod_labels == labels, role
+        assert pod_annotations == {k: v.format(role=role) for k, v in annotations.items()}, role
+        # The role's own labels stay, and the gang's never enter the (immutable) selector.
+        assert meta["labels"][LABEL_ROLE] == role
+        assert set(meta["labels"]) >= {LABEL_JOB, LABEL_ROLE}
+
+
+@pytest.mark.parametrize(("mutations", "queue"), [([gang("kueue", queue="team-a")], "team-a"), ([], None)])
+def test_kueue_queue_label_on_every_child(mutations: list[Mutation], queue: str | None) -> None:
+    job = load_job(GPU, *mutations)
+    objs = children(job)
+    for child in objs:
+        assert child["metadata"]["labels"].get(KUEUE_QUEUE) == queue, child["metadata"]["name"]
+    for sts in (c for c in objs if c["kind"] == "StatefulSet"):
+        assert KUEUE_QUEUE not in sts["spec"]["selector"]["matchLabels"]
+
+
+# mutations, summed requests of every pod
+REQUESTS = [
+    pytest.param(GPU, [], GPU_REQUESTS, id="gpu-example"),
+    pytest.param(
+        GPU,
+        [
+            set_path("spec.roles.critic", {"replicas": 1, "gpusPerReplica": 8}),
+            set_path("spec.controller.resources", {"cpu": "4", "memory": "16Gi"}),
+        ],
+        {"cpu": "196", "memory": "2616Gi", "nvidia.com/gpu": "32"},
+        id="gpu-critic-and-controller",
+    ),
+    pytest.param(CPU, [], {}, id="cpu-nothing-requested"),
+    pytest.param(
+        CPU,
+        [
+            set_path("spec.roles.actor.resources", {"cpu": "500m", "memory": "1.5Gi"}),
+            set_path("spec.roles.rollout.resources", {"cpu": "250m", "memory": "512Mi"}),
+        ],
+        {"cpu": "1250m", "memory": "3584Mi"},
+        id="cpu-milli-and-fractions",
+    ),
+]
+
+
+@pytest.mark.parametrize(("example", "mutations", "expected"), REQUESTS)
+def test_gang_requests_sum_every_pod(example: str, mutations: list[Mutation], expected: dict[str, str]) -> None:
+    assert gang_requests(load_job(example, *mutations)) == expected
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: gang/resources.py _format truncates memory to whole Mi, so minResources can ask for less "
+    "than the pods request (100M -> 95Mi, 3x512Ki -> 1Mi)",
+)
+@pytest.mark.parametrize(("memory", "replicas", "at_least"), [("100M", 1, 100 * 10**6), ("512Ki", 3, 3 * 512 * 2**10)])
+def test_gang_memory_is_never_below_the_pods_requests(memory: str, replicas: int, at_least: int) -> None:
+    job = load_job(
+        CPU,
+        set_path("spec.roles.actor", {"replicas": replicas, "gpusPerReplica": 0, "resources": {"memory": memory}}),
+    )
+    total = gang_requests(job)["memory"]
+    units = {"Mi": 2**20, "Gi": 2**30}
+    assert int(total[:-2]) * units[total[-2:]] >= at_least, total
+
+
+@pytest.fixture
+def fresh_operator_modules() -> Iterator[None]:
+    """Unloads rlkube_operator for one test (as in a new interpreter) and restores it afterwards."""
+    saved = {name: mod for name, mod in sys.modules.items() if name.split(".")[0] == "rlkube_operator"}
+    for name in saved:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        for name in [n for n in sys.modules if n.split(".")[0] == "rlkube_operator"]:
+            del sys.modules[name]
+        sys.modules.update(saved)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=ImportError,
+    reason="BUG: circular import: rlkube_operator.gang -> gang.coscheduling -> children.labels runs "
+    "children/__init__, which imports plugin_for from the half-initialised rlkube_operator.gang",
+)
+@pytest.mark.parametrize("module", ["rlkube_operator.gang", "rlkube_operator.gang.resources"])
+@pytest.mark.usefixtures("fresh_operator_modules")
+def test_gang_package_imports_on_its_own(module: str) -> None:
+    """`import rlkube_operator.gang` as the first import of the operator (a script, a test run alone)."""
+    imported = importlib.import_module(module)
+    assert imported.__name__ == module

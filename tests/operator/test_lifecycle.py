@@ -1,0 +1,292 @@
+"""The RLJob lifecycle against the real API server, with the operator running
+in-process: children, conditions, Events, printer columns, gang restarts,
+deadlines, unschedulable pools, suspend, success with TTL cleanup, progress and
+garbage collection. kwok plays the kubelet (tests/operator/cluster_kit.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from rlkube_api.names import ANNOTATION_ATTEMPT, LABEL_JOB, LABEL_ROLE
+from rlkube_api.rljob import API_VERSION, KIND
+from tests.operator.cluster_kit import (
+    TINY_PODS,
+    TINY_ROLES,
+    Jobs,
+    attempt,
+    condition,
+    is_true,
+    roles_of,
+    tiny_job,
+)
+
+pytestmark = pytest.mark.cluster
+
+JOB = "tiny"
+
+
+def test_a_new_job_gets_its_children_and_runs(jobs: Jobs) -> None:
+    created = jobs.create(tiny_job(JOB, jobs.namespace))
+    uid = created["metadata"]["uid"]
+
+    job = jobs.wait_running(JOB)
+    pods = jobs.wait_pods(JOB, TINY_PODS)
+    assert roles_of(pods) == TINY_ROLES
+    assert all(attempt(p) == 0 for p in pods)
+
+    # One StatefulSet and one headless Service per role, the ConfigMap, the RBAC for progress.
+    children = jobs.children(JOB)
+    sets = {k.split("/", 1)[1]: v for k, v in children.items() if k.startswith("StatefulSet/")}
+    assert {name: s["spec"]["replicas"] for name, s in sets.items()} == {
+        f"{JOB}-{role}": n for role, n in TINY_ROLES.items()
+    }
+    services = [v for k, v in children.items() if k.startswith("Service/")]
+    assert sorted(s["metadata"]["name"] for s in services) == sorted(f"{JOB}-{role}" for role in TINY_ROLES)
+    assert all(s["spec"]["clusterIP"] == "None" for s in services)
+    assert f"ConfigMap/{JOB}-config" in children
+    assert f"ServiceAccount/{JOB}-trainer" in children
+    assert f"Role/{JOB}-progress" in children
+    assert f"RoleBinding/{JOB}-progress" in children
+    for key, child in children.items():
+        refs = child["metadata"].get("ownerReferences") or []
+        assert [(r["apiVersion"], r["kind"], r["name"], r["uid"], r.get("controller")) for r in refs] == [
+            (API_VERSION, KIND, JOB, uid, True)
+        ], key
+        assert child["metadata"]["labels"][LABEL_JOB] == JOB, key
+
+    status = job["status"]
+    generation = job["metadata"]["generation"]
+    assert status["observedGeneration"] == generation
+    for type_ in ("Created", "Running"):
+        cond = condition(job, type_)
+        assert cond is not None and cond["status"] == "True", cond
+        assert cond["observedGeneration"] == generation
+        assert cond["lastTransitionTime"]
+    assert condition(job, "Running")["reason"] == "AllPodsReady"  # type: ignore[index]
+    assert status["startTime"]
+    assert status.get("restartCount", 0) == 0
+    assert {role: (r["replicas"], r["ready"], r["active"]) for role, r in status["roles"].items()} == {
+        role: (n, n, n) for role, n in TINY_ROLES.items()
+    }
+
+    assert jobs.table("rljobs", JOB)["STATE"] == "Running"
+    event = jobs.wait_event(JOB, "AllPodsReady")
+    assert event["type"] == "Normal"
+    assert f"all {TINY_PODS} pods are ready" in event["message"]
+
+
+def test_a_failed_pod_restarts_the_gang_until_the_backoff_limit(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.backoffLimit": 1}))
+    jobs.wait_running(JOB)
+    old = {p["metadata"]["uid"] for p in jobs.wait_pods(JOB, TINY_PODS)}
+
+    jobs.fail_pod(f"{JOB}-actor-1")
+    job = jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1")
+    restarting = condition(job, "Restarting")
+    assert restarting is not None and restarting["status"] == "True"
+    assert restarting["reason"] == "PodFailed"
+    assert f"{JOB}-actor-1" in restarting["message"] and "role actor" in restarting["message"]
+    event = jobs.wait_event(JOB, "PodFailed")
+    assert event["type"] == "Warning"
+    assert f"{JOB}-actor-1" in event["message"]
+
+    # The whole gang is replaced by pods of attempt 1, and the job runs again.
+    pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
+    assert not {p["metadata"]["uid"] for p in pods} & old
+    assert all(p["metadata"]["annotations"][ANNOTATION_ATTEMPT] == "1" for p in pods)
+    job = jobs.wait_running(JOB, restarts=1)
+    assert not is_true(job, "Restarting")
+    assert jobs.table("rljobs", JOB)["RESTARTS"] == "1"
+
+    # A second failure is past backoffLimit=1: Failed, everything scaled away for good.
+    jobs.fail_pod(f"{JOB}-rollout-0")
+    job = jobs.wait_state(JOB, "Failed")
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["status"] == "True"
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert f"{JOB}-rollout-0" in failed["message"]
+    assert job["status"]["restartCount"] == 1
+    assert job["status"]["completionTime"]
+    assert not is_true(job, "Running")
+    jobs.wait_no_pods(JOB)
+    assert {name: s["spec"]["replicas"] for name, s in jobs.statefulsets(JOB).items()} == {
+        f"{JOB}-{role}": 0 for role in TINY_ROLES
+    }
+    jobs.wait_event(JOB, "BackoffLimitExceeded")
+    time.sleep(3)  # nothing comes back
+    assert not jobs.pods(JOB, include_deleting=True)
+    assert all(s["spec"]["replicas"] == 0 for s in jobs.statefulsets(JOB).values())
+    assert jobs.get(JOB)["status"]["state"] == "Failed"
+
+
+def test_backoff_limit_zero_fails_on_the_first_failure(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.backoffLimit": 0}))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+
+    jobs.fail_pod(f"{JOB}-controller-0")
+    job = jobs.wait_state(JOB, "Failed")
+    assert condition(job, "Failed")["reason"] == "BackoffLimitExceeded"  # type: ignore[index]
+    assert job["status"].get("restartCount", 0) == 0
+    jobs.wait_no_pods(JOB)
+    time.sleep(2)
+    assert not jobs.pods(JOB, include_deleting=True)
+
+
+def test_a_deleted_pod_restarts_the_gang(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+
+    jobs.kubectl("delete", "pod", f"{JOB}-actor-0", "-n", jobs.namespace)
+    job = jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1", timeout=20)
+    assert condition(job, "Restarting")["reason"] == "PodFailed"  # type: ignore[index]
+    jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
+    jobs.wait_running(JOB, restarts=1)
+
+
+def test_active_deadline_fails_the_job(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.activeDeadlineSeconds": 5}))
+    jobs.wait_running(JOB)
+    job = jobs.wait_state(JOB, "Failed", timeout=30)
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds=5" in failed["message"]
+    jobs.wait_no_pods(JOB)
+    jobs.wait_event(JOB, "DeadlineExceeded")
+
+
+def test_a_role_that_fits_no_node_is_unschedulable(jobs: Jobs) -> None:
+    body = tiny_job(
+        JOB,
+        jobs.namespace,
+        {
+            # 16 GPUs per pod: more than any node has (8 at most).
+            "spec.roles.actor": {"replicas": 1, "gpusPerReplica": 16},
+            "spec.runPolicy.pendingTimeoutSeconds": 3,
+        },
+    )
+    jobs.create(body)
+
+    job = jobs.wait(JOB, lambda j: is_true(j, "Unschedulable"), "condition Unschedulable", timeout=30)
+    cond = condition(job, "Unschedulable")
+    assert cond is not None
+    assert "role actor" in cond["message"]
+    assert f"{JOB}-actor-0" in cond["message"]
+    assert "nvidia.com/gpu" in cond["message"]
+    assert job["status"]["state"] not in ("Failed", "Running")
+    assert not is_true(job, "Failed")
+    jobs.wait_event(JOB, "Unschedulable")
+    time.sleep(2)
+    assert jobs.get(JOB)["status"]["state"] != "Failed"
+
+
+def test_suspend_removes_the_pods_and_resume_brings_them_back(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+
+    jobs.patch(JOB, {"spec": {"suspend": True}})
+    job = jobs.wait_state(JOB, "Suspended")
+    assert is_true(job, "Suspended")
+    assert not is_true(job, "Running")
+    jobs.wait_no_pods(JOB)
+    assert all(s["spec"]["replicas"] == 0 for s in jobs.statefulsets(JOB).values())
+    assert len(jobs.statefulsets(JOB)) == len(TINY_ROLES)
+
+    jobs.patch(JOB, {"spec": {"suspend": False}})
+    jobs.wait_pods(JOB, TINY_PODS)
+    job = jobs.wait_running(JOB)
+    assert not is_true(job, "Suspended")
+    assert job["status"].get("restartCount", 0) == 0
+    assert {name: s["spec"]["replicas"] for name, s in jobs.statefulsets(JOB).items()} == {
+        f"{JOB}-{role}": n for role, n in TINY_ROLES.items()
+    }
+
+
+def test_the_driver_finishing_succeeds_and_the_ttl_cleans_up(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.ttlSecondsAfterFinished": 3}))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+
+    jobs.finish_driver(JOB)
+    job = jobs.wait_state(JOB, "Succeeded")
+    succeeded = condition(job, "Succeeded")
+    assert succeeded is not None and succeeded["status"] == "True"
+    assert succeeded["reason"] == "DriverSucceeded"
+    assert job["status"]["completionTime"]
+    assert not is_true(job, "Running")
+    jobs.wait_event(JOB, "DriverSucceeded")
+
+    # After ttlSecondsAfterFinished the children go; the RLJob stays, Succeeded.
+    jobs.wait_no_pods(JOB)
+    from rlkube_e2e.testing import wait_for
+
+    wait_for(lambda: not jobs.children(JOB), "the children to be deleted after the TTL", timeout=30)
+    time.sleep(4)  # and nothing recreates them
+    assert not jobs.children(JOB)
+    assert not jobs.pods(JOB, include_deleting=True)
+    job = jobs.get(JOB)
+    assert job["status"]["state"] == "Succeeded"
+    assert job["metadata"].get("deletionTimestamp") is None
+
+
+def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+
+    progress = {"step": 3, "totalSteps": 30, "rewardMean": 0.5, "tokensPerSecondPerGpu": 123.0, "lastCheckpointStep": 0}
+    jobs.report_progress(JOB, progress)
+    job = jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
+    assert job["status"]["progress"] == progress
+    row = jobs.table("rlj", JOB)
+    assert (row["STEP"], row["TOTAL"], row["REWARD"]) == ("3", "30", "0.5")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: the Tokens/s/GPU printer column reads .status.progress.tokensPerSecondPerGPU, "
+    "but the status field is tokensPerSecondPerGpu (api/rlkube_api/crd.py PRINTER_COLUMNS)",
+)
+def test_wide_output_shows_throughput(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+    jobs.report_progress(JOB, {"step": 3, "totalSteps": 30, "tokensPerSecondPerGpu": 123.0})
+    jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
+    assert jobs.table("rlj", JOB, "-o", "wide")["TOKENS/S/GPU"] == "123"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: a progress report spelling the key tokensPerSecondPerGPU (as DESIGN.md and the printer "
+    "column do) is refused as a whole by Progress (extra='forbid'); status.progress stays unset",
+)
+def test_progress_with_the_gpu_spelling_is_mirrored(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+    jobs.report_progress(
+        JOB, {"step": 3, "totalSteps": 30, "rewardMean": 0.5, "tokensPerSecondPerGPU": 123.0, "lastCheckpointStep": 0}
+    )
+    job = jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3", timeout=10)
+    assert job["status"]["progress"]["rewardMean"] == 0.5
+
+
+def test_deleting_the_job_collects_every_child(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+    assert jobs.children(JOB)
+
+    jobs.delete(JOB)
+    from rlkube_e2e.testing import wait_for
+
+    wait_for(lambda: not jobs.exists(JOB), "the RLJob to be gone (the operator releases its finalizer)", 30)
+    wait_for(lambda: not jobs.children(JOB), "every child to be garbage-collected", timeout=60)
+    jobs.wait_no_pods(JOB, timeout=60)
+    assert not jobs.pods(JOB, include_deleting=True)
+    assert LABEL_ROLE  # the pods were found by job label

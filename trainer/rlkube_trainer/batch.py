@@ -1,0 +1,103 @@
+"""The batch one PPO step works on: prompts and sampled responses as padded tensors,
+filled in as the step proceeds (scores, log-probs, values, advantages).
+
+Layout, as in verl: `input_ids = [prompt (left-padded) | response (right-padded)]`,
+`[batch, prompt_length + response_length]`; every per-token quantity of the
+algorithm is `[batch, response_length]` with `response_mask` marking real tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Self
+
+import torch
+
+from rlkube_trainer.data import Prompt
+from rlkube_trainer.rollout import RolloutBatch
+
+
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    responses: torch.Tensor
+    response_mask: torch.Tensor
+    # The prompt (row of the dataset) each sample answers: GRPO/RLOO groups by it.
+    group_index: torch.Tensor
+    # Real (unpadded) prompt lengths, for metrics.
+    prompt_lengths: torch.Tensor
+    # Filled in by the step.
+    rollout_log_probs: torch.Tensor | None = None
+    token_level_scores: torch.Tensor | None = None
+    old_log_probs: torch.Tensor | None = None
+    ref_log_probs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    token_level_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def response_length(self) -> int:
+        return int(self.responses.shape[1])
+
+    def select(self, index: torch.Tensor | slice) -> Self:
+        """The samples at `index` (every per-sample tensor indexed alike)."""
+        fields = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            fields[f.name] = value[index] if isinstance(value, torch.Tensor) else value
+        return type(self)(**fields)
+
+    def split(self, size: int) -> list[Self]:
+        return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
+
+    def to(self, device: torch.device | str) -> Self:
+        fields = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            fields[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
+        return type(self)(**fields)
+
+
+def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int) -> TrainBatch:
+    """Pads prompts on the left and responses on the right into one batch; sample i
+    answers prompt i // n."""
+    samples = rollout.samples
+    prompt_ids = [prompts[s.prompt_index].prompt_token_ids for s in samples]
+    prompt_length = max(len(p) for p in prompt_ids)
+    response_length = max(1, *(len(s.token_ids) for s in samples))
+    batch = len(samples)
+    input_ids = torch.full((batch, prompt_length + response_length), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    rollout_log_probs = torch.zeros(batch, response_length)
+    for i, (prompt, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
+        start = prompt_length - len(prompt)
+        input_ids[i, start:prompt_length] = torch.tensor(prompt)
+        attention_mask[i, start:prompt_length] = 1
+        end = prompt_length + len(sample.token_ids)
+        input_ids[i, prompt_length:end] = torch.tensor(sample.token_ids, dtype=torch.long)
+        attention_mask[i, prompt_length:end] = 1
+        if sample.logprobs is not None:
+            rollout_log_probs[i, : len(sample.logprobs)] = torch.tensor(sample.logprobs)
+    return TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        responses=input_ids[:, prompt_length:],
+        response_mask=attention_mask[:, prompt_length:].float(),
+        group_index=torch.tensor([prompts[s.prompt_index].index for s in samples]),
+        prompt_lengths=torch.tensor([len(p) for p in prompt_ids]),
+        rollout_log_probs=rollout_log_probs,
+    )
+
+
+def token_level_scores(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
+    """Each sequence's score on its last response token, zeros elsewhere."""
+    out = torch.zeros_like(response_mask, dtype=torch.float32)
+    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
+    out[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
+    return out

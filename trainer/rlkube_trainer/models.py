@@ -1,0 +1,131 @@
+"""The models of the roles: any Hugging Face causal LM as actor and reference, a
+causal-LM backbone with a scalar head as critic, and the forward passes the loop
+needs — per-token log-probs, entropy and values of the response tokens only.
+
+Positions come from the attention mask, so a sequence gives the same numbers
+whether it is padded on the left or on the right.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from rlkube_trainer.algos import entropy_from_logits
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(
+    path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    if not (Path(path) / "config.json").exists():
+        raise FileNotFoundError(f"model.path {path!r}: no config.json there (a Hugging Face model directory is needed)")
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+    )
+    model.config.use_cache = False  # training forwards never reuse a KV cache
+    model.to(device)  # type: ignore[arg-type]  # transformers' decorated .to() confuses mypy
+    return model
+
+
+class CriticModel(nn.Module):
+    """A causal-LM backbone (without its LM head) and a scalar value head."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        # Start from V = 0: early advantages are then the raw returns, not noise.
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+    ) -> CriticModel:
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        backbone = AutoModel.from_pretrained(
+            path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
+        )
+        critic = cls(backbone, config.hidden_size)
+        critic.value_head.to(dtype)
+        return critic
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """[batch, seq] values, one per position."""
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        values: torch.Tensor = self.value_head(hidden).squeeze(-1)
+        return values
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """0, 1, 2, ... over the real tokens, whatever side the padding is on."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of every token given the ones before it: column t scores token t+1.
+
+    Returns ([batch, seq-1] log-probs, [batch, seq-1] entropies or None). Logits are
+    divided by the sampling temperature, as the rollout sampled with it.
+    """
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).logits[:, :-1, :]
+    logits = logits.float()
+    if temperature != 1.0 and temperature > 0:
+        logits = logits / temperature
+    targets = input_ids[:, 1:]
+    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def response_log_probs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[batch, response_length] log-probs (and entropies) of the response tokens, for
+    sequences laid out as prompt (left-padded) followed by response (right-padded)."""
+    log_probs, entropy = token_log_probs(model, input_ids, attention_mask, temperature, with_entropy)
+    tail = slice(-response_length, None)
+    return log_probs[:, tail], (entropy[:, tail] if entropy is not None else None)
+
+
+def response_values(
+    critic: CriticModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+) -> torch.Tensor:
+    """[batch, response_length]: the value at the position before each response token,
+    i.e. of the state in which that token was chosen."""
+    values: torch.Tensor = critic(input_ids, attention_mask, position_ids_from_mask(attention_mask))
+    return values[:, -response_length - 1 : -1].float()
