@@ -9,7 +9,7 @@ unchanged.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -270,7 +270,7 @@ class CheckpointConfig(ApiModel):
 class TrainerConfig(ApiModel):
     """Everything the trainer reads; loaded from YAML by `rlkube-trainer run`."""
 
-    cel_rules = (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
             "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.samplesPerPrompt > 1",
             "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators (grpo, rloo)",

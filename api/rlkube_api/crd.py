@@ -173,7 +173,9 @@ class _Dumper(yaml.SafeDumper):
     """Quotes strings that YAML 1.1 parsers (Kubernetes' among them) read as booleans."""
 
 
-_YAML11_BOOLS = frozenset("y Y yes Yes YES n N no No NO on On ON off Off OFF".split())
+_YAML11_BOOLS = frozenset(
+    ["y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off", "OFF"]
+)
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:

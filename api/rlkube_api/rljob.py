@@ -5,12 +5,14 @@ operator reports.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
+from rlkube_api.names import Env
 from rlkube_api.roles import Pool, Resources
 
 GROUP = "rlkube.dev"
@@ -88,10 +90,21 @@ class CheckpointSpec(CheckpointConfig):
     )
 
 
+# Variables the operator sets in every pod; a user value would break the rendezvous.
+RESERVED_ENV = tuple(sorted(v for k, v in vars(Env).items() if k.isupper()))
+
+
 class RLJobSpec(TrainerConfig):
     """What to train (the trainer's sections) and how to run it on Kubernetes."""
 
-    cel_rules = TrainerConfig.cel_rules
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *TrainerConfig.cel_rules,
+        CelRule(
+            "!has(self.env) || self.env.all(e, !(e.name in " + json.dumps(list(RESERVED_ENV)) + "))",
+            "env may not set a variable the operator manages: " + ", ".join(RESERVED_ENV),
+            ".env",
+        ),
+    )
 
     image: str = Field(min_length=1, max_length=1024, description="Trainer image for every role.")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
@@ -148,7 +161,9 @@ class Progress(ApiModel):
     step: int = Field(0, description="Last completed step.")
     total_steps: int | None = Field(None, description="Steps in the run.")
     reward_mean: float | None = Field(None, description="Mean score of the last step.")
-    tokens_per_second_per_gpu: float | None = Field(None, description="perf/throughput of the last step.")
+    tokens_per_second_per_gpu: float | None = Field(
+        None, alias="tokensPerSecondPerGPU", description="perf/throughput of the last step."
+    )
     last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
 

@@ -178,14 +178,17 @@ class LocalCluster:
             self._wait(state, deadline, lambda: None if _etcd_healthy(ports.etcd_client) else "etcd /health")
             self._spawn(state, components.kube_apiserver(binaries, layout, ports))
             self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
+            self._release_node_leases(state)
             # The controller-manager gives up if the apiserver is not healthy soon,
             # so the rest starts only now.
-            self._release_node_leases(state)
             self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
             self._spawn(state, components.kube_scheduler(binaries, layout, ports))
             self._spawn(state, components.kwok(binaries, layout, stages))
             self._create_nodes(pools)
             self._wait(state, deadline, lambda: self._readiness_problem(state, started_at))
+        except (ApiError, OSError) as error:
+            self._stop_all(state)
+            raise ClusterError(f"the apiserver refused a start-up call: {error}; logs in {layout.logs}") from None
         except BaseException:
             self._stop_all(state)
             raise

@@ -103,8 +103,8 @@ def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports) -> Componen
             f"--etcd-servers=http://{LOCALHOST}:{ports.etcd_client}",
             f"--bind-address={LOCALHOST}",
             f"--secure-port={ports.apiserver}",
-            # The apiserver would otherwise advertise the host's primary address,
-            # and fail to start on a machine without a default route.
+            # Left blank, the apiserver advertises the host's primary address (seen
+            # here: 192.0.2.2), which is not what a loopback-only cluster serves on.
             f"--advertise-address={LOCALHOST}",
             # Endpoints may not hold a loopback address, so the `kubernetes`
             # Service gets none; nothing in-cluster calls it (kwok runs no pods).

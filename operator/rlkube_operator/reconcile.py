@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import RLJob, RLJobStatus
 from rlkube_api.validation import InvalidSpec, parse_rljob
-from rlkube_operator.children import desired_children
+from rlkube_operator.desired import desired_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.metrics import METRICS
 from rlkube_operator.observed import view_pod
@@ -134,10 +134,9 @@ class Reconciler:
             self.applied.forget(uid)
         if decision.delete_children:
             self.kube.delete_children(namespace, name)
-        if status.state == "Running" and prev.state != "Running" and prev.restart_count == status.restart_count:
+        if status.state == "Running" and prev.state in (None, "Pending", "Created") and status.restart_count == 0:
             created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
-            if prev.start_time is None:
-                METRICS.time_to_running.observe((now - created).total_seconds())
+            METRICS.time_to_running.observe((now - created).total_seconds())
         written = None
         if status != prev:
             written = self.kube.patch_status(namespace, name, status_patch(status))

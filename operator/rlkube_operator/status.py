@@ -79,8 +79,9 @@ class _Conditions:
     def set(self, type_: str, status: Literal["True", "False"], reason: str, message: str) -> None:
         old = self.by_type.get(type_)
         changed = old is None or old.status != status or old.reason != reason
-        if old is None and status == "False":
-            changed = False  # a condition that never held needs no Event
+        warning = (status == "True" and type_ in _WARNING_WHEN_TRUE) or (type_ == "Created" and status == "False")
+        if old is None and status == "False" and not warning:
+            changed = False  # a condition that never held needs no Event, unless it reports trouble
         transition = self.now if old is None or old.status != status else parse_time(old.last_transition_time)
         self.by_type[type_] = Condition(
             type=type_,
@@ -91,7 +92,6 @@ class _Conditions:
             observed_generation=self.generation,
         )
         if changed:
-            warning = (status == "True" and type_ in _WARNING_WHEN_TRUE) or (type_ == "Created" and status == "False")
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
     def clear(self, type_: str, reason: str, message: str) -> None:
@@ -123,8 +123,10 @@ def _progress(pods: list[PodView], previous: Progress | None) -> Progress | None
     if not reports:
         return previous
     latest = max(reports, key=lambda r: (r.get("step", 0), r.get("updatedAt", "")))
+    known = {f.alias or name for name, f in Progress.model_fields.items()}
     try:
-        return Progress.model_validate(latest)
+        # Fields a newer driver adds are ignored, not a reason to drop the report.
+        return Progress.model_validate({k: v for k, v in latest.items() if k in known})
     except ValueError:
         return previous
 
@@ -188,6 +190,8 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
     conds.clear("Suspended", "Resumed", "spec.suspend is false: pods are recreated")
 
     requeue: list[float] = []
+    # As for Jobs, the deadline counts from when the job first wanted pods, running or not.
+    status.start_time = status.start_time or _iso(now)
     deadline = policy.active_deadline_seconds
     started = parse_time(status.start_time)
     if deadline is not None and started is not None:
@@ -255,14 +259,16 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
     wanted = sum(r.replicas for r in roles)
     if ready == wanted and wanted > 0:
         conds.set("Running", "True", "AllPodsReady", f"all {wanted} pods are ready")
-        status.start_time = status.start_time or _iso(now)
         conds.clear("Restarting", "Resumed", "the gang is running again")
         status.state = "Running"
-        if deadline is not None and started is None:
-            requeue.append(float(deadline))
     else:
         reason = bad_image[0].waiting_reason if bad_image else "PodsNotReady"
+        was_running = conds.is_true("Running")
         conds.set("Running", "False", reason or "PodsNotReady", f"{ready}/{wanted} pods are ready")
-        status.state = "Restarting" if conds.is_true("Restarting") else "Created"
+        if conds.is_true("Restarting"):
+            status.state = "Restarting"
+        else:
+            # A running gang with a pod briefly not ready is still running; the condition says why.
+            status.state = "Running" if was_running or prev.state == "Running" else "Created"
     status.conditions = conds.as_list()
     return Decision(status, conds.events, pods_wanted=True, requeue_after=min(requeue) if requeue else None)

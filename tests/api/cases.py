@@ -137,6 +137,11 @@ INVALID = [
     Case("image-missing", _delete("spec.image"), ("spec.image",)),
     Case("resume-unknown", _set("spec.checkpoint.resume", "latest"), ("spec.checkpoint.resume",)),
     Case("unknown-field", _set("spec.algorithm.advEstimatr", "grpo"), ("advEstimatr",)),
+    Case(
+        "env-sets-a-rendezvous-variable",
+        _set("spec.env", [{"name": "MASTER_PORT", "value": "1234"}]),
+        ("spec.env", "MASTER_PORT"),
+    ),
     Case("kl-loss-type-unknown", _set("spec.actor.klLossType", "k4"), ("spec.actor.klLossType",)),
 ]
 

@@ -69,9 +69,7 @@ def test_server_applies_schema_defaults(kubectl: Kubectl, rljob_crd: None, names
 
 @pytest.mark.cluster
 @pytest.mark.parametrize("case", IMMUTABLE, ids=lambda c: c.id)
-def test_immutable_fields_are_refused_on_update(
-    kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case
-) -> None:
+def test_immutable_fields_are_refused_on_update(kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case) -> None:
     kubectl("create", "-n", namespace, "-f", "-", input=yaml.safe_dump(base_job()))
     changed = case.job()
     server = _server_verdict(kubectl, namespace, changed, verb="apply")

@@ -10,7 +10,7 @@ import yaml
 
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, check_rljob_update, load_trainer_config, parse_rljob
-from tests.api.cases import IMMUTABLE, INVALID, EXAMPLES, Case, base_job, example
+from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, Case, base_job, example
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)

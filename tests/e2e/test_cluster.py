@@ -2,12 +2,15 @@
 
 These are the properties the operator's tests build on: the real apiserver
 version, GPU node pools, scheduling by pool and GPU count, pods that run, fail or
-succeed on demand (kwok stages), garbage collection and RBAC.
+succeed on demand (kwok stages), garbage collection and RBAC. The tests at the
+end check the pools file validation and need no cluster.
 """
 
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,10 +35,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import DEFAULT_POOLS_FILE
-from rlkube_e2e.pools import KWOK_NODE_ANNOTATION, POOL_LABEL, load_pools
+from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.pools import KWOK_NODE_ANNOTATION, POOL_LABEL, load_pools, parse_pools
 from rlkube_e2e.testing import Kubectl, wait_for
-
-pytestmark = pytest.mark.cluster
 
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 SUCCEED_LABEL = "rlkube.dev/kwok-succeed"
@@ -67,12 +69,14 @@ def condition(pod: V1Pod, kind: str) -> Any:
     return next((c for c in pod.status.conditions or [] if c.type == kind), None)
 
 
+@pytest.mark.cluster
 def test_api_server_is_the_built_version(kube: ApiClient, kubectl: Kubectl) -> None:
     assert VersionApi(kube).get_code().git_version == f"v{K8S_VERSION}"
     version = json.loads(kubectl("version", "-o", "json").stdout)
     assert version["serverVersion"]["gitVersion"] == f"v{K8S_VERSION}"
 
 
+@pytest.mark.cluster
 def test_every_pool_has_its_nodes_with_gpu_capacity(kube: ApiClient) -> None:
     core = CoreV1Api(kube)
     for pool in load_pools(DEFAULT_POOLS_FILE):
@@ -89,6 +93,7 @@ def test_every_pool_has_its_nodes_with_gpu_capacity(kube: ApiClient) -> None:
     assert h100 and all(node.status.capacity["nvidia.com/gpu"] == "8" for node in h100)
 
 
+@pytest.mark.cluster
 def test_statefulset_pods_run_on_the_selected_pool(kube: ApiClient, namespace: str) -> None:
     apps, core = AppsV1Api(kube), CoreV1Api(kube)
     labels = {"app": "infer"}
@@ -120,6 +125,7 @@ def test_statefulset_pods_run_on_the_selected_pool(kube: ApiClient, namespace: s
     assert len({pod.spec.node_name for pod in pods}) == 2
 
 
+@pytest.mark.cluster
 def test_pod_asking_for_more_gpus_than_any_node_stays_pending(kube: ApiClient, namespace: str) -> None:
     core = CoreV1Api(kube)
     create_pod(core, namespace, "greedy", pool="h100-train", gpus=16)
@@ -136,6 +142,7 @@ def test_pod_asking_for_more_gpus_than_any_node_stays_pending(kube: ApiClient, n
     assert pod.spec.node_name is None
 
 
+@pytest.mark.cluster
 def test_chaos_label_fails_a_running_pod(kube: ApiClient, namespace: str) -> None:
     core = CoreV1Api(kube)
     create_pod(core, namespace, "victim")
@@ -154,6 +161,7 @@ def test_chaos_label_fails_a_running_pod(kube: ApiClient, namespace: str) -> Non
     assert state.terminated.reason == "OOMKilled"
 
 
+@pytest.mark.cluster
 def test_succeed_label_makes_a_running_pod_succeed(kube: ApiClient, namespace: str) -> None:
     core = CoreV1Api(kube)
     create_pod(core, namespace, "worker", pool="h100-train", gpus=8)
@@ -166,6 +174,7 @@ def test_succeed_label_makes_a_running_pod_succeed(kube: ApiClient, namespace: s
     assert state.terminated.reason == "Completed"
 
 
+@pytest.mark.cluster
 def test_deleting_an_owner_garbage_collects_its_dependents(kube: ApiClient, namespace: str) -> None:
     core = CoreV1Api(kube)
     owner = core.create_namespaced_config_map(namespace, V1ConfigMap(metadata=V1ObjectMeta(name="owner")))
@@ -190,6 +199,7 @@ def test_deleting_an_owner_garbage_collects_its_dependents(kube: ApiClient, name
     wait_for(lambda: gone(core.read_namespaced_pod), "pod dependent to be collected")
 
 
+@pytest.mark.cluster
 def test_rbac_applies_to_service_accounts(kubectl: Kubectl, namespace: str) -> None:
     subject = f"system:serviceaccount:{namespace}:default"
 
@@ -203,3 +213,44 @@ def test_rbac_applies_to_service_accounts(kubectl: Kubectl, namespace: str) -> N
         "create", "rolebinding", "view", "--clusterrole=view", f"--serviceaccount={namespace}:default", "-n", namespace
     )
     wait_for(lambda: can_list_pods() == "yes", f"{subject} to be allowed to list pods")
+
+
+# -- the pools file (no cluster needed) ------------------------------------------------
+
+VALID_POOL = {"nodes": 1, "capacity": {"cpu": "8", "memory": "64Gi", "pods": 110, "nvidia.com/gpu": 8}}
+
+
+def test_shipped_pools_file_is_valid() -> None:
+    pools = {pool.name: pool for pool in load_pools(DEFAULT_POOLS_FILE)}
+    assert pools["h100-train"].nodes == 4
+    assert pools["h100-train"].capacity["nvidia.com/gpu"] == "8"
+    assert pools["l40s-infer"].nodes == 2
+    assert "nvidia.com/gpu" not in pools["cpu"].capacity
+
+
+@pytest.mark.parametrize(
+    ("document", "key"),
+    [
+        ({}, "pools"),
+        ({"pools": {"a": {**VALID_POOL, "nodes": "four"}}}, "pools.a.nodes"),
+        ({"pools": {"a": {**VALID_POOL, "capacity": {"cpu": "8", "memory": "1Gi"}}}}, "pools.a.capacity.pods"),
+        (
+            {"pools": {"a": {**VALID_POOL, "capacity": {**VALID_POOL["capacity"], "cpu": "lots"}}}},
+            "pools.a.capacity.cpu",
+        ),
+        ({"pools": {"Bad_Name": VALID_POOL}}, "pools.Bad_Name"),
+        ({"pools": {"a": {**VALID_POOL, "colour": "red"}}}, "pools.a.colour"),
+        ({"pools": {"a": {**VALID_POOL, "labels": {"x": True}}}}, "pools.a.labels.x"),
+        ({"pools": {"a": {**VALID_POOL, "taints": [{"key": "k", "effect": "Never"}]}}}, "pools.a.taints[0].effect"),
+    ],
+)
+def test_pools_errors_name_the_file_and_key(document: dict[str, Any], key: str) -> None:
+    with pytest.raises(ClusterError, match=rf"^pools\.yaml: {re.escape(key)}: "):
+        parse_pools(document, "pools.yaml")
+
+
+def test_pools_file_that_is_not_yaml_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text("pools: [\n")
+    with pytest.raises(ClusterError, match=rf"^{re.escape(str(path))}: not valid YAML"):
+        load_pools(path)

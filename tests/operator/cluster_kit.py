@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi, RbacAuthorizationV1Api
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import kube_config
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
@@ -79,8 +80,11 @@ class InProcessOperator:
             if InProcessOperator._active is not None:
                 raise RuntimeError("an operator is already running against the test cluster")
             InProcessOperator._active = self
-        # kopf's login and the operator's own client (handlers._api_client) read KUBECONFIG.
+        # kopf's login and the operator's own client (handlers._api_client) call
+        # load_kube_config(), which reads KUBECONFIG as it was when the kubernetes
+        # package was first imported (earlier in this process): set both.
         os.environ["KUBECONFIG"] = str(self.kubeconfig)
+        kube_config.KUBE_CONFIG_DEFAULT_LOCATION = str(self.kubeconfig)
         logging.getLogger("rlkube_operator").setLevel(logging.INFO)
         self._stop = threading.Event()
         ready = threading.Event()
@@ -223,6 +227,7 @@ class Jobs:
         def check(job: Obj) -> bool:
             status = job.get("status") or {}
             return status.get("state") == "Running" and status.get("restartCount", 0) == restarts
+
         return self.wait(name, check, f"state Running after {restarts} restarts", timeout)
 
     # --- children ---

@@ -16,8 +16,8 @@ import yaml
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_POD_INDEX, LABEL_ROLE
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import parse_rljob
-from rlkube_operator.children import desired_children
 from rlkube_operator.children.topology import pod_roles
+from rlkube_operator.desired import desired_children
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 GPU = "gpu-multipool.yaml"

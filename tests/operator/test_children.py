@@ -234,7 +234,9 @@ def test_pool_affinity_is_copied() -> None:
             }
         }
     }
-    tolerations = [{"key": "infer", "operator": "Equal", "value": "yes", "effect": "NoExecute", "tolerationSeconds": 60}]
+    tolerations = [
+        {"key": "infer", "operator": "Equal", "value": "yes", "effect": "NoExecute", "tolerationSeconds": 60}
+    ]
     job = load_job(
         GPU,
         set_path("spec.roles.rollout.pool.affinity", affinity),
@@ -271,7 +273,12 @@ def test_pods_run_as_the_account_allowed_to_report_progress(
     # The driver may patch its own pod (the progress annotation) and nothing else.
     role_obj = by_kind(children, "Role")["tiny-cpu-progress"]
     assert role_obj["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "resourceNames": ["tiny-cpu-controller-0"], "verbs": ["get", "patch"]}
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "resourceNames": ["tiny-cpu-controller-0"],
+            "verbs": ["get", "patch"],
+        }
     ]
     binding = by_kind(children, "RoleBinding")["tiny-cpu-progress"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-cpu-progress"}

@@ -238,7 +238,7 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
     jobs.wait_running(JOB)
     jobs.wait_pods(JOB, TINY_PODS)
 
-    progress = {"step": 3, "totalSteps": 30, "rewardMean": 0.5, "tokensPerSecondPerGpu": 123.0, "lastCheckpointStep": 0}
+    progress = {"step": 3, "totalSteps": 30, "rewardMean": 0.5, "tokensPerSecondPerGPU": 123.0, "lastCheckpointStep": 0}
     jobs.report_progress(JOB, progress)
     job = jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
     assert job["status"]["progress"] == progress
@@ -246,25 +246,15 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
     assert (row["STEP"], row["TOTAL"], row["REWARD"]) == ("3", "30", "0.5")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the Tokens/s/GPU printer column reads .status.progress.tokensPerSecondPerGPU, "
-    "but the status field is tokensPerSecondPerGpu (api/rlkube_api/crd.py PRINTER_COLUMNS)",
-)
 def test_wide_output_shows_throughput(jobs: Jobs) -> None:
     jobs.create(tiny_job(JOB, jobs.namespace))
     jobs.wait_running(JOB)
     jobs.wait_pods(JOB, TINY_PODS)
-    jobs.report_progress(JOB, {"step": 3, "totalSteps": 30, "tokensPerSecondPerGpu": 123.0})
+    jobs.report_progress(JOB, {"step": 3, "totalSteps": 30, "tokensPerSecondPerGPU": 123.0})
     jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
     assert jobs.table("rlj", JOB, "-o", "wide")["TOKENS/S/GPU"] == "123"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a progress report spelling the key tokensPerSecondPerGPU (as DESIGN.md and the printer "
-    "column do) is refused as a whole by Progress (extra='forbid'); status.progress stays unset",
-)
 def test_progress_with_the_gpu_spelling_is_mirrored(jobs: Jobs) -> None:
     jobs.create(tiny_job(JOB, jobs.namespace))
     jobs.wait_running(JOB)

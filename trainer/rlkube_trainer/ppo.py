@@ -53,8 +53,8 @@ class Rollout(Protocol):
         ...
 
 
-class Detokenizer(Protocol):
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+# tokenizer.decode: token ids -> text (the response the reward function reads).
+Detokenize = Callable[..., Any]
 
 
 @dataclass
@@ -90,11 +90,11 @@ class Timer:
 
 class PPOTrainer:
     def __init__(
-        self, config: TrainerConfig, roles: Roles, detokenizer: Detokenizer, pad_token_id: int, num_gpus: int = 1
+        self, config: TrainerConfig, roles: Roles, decode: Detokenize, pad_token_id: int, num_gpus: int = 1
     ) -> None:
         self.config = config
         self.roles = roles
-        self.detokenizer = detokenizer
+        self.decode = decode
         self.pad_token_id = pad_token_id
         self.num_gpus = max(num_gpus, 1)
         algo = config.algorithm
@@ -126,7 +126,7 @@ class PPOTrainer:
         rows = []
         for sample in rollout.samples:
             prompt = prompts[sample.prompt_index]
-            text = self.detokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            text = str(self.decode(sample.token_ids, skip_special_tokens=True))
             rows.append(RewardInput(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
         scores, extra = self.roles.reward.score(rows)
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in extra.items() if v}

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import math
+
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.topology import container_resources, pod_roles
 
 
 def _parse_quantity(value: str) -> float:
-    suffixes = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    suffixes = {
+        "m": 1e-3,
+        "Ki": 2**10,
+        "Mi": 2**20,
+        "Gi": 2**30,
+        "Ti": 2**40,
+        "Pi": 2**50,
+        "Ei": 2**60,
+        "k": 1e3,
+        "M": 1e6,
+        "G": 1e9,
+        "T": 1e12,
+        "P": 1e15,
+        "E": 1e18,
+    }
     for suffix in sorted(suffixes, key=len, reverse=True):
         if value.endswith(suffix):
             return float(value[: -len(suffix)]) * suffixes[suffix]
@@ -18,7 +34,8 @@ def _format(name: str, amount: float) -> str:
     if name == "cpu":
         return f"{round(amount * 1000)}m" if amount % 1 else str(int(amount))
     if name == "memory":
-        return f"{int(amount / 2**20)}Mi" if amount % 2**30 else f"{int(amount / 2**30)}Gi"
+        # Rounded up: a gang's minimum must never be below what its pods request.
+        return f"{math.ceil(amount / 2**20)}Mi" if amount % 2**30 else f"{int(amount / 2**30)}Gi"
     return str(int(amount))
 
 

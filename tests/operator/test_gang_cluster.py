@@ -1,0 +1,116 @@
+"""Gang scheduling plugins against the real API server: the PodGroups the operator
+creates (Volcano, scheduler-plugins coscheduling) and the pod fields and labels
+each scheduler reads, and what happens when a PodGroup CRD is missing.
+
+Minimal PodGroup CRDs (tests/operator/crds) stand in for the real ones; no gang
+scheduler runs, so pods naming one stay Pending: only the objects are checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlkube_api.names import LABEL_JOB
+from rlkube_api.rljob import API_VERSION, KIND
+from rlkube_e2e.testing import Kubectl, wait_for
+from tests.operator.cluster_kit import TINY_PODS, TINY_ROLES, Jobs, condition, is_true, roles_of, tiny_job
+from tests.operator.conftest import install_podgroup_crds, uninstall_podgroup_crds
+
+pytestmark = pytest.mark.cluster
+
+JOB = "gang"
+VOLCANO = ("scheduling.volcano.sh", "v1beta1")
+COSCHEDULING = ("scheduling.x-k8s.io", "v1alpha1")
+
+
+def test_a_missing_podgroup_crd_shows_as_create_failed(jobs: Jobs, kubectl: Kubectl) -> None:
+    uninstall_podgroup_crds(kubectl)
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": {"scheduler": "volcano", "queue": "research"}}))
+
+    job = jobs.wait(JOB, lambda j: condition(j, "Created") is not None, "condition Created")
+    created = condition(job, "Created")
+    assert created is not None
+    assert (created["status"], created["reason"]) == ("False", "CreateFailed")
+    assert f"PodGroup/{JOB}" in created["message"]
+    assert job["status"]["state"] not in ("Running", "Failed")
+    event = jobs.wait_event(JOB, "CreateFailed")
+    assert event["type"] == "Warning"
+    assert "PodGroup" in event["message"]
+    # Everything else is created regardless.
+    assert len(jobs.statefulsets(JOB)) == len(TINY_ROLES)
+
+    # Once the CRD is there, the next pass creates the PodGroup and the condition clears.
+    install_podgroup_crds(kubectl)
+    # The job is looked at again within handlers.IDLE_SECONDS (30 s); touching it is quicker.
+    jobs.patch(JOB, {"metadata": {"annotations": {"test.rlkube.dev/poke": "1"}}})
+    job = jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True", timeout=30)
+    assert condition(job, "Created")["reason"] == "ChildrenCreated"  # type: ignore[index]
+    assert [pg["metadata"]["name"] for pg in jobs.podgroups(*VOLCANO)] == [JOB]
+
+
+@pytest.mark.usefixtures("podgroup_crds")
+def test_volcano_gets_a_podgroup_and_pods_that_name_it(jobs: Jobs) -> None:
+    created = jobs.create(
+        tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": {"scheduler": "volcano", "queue": "research"}})
+    )
+
+    groups = wait_for(lambda: jobs.podgroups(*VOLCANO), "a Volcano PodGroup")
+    assert len(groups) == 1
+    group = groups[0]
+    assert group["metadata"]["name"] == JOB
+    assert group["metadata"]["labels"][LABEL_JOB] == JOB
+    [owner] = group["metadata"]["ownerReferences"]
+    assert (owner["apiVersion"], owner["kind"], owner["uid"], owner["controller"]) == (
+        API_VERSION,
+        KIND,
+        created["metadata"]["uid"],
+        True,
+    )
+    spec = group["spec"]
+    assert spec["minMember"] == TINY_PODS
+    assert spec["minTaskMember"] == TINY_ROLES
+    assert spec["queue"] == "research"
+
+    pods = wait_for(lambda: (p := jobs.pods(JOB)) and len(p) == TINY_PODS and p, f"{TINY_PODS} pods")
+    assert roles_of(pods) == TINY_ROLES
+    for pod in pods:
+        assert pod["spec"]["schedulerName"] == "volcano"
+        annotations = pod["metadata"]["annotations"]
+        assert annotations["scheduling.k8s.io/group-name"] == JOB
+        assert annotations["volcano.sh/task-spec"] == pod["metadata"]["labels"]["rlkube.dev/role"]
+        assert pod["status"]["phase"] == "Pending"  # no Volcano scheduler here
+    job = jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True")
+    assert job["status"]["state"] == "Created"
+
+
+@pytest.mark.usefixtures("podgroup_crds")
+def test_coscheduling_gets_a_podgroup_and_labelled_pods(jobs: Jobs) -> None:
+    gang = {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 120}
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": gang}))
+
+    groups = wait_for(lambda: jobs.podgroups(*COSCHEDULING), "a scheduler-plugins PodGroup")
+    assert [g["metadata"]["name"] for g in groups] == [JOB]
+    assert groups[0]["spec"]["minMember"] == TINY_PODS
+    assert groups[0]["spec"]["scheduleTimeoutSeconds"] == 120
+    assert groups[0]["metadata"]["ownerReferences"][0]["name"] == JOB
+    assert not jobs.podgroups(*VOLCANO)
+
+    pods = wait_for(lambda: (p := jobs.pods(JOB)) and len(p) == TINY_PODS and p, f"{TINY_PODS} pods")
+    for pod in pods:
+        assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == JOB
+        assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+    jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True")
+
+
+@pytest.mark.usefixtures("podgroup_crds")
+def test_kueue_labels_the_pods_with_the_queue(jobs: Jobs) -> None:
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": {"scheduler": "kueue", "queue": "team-a"}}))
+
+    # No scheduler of its own: the pods run, labelled for Kueue.
+    pods = jobs.wait_pods(JOB, TINY_PODS)
+    for pod in pods:
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert pod["spec"]["schedulerName"] == "default-scheduler"
+    for key, child in jobs.children(JOB).items():
+        assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a", key
+    assert not jobs.podgroups(*VOLCANO) and not jobs.podgroups(*COSCHEDULING)
+    jobs.wait_running(JOB)

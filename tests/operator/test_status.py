@@ -1,0 +1,514 @@
+"""compute_status(): from the job and its observed pods to the new status, the Events
+and what to do next. Pure, with time passed in: every test drives it with fixed
+datetimes and pod dicts, one reconcile after another."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
+from rlkube_operator.observed import view_pod
+from rlkube_operator.status import Decision, Observed, compute_status
+from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
+
+JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activeDeadlineSeconds 1800
+WITH_TTL = set_path("spec.runPolicy.ttlSecondsAfterFinished", 600)
+PODS = gang_pods(JOB)
+UNSCHEDULABLE = "0/2 nodes are available: 2 Insufficient cpu."
+
+
+def run(job: RLJob, pods: list[Obj], seconds: float, apply_errors: dict[str, str] | None = None) -> Decision:
+    return compute_status(job, Observed([view_pod(p) for p in pods], at(seconds), apply_errors or {}))
+
+
+def after(job: RLJob, decision: Decision) -> RLJob:
+    """The job as the next reconcile sees it: the decided status written back."""
+    return job.model_copy(update={"status": decision.status})
+
+
+def with_spec(job: RLJob, **changes: object) -> RLJob:
+    return job.model_copy(update={"spec": job.spec.model_copy(update=changes)})
+
+
+def cond(status: RLJobStatus, type_: str) -> Condition:
+    found = [c for c in status.conditions if c.type == type_]
+    assert len(found) == 1, f"{type_}: {[c.type for c in status.conditions]}"
+    return found[0]
+
+
+def has_cond(status: RLJobStatus, type_: str) -> bool:
+    return any(c.type == type_ for c in status.conditions)
+
+
+def events(decision: Decision) -> list[tuple[str, str]]:
+    return [(e.type, e.reason) for e in decision.events]
+
+
+def created(job: RLJob = JOB) -> RLJob:
+    """After the first reconcile (children applied, no pods yet) at T0."""
+    return after(job, run(job, [], 0))
+
+
+def running(job: RLJob = JOB) -> RLJob:
+    """Every pod Ready at T0 + 10 s."""
+    return after(created(job), run(created(job), gang_pods(job), 10))
+
+
+# --- the happy path -----------------------------------------------------------------------------
+
+
+def test_first_reconcile_sets_created_and_running_false() -> None:
+    d = run(JOB, [], 0)
+    s = d.status
+    assert s.state == "Created"
+    created_cond = cond(s, "Created")
+    assert (created_cond.status, created_cond.reason) == ("True", "ChildrenCreated")
+    assert created_cond.last_transition_time == iso(at(0))
+    assert created_cond.observed_generation == 1
+    running_cond = cond(s, "Running")
+    assert (running_cond.status, running_cond.reason) == ("False", "PodsNotReady")
+    assert running_cond.message == "0/4 pods are ready"
+    # A condition that never held announces nothing.
+    assert events(d) == [("Normal", "ChildrenCreated")]
+    assert (d.pods_wanted, d.restart_gang, d.delete_children) == (True, False, False)
+    # As for Jobs, the start (and activeDeadlineSeconds) counts from the first reconcile.
+    assert (s.restart_count, s.start_time, s.completion_time) == (0, iso(at(0)), None)
+    assert s.roles == {
+        "controller": RoleStatus(replicas=1),
+        "actor": RoleStatus(replicas=2),
+        "rollout": RoleStatus(replicas=1),
+    }
+    assert s.observed_generation == 1
+
+
+def test_all_pods_ready_is_running() -> None:
+    d = run(created(), PODS, 10)
+    s = d.status
+    assert s.state == "Running"
+    c = cond(s, "Running")
+    assert (c.status, c.reason, c.last_transition_time) == ("True", "AllPodsReady", iso(at(10)))
+    assert s.start_time == iso(at(0))
+    assert cond(s, "Created").last_transition_time == iso(at(0))  # no flip, time kept
+    assert events(d) == [("Normal", "AllPodsReady")]
+    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2)
+    assert d.pods_wanted
+    assert d.requeue_after == 1790  # come back when activeDeadlineSeconds runs out
+
+
+def test_steady_state_changes_nothing() -> None:
+    job = running()
+    assert job.status is not None
+    d = run(job, PODS, 100)
+    assert d.events == []
+    assert d.status == job.status  # same conditions, same lastTransitionTimes, same start time
+    assert d.requeue_after == pytest.approx(1800 - 100)
+
+
+def test_a_flip_moves_last_transition_time() -> None:
+    pods = replace_pod(PODS, pod("tiny-cpu", "actor", 1, ready=False))
+    d = run(running(), pods, 100)
+    c = cond(d.status, "Running")
+    assert (c.status, c.reason, c.message) == ("False", "PodsNotReady", "3/4 pods are ready")
+    assert c.last_transition_time == iso(at(100))
+    assert events(d) == [("Normal", "PodsNotReady")]
+    assert d.status.start_time == iso(at(0))  # the job did start
+
+
+@pytest.mark.parametrize("generation", [1, 7])
+def test_observed_generation(generation: int) -> None:
+    job = load_job(CPU, generation=generation)
+    for d in (run(job, [], 0), run(running(job), gang_pods(job), 20)):
+        assert d.status.observed_generation == generation
+        assert {c.observed_generation for c in d.status.conditions} == {generation}
+
+
+# --- failures and gang restarts -----------------------------------------------------------------
+
+FAILED_ACTOR = pod("tiny-cpu", "actor", 1, phase="Failed", ready=False, terminated=(1, "Error"))
+FAILURES = [
+    pytest.param(FAILED_ACTOR, "Error (exit code 1)", id="pod-failed"),
+    pytest.param(
+        pod("tiny-cpu", "actor", 1, last_terminated=(137, "OOMKilled"), restarts=1),
+        "OOMKilled (exit code 137)",
+        id="container-restarted-after-oom",
+    ),
+    pytest.param(
+        pod(
+            "tiny-cpu", "actor", 1, ready=False, waiting=("CrashLoopBackOff", "back-off"), last_terminated=(1, "Error")
+        ),
+        "Error (exit code 1)",
+        id="crash-loop",
+    ),
+    pytest.param(
+        pod("tiny-cpu", "actor", 1, phase="Failed", ready=False, terminated=(1, "Error"), deleting=True),
+        "Error (exit code 1)",
+        id="failed-while-being-deleted",
+    ),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), FAILURES)
+def test_a_failed_pod_restarts_the_gang(bad: Obj, reason: str) -> None:
+    d = run(running(), replace_pod(PODS, bad), 100)
+    s = d.status
+    assert s.restart_count == 1
+    assert s.state == "Restarting"
+    restarting = cond(s, "Restarting")
+    assert (restarting.status, restarting.reason) == ("True", "PodFailed")
+    assert "pod tiny-cpu-actor-1 (role actor)" in restarting.message
+    assert reason in restarting.message
+    assert restarting.last_transition_time == iso(at(100))
+    r = cond(s, "Running")
+    assert (r.status, r.reason, r.last_transition_time) == ("False", "Restarting", iso(at(100)))
+    assert ("Warning", "PodFailed") in events(d)
+    assert (d.restart_gang, d.pods_wanted) == (True, True)
+    assert d.requeue_after == 1.0
+    assert s.completion_time is None
+
+
+def test_a_pod_replaced_while_running_restarts_the_gang() -> None:
+    """The StatefulSet recreated a pod after the gang was ready: its predecessor died unseen."""
+    replacement = pod("tiny-cpu", "rollout", 0, created=at(50))
+    d = run(running(), replace_pod(PODS, replacement), 100)
+    assert d.status.restart_count == 1
+    assert d.restart_gang
+    assert "pod tiny-cpu-rollout-0 (role rollout)" in cond(d.status, "Restarting").message
+
+
+@pytest.mark.parametrize(
+    ("restart_count", "backoff_limit", "state"),
+    [(0, 0, "Failed"), (0, 2, "Restarting"), (1, 2, "Restarting"), (2, 2, "Failed"), (1, 1, "Failed")],
+)
+def test_backoff_limit(restart_count: int, backoff_limit: int, state: str) -> None:
+    job = load_job(CPU, set_path("spec.runPolicy.backoffLimit", backoff_limit))
+    job = job.model_copy(
+        update={"status": RLJobStatus(state="Restarting", restart_count=restart_count, start_time=iso(at(0)))}
+    )
+    pods = gang_pods(job, attempt=restart_count)
+    pods = replace_pod(pods, pod("tiny-cpu", "rollout", 0, attempt=restart_count, terminated=(1, "Error")))
+    d = run(job, pods, 100)
+    s = d.status
+    assert s.state == state
+    if state == "Failed":
+        failed = cond(s, "Failed")
+        assert (failed.status, failed.reason) == ("True", "BackoffLimitExceeded")
+        assert f"backoffLimit={backoff_limit}" in failed.message
+        assert "pod tiny-cpu-rollout-0 (role rollout)" in failed.message
+        assert s.restart_count == restart_count
+        assert (d.pods_wanted, d.restart_gang) == (False, False)
+        assert s.completion_time == iso(at(100))
+        assert ("Warning", "BackoffLimitExceeded") in events(d)
+        assert not any(c.type in ("Running", "Restarting") and c.status == "True" for c in s.conditions)
+    else:
+        assert s.restart_count == restart_count + 1
+        assert (d.pods_wanted, d.restart_gang) == (True, True)
+        assert not has_cond(s, "Failed")
+
+
+def test_restarts_until_the_backoff_limit_then_failed() -> None:
+    """backoffLimit=2: two gang restarts, and the third failure fails the job."""
+    job, now = running(), 100
+    for attempt in range(3):
+        failure = pod("tiny-cpu", "actor", 1, attempt=attempt, phase="Failed", ready=False, terminated=(1, "Error"))
+        gang = gang_pods(JOB, attempt=attempt, created=at(now - 50))
+        d = run(job, replace_pod(gang, failure), now)
+        job = after(job, d)
+        if attempt < 2:
+            assert (d.status.state, d.status.restart_count, d.restart_gang) == ("Restarting", attempt + 1, True)
+            # The next gang comes up.
+            job = after(job, run(job, gang_pods(JOB, attempt=attempt + 1, created=at(now + 10)), now + 20))
+            assert job.status is not None
+            assert job.status.state == "Running"
+            now += 100
+    s = d.status
+    assert (s.state, s.restart_count, d.pods_wanted) == ("Failed", 2, False)
+    assert cond(s, "Failed").reason == "BackoffLimitExceeded"
+    assert cond(s, "Running").status == "False"
+    restarting = cond(s, "Restarting")
+    assert (restarting.status, restarting.reason) == ("False", "BackoffLimitExceeded")
+    assert [e for e in events(d) if e[0] == "Warning"] == [("Warning", "BackoffLimitExceeded")]
+
+
+def test_pods_of_an_older_attempt_are_ignored() -> None:
+    failing = after(running(), run(running(), replace_pod(PODS, FAILED_ACTOR), 100))
+    assert failing.status is not None
+    assert failing.status.restart_count == 1
+    old = [pod("tiny-cpu", "actor", 1, attempt=0, phase="Failed", ready=False, terminated=(1, "Error"))]
+
+    # Only the dead gang is left: nothing new to restart for.
+    d = run(failing, old, 101)
+    assert (d.status.restart_count, d.status.state, d.restart_gang) == (1, "Restarting", False)
+    assert d.status.roles["actor"] == RoleStatus(replicas=2)
+
+    # The new gang is up: Running again, the old failure still ignored.
+    d = run(failing, old + gang_pods(JOB, attempt=1, created=at(110)), 120)
+    s = d.status
+    assert (s.restart_count, s.state, d.restart_gang) == (1, "Running", False)
+    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2)
+    restarting = cond(s, "Restarting")
+    assert (restarting.status, restarting.reason) == ("False", "Resumed")
+    assert cond(s, "Running").status == "True"
+    assert s.start_time == iso(at(0))  # the first start counts for the deadline
+
+
+# --- success, deadlines, timeouts ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "driver",
+    [
+        pod("tiny-cpu", "controller", phase="Succeeded", ready=False, terminated=(0, "Completed")),
+        pod("tiny-cpu", "controller", last_terminated=(0, "Completed"), restarts=1),
+    ],
+    ids=["exited", "exited-and-restarted"],
+)
+@pytest.mark.parametrize("ttl", [None, 600])
+def test_driver_exit_0_is_success(driver: Obj, ttl: int | None) -> None:
+    job = running(load_job(CPU, WITH_TTL) if ttl else JOB)
+    d = run(job, replace_pod(gang_pods(job), driver), 500)
+    s = d.status
+    assert s.state == "Succeeded"
+    succeeded = cond(s, "Succeeded")
+    assert (succeeded.status, succeeded.reason) == ("True", "DriverSucceeded")
+    assert cond(s, "Running").status == "False"
+    assert s.completion_time == iso(at(500))
+    assert not d.pods_wanted
+    assert ("Normal", "DriverSucceeded") in events(d)
+    assert d.requeue_after == ttl
+
+
+def test_a_worker_exiting_0_is_not_success() -> None:
+    worker = pod("tiny-cpu", "actor", 0, ready=False, terminated=(0, "Completed"))
+    d = run(running(), replace_pod(PODS, worker), 500)
+    assert d.status.state != "Succeeded"
+    assert not has_cond(d.status, "Succeeded")
+    assert d.pods_wanted
+
+
+@pytest.mark.parametrize(("seconds", "failed"), [(1799, False), (1800, True), (5000, True)])
+def test_active_deadline(seconds: float, failed: bool) -> None:
+    d = run(running(), PODS, seconds)
+    s = d.status
+    if failed:
+        assert s.state == "Failed"
+        c = cond(s, "Failed")
+        assert (c.status, c.reason) == ("True", "DeadlineExceeded")
+        assert "activeDeadlineSeconds=1800" in c.message
+        assert not d.pods_wanted
+        assert s.completion_time == iso(at(seconds))
+        assert ("Warning", "DeadlineExceeded") in events(d)
+    else:
+        assert s.state == "Running"
+        assert d.requeue_after == pytest.approx(1.0)
+
+
+def test_unschedulable_only_after_the_pending_timeout() -> None:
+    stuck = pod("tiny-cpu", "rollout", 0, unschedulable=UNSCHEDULABLE)
+    pods = replace_pod(PODS, stuck)
+    job = created()
+
+    early = run(job, pods, 299)
+    assert not has_cond(early.status, "Unschedulable")
+    assert early.requeue_after == pytest.approx(1.0)
+    assert early.events == []
+
+    late = run(job, pods, 300)
+    c = cond(late.status, "Unschedulable")
+    assert (c.status, c.reason) == ("True", "Unschedulable")
+    assert c.message.startswith("role rollout:")
+    assert "tiny-cpu-rollout-0" in c.message
+    assert UNSCHEDULABLE in c.message
+    assert ("Warning", "Unschedulable") in events(late)
+    assert late.status.state == "Created"  # not a failure: the job waits
+    assert late.pods_wanted
+
+    # Placed at last: the condition clears.
+    placed = run(after(job, late), PODS, 400)
+    c = cond(placed.status, "Unschedulable")
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "Scheduled", iso(at(400)))
+    assert placed.status.state == "Running"
+
+
+@pytest.mark.parametrize(
+    "reason", ["ImagePullBackOff", "ErrImagePull", "InvalidImageName", "CreateContainerConfigError"]
+)
+def test_bad_image_fails_after_the_pending_timeout(reason: str) -> None:
+    bad = pod("tiny-cpu", "actor", 0, phase="Pending", ready=False, waiting=(reason, 'image "nope" not found'))
+    pods = replace_pod(PODS, bad)
+    job = created()
+
+    early = run(job, pods, 100)
+    assert early.status.state == "Created"
+    assert cond(early.status, "Running").reason == reason
+    assert early.requeue_after == pytest.approx(200)
+    assert early.pods_wanted
+
+    late = run(job, pods, 300)
+    s = late.status
+    assert s.state == "Failed"
+    c = cond(s, "Failed")
+    assert (c.status, c.reason) == ("True", reason)
+    assert "pod tiny-cpu-actor-0 (role actor)" in c.message
+    assert 'image "nope" not found' in c.message
+    assert not late.pods_wanted
+    assert s.completion_time == iso(at(300))
+
+
+# --- suspend --------------------------------------------------------------------------------------
+
+
+def test_suspend_and_resume() -> None:
+    suspended_job = with_spec(running(), suspend=True)
+    d = run(suspended_job, PODS, 100)
+    s = d.status
+    assert s.state == "Suspended"
+    c = cond(s, "Suspended")
+    assert (c.status, c.reason) == ("True", "Suspended")
+    assert cond(s, "Running").status == "False"
+    assert not d.pods_wanted
+    assert s.start_time is None  # activeDeadlineSeconds counts from the next start
+    assert ("Normal", "Suspended") in events(d)
+
+    resumed_job = with_spec(after(suspended_job, d), suspend=False)
+    d = run(resumed_job, [], 200)
+    c = cond(d.status, "Suspended")
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "Resumed", iso(at(200)))
+    assert ("Normal", "Resumed") in events(d)
+    assert d.pods_wanted
+    assert d.status.state == "Created"
+
+
+def test_created_suspended_never_asks_for_pods() -> None:
+    """Kueue creates jobs suspended and admits them by unsuspending."""
+    d = run(with_spec(JOB, suspend=True), [], 0)
+    assert d.status.state == "Suspended"
+    assert cond(d.status, "Created").status == "True"
+    assert not d.pods_wanted
+
+
+# --- terminal states and cleanup ------------------------------------------------------------------
+
+
+def _succeeded(job: RLJob) -> RLJob:
+    """Succeeded at T0 + 1000 s."""
+    driver = pod("tiny-cpu", "controller", phase="Succeeded", ready=False, terminated=(0, "Completed"))
+    return after(running(job), run(running(job), replace_pod(gang_pods(job), driver), 1000))
+
+
+def _deadline_failed(job: RLJob) -> RLJob:
+    """Failed (DeadlineExceeded) at T0 + 1810 s."""
+    return after(running(job), run(running(job), gang_pods(job), 10 + 1800))
+
+
+@pytest.mark.parametrize(
+    ("finish", "finished_at"), [(_succeeded, 1000), (_deadline_failed, 1810)], ids=["succeeded", "failed"]
+)
+def test_terminal_state_sticks_and_ttl_deletes_children(finish: Callable[[RLJob], RLJob], finished_at: int) -> None:
+    job = finish(load_job(CPU, WITH_TTL))
+    assert job.status is not None
+    state, done = job.status.state, job.status.completion_time
+    assert state in ("Succeeded", "Failed")
+    assert done == iso(at(finished_at))
+    # Pods come back (a stale watch, a restarted operator) and even fail: nothing changes.
+    pods = replace_pod(gang_pods(job), FAILED_ACTOR)
+    d = run(job, pods, finished_at + 100)
+    assert (d.status.state, d.status.completion_time, d.status.restart_count) == (state, done, 0)
+    assert d.status.conditions == job.status.conditions
+    assert d.events == []
+    assert (d.pods_wanted, d.restart_gang, d.delete_children) == (False, False, False)
+    assert d.requeue_after == pytest.approx(500)
+
+    d = run(job, [], finished_at + 600)
+    assert d.delete_children
+    assert d.requeue_after is None
+    assert d.status.state == state
+
+
+def test_terminal_without_ttl_keeps_children() -> None:
+    job = _deadline_failed(JOB)
+    d = run(job, [], 100_000)
+    assert d.status.state == "Failed"
+    assert (d.delete_children, d.pods_wanted, d.requeue_after) == (False, False, None)
+
+
+# --- apply errors ---------------------------------------------------------------------------------
+
+APPLY_ERROR = {"StatefulSet/tiny-cpu-actor": 'admission webhook "policy" denied the request'}
+
+
+def test_apply_error_on_a_running_job() -> None:
+    d = run(running(), PODS, 100, APPLY_ERROR)
+    c = cond(d.status, "Created")
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "CreateFailed", iso(at(100)))
+    assert "StatefulSet/tiny-cpu-actor" in c.message
+    assert "denied the request" in c.message
+    assert ("Warning", "CreateFailed") in events(d)
+
+    # Applied at last: Created again.
+    d = run(after(running(), d), PODS, 200)
+    c = cond(d.status, "Created")
+    assert (c.status, c.reason) == ("True", "ChildrenCreated")
+    assert ("Normal", "ChildrenCreated") in events(d)
+
+
+def test_apply_error_on_the_first_reconcile_is_a_condition() -> None:
+    errors = {**APPLY_ERROR, "ConfigMap/tiny-cpu-config": "quota exceeded"}
+    d = run(JOB, [], 0, errors)
+    c = cond(d.status, "Created")
+    assert (c.status, c.reason) == ("False", "CreateFailed")
+    assert "ConfigMap/tiny-cpu-config: quota exceeded" in c.message
+    assert "StatefulSet/tiny-cpu-actor" in c.message
+
+
+def test_apply_error_on_the_first_reconcile_emits_a_warning() -> None:
+    d = run(JOB, [], 0, APPLY_ERROR)
+    assert ("Warning", "CreateFailed") in events(d)
+
+
+# --- progress -------------------------------------------------------------------------------------
+
+PROGRESS = {
+    "step": 12,
+    "totalSteps": 30,
+    "rewardMean": 0.5,
+    "tokensPerSecondPerGPU": 1234.5,
+    "lastCheckpointStep": 10,
+    "updatedAt": "2025-03-01T12:05:00Z",
+}
+
+
+def test_progress_is_copied_from_the_driver_pod() -> None:
+    pods = replace_pod(PODS, pod("tiny-cpu", "controller", progress=PROGRESS))
+    d = run(running(), pods, 300)
+    assert d.status.progress == Progress(
+        step=12,
+        total_steps=30,
+        reward_mean=0.5,
+        tokens_per_second_per_gpu=1234.5,
+        last_checkpoint_step=10,
+        updated_at="2025-03-01T12:05:00Z",
+    )
+    assert d.status.to_wire()["progress"]["rewardMean"] == 0.5
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        replace_pod(PODS, pod("tiny-cpu", "actor", 0, progress={"step": 99})),  # only the driver reports
+        replace_pod(PODS, pod("tiny-cpu", "controller", progress={"step": "many"})),  # invalid: ignored
+        replace_pod(PODS, pod("tiny-cpu", "controller", progress="{not json")),
+        PODS,  # the driver pod was replaced and has not reported yet
+    ],
+    ids=["worker-pod", "invalid", "bad-json", "none"],
+)
+def test_progress_keeps_the_last_good_report(pods: list[Obj]) -> None:
+    reported = run(running(), replace_pod(PODS, pod("tiny-cpu", "controller", progress=PROGRESS)), 300)
+    d = run(after(running(), reported), pods, 400)
+    assert d.status.progress is not None
+    assert d.status.progress.step == 12
+
+
+def test_no_progress_before_the_driver_reports() -> None:
+    assert run(running(), PODS, 300).status.progress is None
