@@ -34,6 +34,7 @@ Obj = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "tiny-cpu.yaml"
 PODGROUP_CRDS = Path(__file__).resolve().parent / "crds"
+PODGROUP_CRD_NAMES = ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io")
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 # Pods of the tiny job: controller + 2 actor + 1 rollout.
 TINY_PODS = 4
@@ -122,6 +123,33 @@ class InProcessOperator:
                 if InProcessOperator._active is self and not self.running:
                     InProcessOperator._active = None
         return time.monotonic() - started
+
+
+# --- CRDs ---------------------------------------------------------------------------------------------
+
+
+def install_podgroup_crds(kubectl: Kubectl) -> None:
+    for path in sorted(PODGROUP_CRDS.glob("*.yaml")):
+        kubectl("apply", "--server-side", "-f", str(path))
+    for name in PODGROUP_CRD_NAMES:
+        wait_established(kubectl, name)
+
+
+def wait_established(kubectl: Kubectl, crd: str) -> None:
+    """`kubectl wait --for=condition=Established` fails outright while a new CRD has
+    no conditions yet; poll instead."""
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        result = kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
+        return result.stdout.strip() == "True"
+
+    wait_for(established, f"CRD {crd} to be Established", timeout=60)
+
+
+def uninstall_podgroup_crds(kubectl: Kubectl) -> None:
+    for name in PODGROUP_CRD_NAMES:
+        kubectl("delete", "crd", name, "--ignore-not-found", "--wait=true", timeout=120)
 
 
 # --- jobs ----------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ pure unit tests in this folder load this file too.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -27,13 +26,13 @@ if TYPE_CHECKING:
     from rlkube_e2e.testing import ClusterInfo, Kubectl
     from tests.operator.cluster_kit import InProcessOperator, Jobs
 
-CRDS = Path(__file__).resolve().parent / "crds"
-PODGROUP_CRDS = ("podgroups.scheduling.volcano.sh", "podgroups.scheduling.x-k8s.io")
 
 
 @pytest.fixture(scope="session")
 def rljob_crd(kubectl: Kubectl) -> None:
     from rlkube_api.crd import CRD_FILES
+
+    from tests.operator.cluster_kit import wait_established
 
     kubectl("apply", "--server-side", "-f", str(CRD_FILES[0]))
     wait_established(kubectl, "rljobs.rlkube.dev")
@@ -70,33 +69,9 @@ def _wait_for_no_test_rljobs(kubectl: Kubectl, timeout: float) -> None:
 @pytest.fixture
 def podgroup_crds(kubectl: Kubectl) -> None:
     """Installed for the test (idempotent; test_gang_cluster removes them on purpose)."""
+    from tests.operator.cluster_kit import install_podgroup_crds
+
     install_podgroup_crds(kubectl)
-
-
-def install_podgroup_crds(kubectl: Kubectl) -> None:
-    for path in sorted(CRDS.glob("*.yaml")):
-        kubectl("apply", "--server-side", "-f", str(path))
-    for name in PODGROUP_CRDS:
-        wait_established(kubectl, name)
-
-
-def wait_established(kubectl: Kubectl, crd: str) -> None:
-    """`kubectl wait --for=condition=Established` fails outright while a new CRD has
-    no conditions yet; poll instead."""
-    from rlkube_e2e.testing import wait_for
-
-    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-
-    def established() -> bool:
-        result = kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
-        return result.stdout.strip() == "True"
-
-    wait_for(established, f"CRD {crd} to be Established", timeout=60)
-
-
-def uninstall_podgroup_crds(kubectl: Kubectl) -> None:
-    for name in PODGROUP_CRDS:
-        kubectl("delete", "crd", name, "--ignore-not-found", "--wait=true", timeout=120)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import API_VERSION, KIND
 from rlkube_e2e.testing import Kubectl, wait_for
 from tests.operator.cluster_kit import TINY_PODS, TINY_ROLES, Jobs, condition, is_true, roles_of, tiny_job
-from tests.operator.conftest import install_podgroup_crds, uninstall_podgroup_crds
+from tests.operator.cluster_kit import install_podgroup_crds, uninstall_podgroup_crds
 
 pytestmark = pytest.mark.cluster
 
