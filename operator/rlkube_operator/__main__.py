@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
     if args.metrics_port:
         start_http_server(args.metrics_port, registry=METRICS.registry)
-    assert handlers.run_job  # the handlers register themselves with kopf on import
+    assert handlers.job_changed  # the handlers register themselves with kopf on import
     # One active replica: kopf's peering is not leader election (see the chart).
     kopf.run(
         standalone=True,

@@ -1,5 +1,5 @@
-"""kopf wiring: indexes of the pods and StatefulSets each job owns, one daemon
-per RLJob that reconciles when something changes (or a deadline comes due), and
+"""kopf wiring: indexes of the pods and StatefulSets each job owns, one loop per
+RLJob that reconciles when something changes (or a deadline comes due), and
 start-up settings. The decisions live in reconcile/status; nothing here decides."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kubernetes import client, config
@@ -51,6 +51,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     memo.failed_pods = {}
     memo.latest = {}
     memo.states = {}
+    memo.bodies = {}
+    memo.tasks = {}
 
 
 def _wake(memo: kopf.Memo, key: JobKey) -> None:
@@ -80,8 +82,31 @@ def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Bod
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def job_changed(namespace: str | None, name: str, memo: Any, **_: Any) -> None:
-    _wake(memo, (namespace or "", name))
+async def job_changed(
+    type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: Any, **indices: Any
+) -> None:
+    """Keeps one reconcile loop per RLJob. A loop of our own rather than a kopf daemon:
+    daemons put a finalizer on the job, which would leave RLJobs undeletable whenever
+    the operator is not running; the children need no cleanup beyond their ownerReferences."""
+    key = (namespace or "", name)
+    if type == "DELETED":
+        task = memo.tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+        return
+    memo.bodies[key] = dict(body)
+    task = memo.tasks.get(key)
+    if task is None or task.done():
+        memo.tasks[key] = asyncio.create_task(_job_loop(key, memo, indices["pods_by_job"], indices["sets_by_job"]))
+    else:
+        _wake(memo, key)
+
+
+@kopf.on.cleanup()
+async def stop_loops(memo: Any, **_: Any) -> None:
+    for task in memo.tasks.values():
+        task.cancel()
+    await asyncio.gather(*memo.tasks.values(), return_exceptions=True)
 
 
 def _newest(live: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -95,25 +120,16 @@ def _newest(live: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[
     return dict(written) if newer else dict(live)
 
 
-@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10)
-async def run_job(
-    namespace: str | None,
-    name: str,
-    body: kopf.Body,
-    memo: Any,
-    stopped: kopf.DaemonStopped,
-    **indices: Any,
+async def _job_loop(
+    key: JobKey, memo: Any, pods_by_job: kopf.Index[JobKey, Any], sets_by_job: kopf.Index[JobKey, str]
 ) -> None:
-    pods_by_job: kopf.Index[JobKey, Any] = indices["pods_by_job"]
-    sets_by_job: kopf.Index[JobKey, str] = indices["sets_by_job"]
-    namespace = namespace or ""
-    key = (namespace, name)
+    namespace, name = key
     wakeup = memo.wakeups.setdefault(key, asyncio.Event())
     reconciler: Reconciler = memo.reconciler
     try:
-        while not stopped:
+        while True:
             wakeup.clear()
-            current = _newest(body, memo.latest.get(key))
+            current = _newest(memo.bodies[key], memo.latest.get(key))
             pods = list(pods_by_job.get(key, []))
             seen = {p["metadata"]["uid"] for p in pods}
             failed = memo.failed_pods.pop(key, {})
@@ -132,7 +148,9 @@ async def run_job(
             if result.written is not None:
                 memo.latest[key] = result.written
             for event in result.events:
-                kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+                kopf.event(
+                    kopf.Body(cast(kopf.RawBody, current)), type=event.type, reason=event.reason, message=event.message
+                )
             if result.state:
                 memo.states[key] = result.state
                 METRICS.set_job_states(list(memo.states.values()))
@@ -142,5 +160,6 @@ async def run_job(
     finally:
         memo.wakeups.pop(key, None)
         memo.latest.pop(key, None)
+        memo.bodies.pop(key, None)
         memo.states.pop(key, None)
         METRICS.set_job_states(list(memo.states.values()))
