@@ -1,30 +1,103 @@
-"""`rlkube-trainer`: run a config locally (`run CONFIG.yaml`), and write the tiny
-task's model and data (`tiny-task DIR`)."""
+"""`rlkube-trainer`:
+
+- `run CONFIG.yaml`: a local Ray with every role as a worker group, the driver
+  here — the same code path as in pods;
+- `driver`: the controller pod: Ray head + driver (config from $RLKUBE_CONFIG);
+- `node --role ROLE`: a role pod: joins the head, advertises its role and pod
+  index, serves /healthz, stays up until the driver ends;
+- `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
+from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
+
+log = logging.getLogger("rlkube.trainer")
+# The driver waits this long for every role pod to join before giving up.
+NODES_TIMEOUT = 900.0
+
+
+def _load(path: Path) -> object:
+    try:
+        return load_trainer_config(path)
+    except InvalidSpec as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _finish(result: object) -> int:
+    from rlkube_trainer.driver import RunResult  # noqa: PLC0415
+
+    assert isinstance(result, RunResult)
+    last = result.history[-1] if result.history else {}
+    print(f"done: {result.steps} steps; critic/score/mean {last.get('critic/score/mean', float('nan')):.3f}")
+    print(f"checkpoint: {result.last_checkpoint}")
+    print(f"metrics:    {result.output_dir / 'metrics.jsonl'}")
+    print(f"curves:     {result.curves}")
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        config = load_trainer_config(args.config)
-    except InvalidSpec as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    from rlkube_trainer.driver import run_in_process  # noqa: PLC0415  (torch, vLLM: only when running)
+    config = _load(args.config)
+    from rlkube_trainer import distributed  # noqa: PLC0415  (torch, Ray: only when running)
+    from rlkube_trainer.worker_group import WorkerLost  # noqa: PLC0415
 
-    result = run_in_process(config, max_steps=args.steps, progress=not args.no_progress)
-    last = result.history[-1] if result.history else {}
-    print(f"done: {result.steps} steps; critic/score/mean {last.get('critic/score/mean', float('nan')):.3f}")
-    print(f"metrics: {result.output_dir / 'metrics.jsonl'}")
-    print(f"curves:  {result.curves}")
-    return 0
+    if args.in_process:
+        from rlkube_trainer.driver import run_in_process  # noqa: PLC0415
+
+        return _finish(run_in_process(config, args.steps, not args.no_progress))  # type: ignore[arg-type]
+    distributed.start_local_ray(config)  # type: ignore[arg-type]
+    try:
+        return _finish(distributed.run_distributed(config, None, args.steps, not args.no_progress))  # type: ignore[arg-type]
+    except WorkerLost as lost:
+        print(f"error: {lost}", file=sys.stderr)
+        return 3
+
+
+def _driver(args: argparse.Namespace) -> int:
+    config = _load(Path(os.environ.get(Env.CONFIG, args.config)))
+    from rlkube_trainer import distributed  # noqa: PLC0415
+    from rlkube_trainer.reporting import reporter_from_env  # noqa: PLC0415
+    from rlkube_trainer.worker_group import WorkerLost  # noqa: PLC0415
+
+    distributed.start_ray_head()
+    try:
+        distributed.wait_for_nodes(config, NODES_TIMEOUT)  # type: ignore[arg-type]
+        return _finish(distributed.run_distributed(config, reporter_from_env(), None, False))  # type: ignore[arg-type]
+    except WorkerLost as lost:
+        # Non-zero: the operator restarts the gang, which resumes from the last checkpoint.
+        print(f"error: {lost}", file=sys.stderr)
+        return 3
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 4
+
+
+def _node(args: argparse.Namespace) -> int:
+    from rlkube_trainer import distributed  # noqa: PLC0415
+    from rlkube_trainer.reporting import HealthServer  # noqa: PLC0415
+
+    gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
+    gpus = gpus if _has_gpu() else 0
+    health = HealthServer(args.health_port, lambda: True)
+    health.start()
+    try:
+        return distributed.join_as_node(args.role, gpus)
+    finally:
+        health.stop()
+
+
+def _has_gpu() -> bool:
+    import torch  # noqa: PLC0415
+
+    return bool(torch.cuda.is_available())
 
 
 def _tiny_task(args: argparse.Namespace) -> int:
@@ -37,11 +110,20 @@ def _tiny_task(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube-trainer", description="rlkube's RL trainer")
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="train with every role in this process (CPU or one GPU)")
+    run = sub.add_parser("run", help="train locally: a local Ray, every role as a worker group")
     run.add_argument("config", type=Path, help="trainer YAML (verl-style keys)")
     run.add_argument("--steps", type=int, default=None, help="stop after this many steps")
     run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--in-process", action="store_true", help="every role in this process, without Ray")
     run.set_defaults(handler=_run)
+    driver = sub.add_parser("driver", help="the controller pod: Ray head and driver")
+    driver.add_argument("--config", type=Path, default=Path("/etc/rlkube/config.yaml"))
+    driver.set_defaults(handler=_driver)
+    node = sub.add_parser("node", help="a role pod: join the Ray head as ROLE")
+    node.add_argument("--role", required=True, choices=["actor", "critic", "reference", "reward", "rollout"])
+    node.add_argument("--gpus", type=int, default=None, help="GPUs to advertise (default: PET_NPROC_PER_NODE)")
+    node.add_argument("--health-port", type=int, default=NODE_HEALTH_PORT)
+    node.set_defaults(handler=_node)
     tiny = sub.add_parser("tiny-task", help="write the tiny CPU task (model, data, reward, config) into DIR")
     tiny.add_argument("workdir", type=Path)
     tiny.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from rlkube_api.config import ActorConfig, CriticConfig, OptimConfig, TrainerConfig
@@ -29,8 +30,16 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
+from rlkube_trainer.parallel import average_gradients, full_tensors, shard_with_fsdp2, world_size
 
 Metrics = dict[str, float]
+
+
+def _distribute(model: nn.Module, device: torch.device) -> nn.Module:
+    """FSDP2 on GPU inside a role group; on CPU (gloo) ranks keep full copies (parallel.py)."""
+    if device.type == "cuda" and dist.is_initialized():
+        return shard_with_fsdp2(model)
+    return model
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -62,6 +71,8 @@ def lr_factor(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
 
 
 def _mini_batches(batch: TrainBatch, size: int, shuffle: bool, generator: torch.Generator) -> list[TrainBatch]:
+    """Mini-batches of this rank's shard: the configured size is global, split across the group."""
+    size = max(1, size // world_size())
     order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
     return [batch.select(order[i : i + size]) for i in range(0, len(batch), size)]
 
@@ -79,7 +90,9 @@ class _Trainable:
         self.generator = torch.Generator().manual_seed(seed)
 
     def _optimizer_step(self) -> float:
-        grad_norm = float(nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+        average_gradients(self.model)
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -112,7 +125,7 @@ class ActorWorker(_Trainable):
         model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
         if config.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model = model
+        self.model = _distribute(model, device)
         super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
 
@@ -178,9 +191,8 @@ class ActorWorker(_Trainable):
         return _mean(stats)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's weights for the rollout engine (HF names)."""
-        for name, tensor in self.model.state_dict().items():
-            yield name, tensor.detach()
+        """The policy's full weights for the rollout engine (HF names; shards gathered)."""
+        yield from full_tensors(self.model)
 
 
 class ReferenceWorker:
@@ -188,8 +200,9 @@ class ReferenceWorker:
         self.device = device
         self.temperature = config.rollout.temperature
         self.micro_batch = config.actor.ppo_micro_batch_size_per_gpu
-        self.model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
-        self.model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
+        model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
+        model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
+        self.model = _distribute(model, device)
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
@@ -210,7 +223,8 @@ class CriticWorker(_Trainable):
     def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
         self.config: CriticConfig = config.critic
         path = config.critic.model_path or config.model.path
-        self.model = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
+        critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
+        self.model = _distribute(critic, device)  # type: ignore[assignment]
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
         self.samples_per_mini_batch = mini * config.rollout.n

@@ -383,10 +383,15 @@ class VLLMRolloutEngine(RolloutEngine):
 
 
 def _direct_load_possible(model: torch.nn.Module) -> bool:
-    """Whether the model's `load_weights` can still be called after the engine started: every
-    parameter keeps its `weight_loader` (none was repacked or quantized after loading)."""
-    params = list(model.named_parameters())
-    return bool(params) and all(hasattr(p, "weight_loader") for _, p in params)
+    """Whether the model's `load_weights` can still be called after the engine started.
+
+    Fused layers (qkv_proj, gate_up_proj, ...) are loaded through their parameters' own
+    `weight_loader`; parameters without one (norms) fall back to a plain copy. So the layers that
+    load through a quantization method (vLLM's linear and embedding layers) must still carry their
+    loaders: on CPU, linear weights are repacked after loading and lose them.
+    """
+    layers = [m for m in model.modules() if hasattr(m, "quant_method")]
+    return bool(layers) and all(hasattr(p, "weight_loader") for m in layers for p in m.parameters(recurse=False))
 
 
 def _sampled_logprobs(step_logprobs: Any, token_ids: list[int]) -> list[float]:

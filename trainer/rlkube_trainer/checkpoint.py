@@ -1,0 +1,481 @@
+"""Checkpoints that are either complete or invisible, for resume after a crash.
+
+Layout under the checkpoint root (`checkpoint.dir`, in a cluster a volume mounted at the
+same path in every pod)::
+
+    root/
+      latest                 "step_000040": written last, atomically, after the rename
+      step_000020/           complete checkpoints: manifest.json + COMPLETE + the parts
+      step_000040/
+        actor/rank_0.pt      one file per writer (actor ranks, critic ranks, the driver)
+        critic/rank_0.pt
+        driver.pt
+        manifest.json
+        COMPLETE
+      .tmp-step_000060/      a checkpoint being written (or left by a crash): never resumed from
+
+The protocol, with one coordinator (the driver) and any number of writers:
+
+1. the coordinator calls `staging(step)`, which creates an empty `.tmp-step_N/`, and hands its
+   path to the writers (the path is the same in every pod);
+2. each writer saves its own file(s) with `save_torch` (each file atomic and fsynced) and
+   reports back;
+3. once all writers are done the coordinator calls `commit(step, manifest)`: manifest.json (with
+   every file's size) and COMPLETE go into the staging dir, everything is fsynced, the dir is
+   renamed to `step_N/` and only then the `latest` marker is replaced; old checkpoints beyond
+   `max_to_keep` and stale staging dirs are deleted last.
+
+A crash anywhere before the rename leaves only a `.tmp-*` dir, which nothing resumes from; a
+crash between the rename and the marker leaves the marker at the previous checkpoint, which is
+still complete (deletion comes after the marker). `latest()` trusts the marker only if the dir
+it names is complete and otherwise falls back to the newest complete `step_*` dir.
+
+Only the coordinator may call `staging` and `commit`; writers only write below the path they
+were given. Two coordinators on one root are not supported (the operator runs one driver).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+LATEST = "latest"
+MANIFEST = "manifest.json"
+COMPLETE = "COMPLETE"
+FORMAT_VERSION = 1
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_STAGING_DIR = re.compile(r"^\.tmp-step_(\d+)$")
+# Keys `commit` writes itself; a caller's manifest may not shadow them.
+_RESERVED = frozenset({"format", "step", "time", "unix_time", "files"})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: incomplete, missing, or unreadable."""
+
+
+def step_dir_name(step: int) -> str:
+    # Zero-padded so that `ls` sorts like the steps; parsing never relies on the width.
+    return f"step_{step:06d}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its training step and its directory."""
+
+    step: int
+    path: Path
+
+    def manifest(self) -> dict[str, Any]:
+        return _read_manifest(self.path)
+
+    def file(self, relative: str) -> Path:
+        """The path of one part, e.g. `checkpoint.file("actor/rank_0.pt")`."""
+        return self.path / relative
+
+
+# --- durable file-system operations -----------------------------------------------------------
+
+
+def _fsync_dir(path: Path) -> None:
+    """Persist a directory's entries (a rename or a new file in it).
+
+    Some file systems (NFS clients, FUSE mounts) refuse fsync on a directory; there the
+    server's own rename semantics are all we can get, so the refusal is not an error.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError as error:
+        if error.errno not in (errno.EINVAL, errno.EBADF, errno.ENOTSUP, errno.EACCES):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_tree(root: Path) -> None:
+    # Files written by other code (save_pretrained, another process that skipped fsync) are made
+    # durable before COMPLETE claims they are there; fsync of an already clean file is cheap.
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_file(Path(dirpath) / name)
+        _fsync_dir(Path(dirpath))
+
+
+def _tmp_sibling(path: Path) -> Path:
+    # Unique per process and call: two ranks that (wrongly) write the same file never share a tmp.
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see either the old file or the whole new one."""
+    tmp = _tmp_sibling(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Rename directory `src` to `dst`, replacing an existing `dst`.
+
+    rename(2) cannot replace a non-empty directory, so an old `dst` is first renamed aside and
+    deleted afterwards; between the two renames `dst` does not exist, which readers treat like a
+    checkpoint that is not there (they fall back), never like a partial one.
+    """
+    trash = None
+    if dst.exists():
+        trash = dst.with_name(f".trash-{dst.name}-{uuid.uuid4().hex[:8]}")
+        os.rename(dst, trash)
+    os.rename(src, dst)
+    _fsync_dir(dst.parent)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# --- manifest and completeness ----------------------------------------------------------------
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"checkpoint {path}: cannot read {MANIFEST}: {error}") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("step"), int):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} has no integer 'step'")
+    return manifest
+
+
+def check_complete(path: Path) -> Checkpoint:
+    """The checkpoint at `path`, or CheckpointError saying why it is not a complete one.
+
+    Complete means: the COMPLETE marker, a readable manifest, and every file the manifest lists
+    present with its recorded size. The size check catches copies and renames that were not
+    atomic (object-store FUSE mounts copy a renamed dir file by file) and files lost since.
+    """
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path}: no such directory")
+    if not (path / COMPLETE).is_file():
+        raise CheckpointError(f"checkpoint {path}: incomplete (no {COMPLETE} marker; the save did not finish)")
+    manifest = _read_manifest(path)
+    files = manifest.get("files", {})
+    if not isinstance(files, dict):
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} 'files' is not a mapping")
+    for relative, size in files.items():
+        try:
+            actual = (path / relative).stat().st_size
+        except OSError:
+            raise CheckpointError(f"checkpoint {path}: {relative} listed in {MANIFEST} is missing") from None
+        if actual != size:
+            raise CheckpointError(f"checkpoint {path}: {relative} has {actual} bytes, {MANIFEST} says {size}")
+    return Checkpoint(step=int(manifest["step"]), path=path)
+
+
+def _is_complete(path: Path) -> Checkpoint | None:
+    try:
+        return check_complete(path)
+    except CheckpointError as error:
+        log.debug("%s", error)
+        return None
+
+
+class CheckpointManager:
+    """Writes, finds and prunes the checkpoints under one root directory."""
+
+    def __init__(self, root: Path, max_to_keep: int) -> None:
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be at least 1, got {max_to_keep}")
+        self.root = Path(root)
+        self.max_to_keep = max_to_keep
+
+    # -- writing --
+
+    def staging_path(self, step: int) -> Path:
+        """Where step `step` is being written; no side effects (writers may call this)."""
+        return self.root / f".tmp-{step_dir_name(step)}"
+
+    def staging(self, step: int) -> Path:
+        """An empty staging dir for step `step`, for the coordinator to hand to the writers.
+
+        A dir left by an earlier attempt at the same step is removed first: its files may be from
+        a different trajectory (the run crashed and resumed from an older checkpoint).
+        """
+        if step < 0:
+            raise ValueError(f"step must be non-negative, got {step}")
+        path = self.staging_path(step)
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+        return path
+
+    def commit(self, step: int, manifest: Mapping[str, Any] | None = None) -> Path:
+        """Seal step `step`'s staging dir as a complete checkpoint and point `latest` at it.
+
+        `manifest` is the caller's description (parts written, config, metrics), stored in
+        manifest.json next to the step, the time and each file's size. Call only after every
+        writer has finished.
+        """
+        staging = self.staging_path(step)
+        if not staging.is_dir():
+            raise CheckpointError(f"commit of step {step}: no staging dir {staging} (call staging() first)")
+        extra = dict(manifest or {})
+        shadowed = _RESERVED & extra.keys()
+        if shadowed:
+            raise ValueError(f"manifest keys {sorted(shadowed)} are reserved")
+        for leftover in (staging / COMPLETE, staging / MANIFEST):
+            leftover.unlink(missing_ok=True)
+        files = {
+            p.relative_to(staging).as_posix(): p.stat().st_size
+            for p in sorted(staging.rglob("*"))
+            # `.name.tmp-*` files are a writer's unfinished atomic write, not part of the checkpoint.
+            if p.is_file() and not p.name.startswith(".")
+        }
+        now = time.time()
+        content = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            "time": datetime.fromtimestamp(now, UTC).isoformat(),
+            "unix_time": now,
+            "files": files,
+            **extra,
+        }
+        # Serialise before touching anything, so a non-JSON manifest fails without side effects.
+        data = json.dumps(content, indent=2, sort_keys=True).encode()
+        _write_atomic(staging / MANIFEST, data)
+        _fsync_tree(staging)
+        # COMPLETE last inside the dir: whoever sees it sees the manifest and the parts too.
+        _write_atomic(staging / COMPLETE, b"")
+        final = self.root / step_dir_name(step)
+        _replace_dir(staging, final)
+        # The marker only after the rename, so it never names a dir that is not there yet.
+        _write_atomic(self.root / LATEST, (final.name + "\n").encode())
+        self._prune(keep=final, step=step)
+        return final
+
+    def _prune(self, keep: Path, step: int) -> None:
+        """Delete complete checkpoints beyond max_to_keep and stale staging/trash dirs.
+
+        The one just written always stays; dirs of newer steps (left by a run that was resumed
+        from an older checkpoint) are not "oldest" and are left alone.
+        """
+        complete = [c for c in self._step_dirs() if c.step <= step and c.path != keep]
+        complete.sort(key=lambda c: c.step, reverse=True)
+        for old in complete[self.max_to_keep - 1 :]:
+            log.info("deleting checkpoint %s (max_to_keep=%d)", old.path, self.max_to_keep)
+            shutil.rmtree(old.path, ignore_errors=True)
+        for entry in self._entries():
+            match = _STAGING_DIR.match(entry.name)
+            if (match and int(match.group(1)) < step) or entry.name.startswith(".trash-"):
+                log.info("deleting stale %s", entry)
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # -- reading --
+
+    def _entries(self) -> Iterator[Path]:
+        try:
+            yield from (p for p in self.root.iterdir() if p.is_dir())
+        except FileNotFoundError:
+            return
+
+    def _step_dirs(self) -> list[Checkpoint]:
+        """The complete `step_*` dirs, unordered (staging dirs never match)."""
+        found = []
+        for entry in self._entries():
+            if _STEP_DIR.match(entry.name):
+                checkpoint = _is_complete(entry)
+                if checkpoint is not None:
+                    found.append(checkpoint)
+        return found
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Every complete checkpoint under the root, oldest first."""
+        return sorted(self._step_dirs(), key=lambda c: c.step)
+
+    def latest(self) -> Checkpoint | None:
+        """The checkpoint the `latest` marker names if complete, else the newest complete one."""
+        marker = self.root / LATEST
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            name = marker.read_text().strip()
+            # Only a plain step dir name: a corrupt marker must not lead outside the root.
+            if _STEP_DIR.match(name):
+                checkpoint = _is_complete(self.root / name)
+                if checkpoint is not None:
+                    return checkpoint
+            log.warning("checkpoint marker %s names %r, not a complete checkpoint; using the newest one", marker, name)
+        complete = self.checkpoints()
+        return complete[-1] if complete else None
+
+    def resolve(self, resume: str) -> Checkpoint | None:
+        """The checkpoint `checkpoint.resume` asks for: None to start fresh.
+
+        "disable" never resumes, "auto" resumes from latest() if there is one, and an absolute
+        path must be a complete checkpoint (an explicit request that cannot be honoured is an
+        error, not a silent fresh start).
+        """
+        if resume == "disable":
+            return None
+        if resume == "auto":
+            return self.latest()
+        path = Path(resume)
+        if not path.is_absolute():
+            raise CheckpointError(f"resume {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
+        try:
+            return check_complete(path)
+        except CheckpointError as error:
+            hint = ""
+            if (path / LATEST).exists() or any(_STEP_DIR.match(p.name) for p in path.glob("step_*")):
+                hint = f" (it looks like a checkpoint root; name one of its step_* dirs, e.g. {path}/step_000100)"
+            raise CheckpointError(f"resume path {path} is not a complete checkpoint: {error}{hint}") from error
+
+
+# --- torch objects and RNG --------------------------------------------------------------------
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    """torch.save `obj` to `path` atomically and durably (tmp file, fsync, os.replace).
+
+    Keep `obj` to what `load_torch` reads back with weights_only=True: tensors (full or local,
+    not DTensors), dicts, lists, tuples, str, int, float, bool and None. State dicts of models,
+    optimizers, LR schedulers and data loaders, torch.Generator states and `capture_rng()` are.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
+    tmp = _tmp_sibling(path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """Load what `save_torch` wrote, with weights_only=True.
+
+    weights_only refuses arbitrary pickled objects, so a tampered or foreign file cannot run
+    code; everything the trainer checkpoints is plain containers and tensors (see save_torch).
+    Loaded to the CPU by default: load_state_dict copies onto the model's device anyway, and a
+    checkpoint written on GPU then loads on a CPU-only machine too.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"cannot load {path}: {error}") from error
+
+
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states of this process: Python `random`, NumPy, torch CPU and CUDA.
+
+    NumPy's key array becomes an int64 tensor so the result loads with weights_only=True. CUDA:
+    the current device's generator only (one device per rank in SPMD), and only if CUDA is
+    already initialised in this process — querying it would otherwise create a CUDA context
+    (memory on the GPU) in processes that never use it, like the driver.
+    """
+    np_state = np.random.get_state(legacy=False)
+    assert isinstance(np_state, dict)  # legacy=False always returns the dict form
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np.asarray(np_state["state"]["key"], dtype=np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # untyped in torch
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Restore what `capture_rng` captured; a CUDA state is skipped where there is no GPU."""
+    python_state = state["python"]
+    # weights_only loading returns the tuples as saved, but JSON-ish round trips give lists.
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    np_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np.asarray(np_state["key"], dtype=np.uint32), "pos": int(np_state["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+        else:
+            log.warning("checkpoint has a CUDA RNG state but there is no GPU here; CUDA sampling is not restored")
+
+
+# --- Hugging Face export ----------------------------------------------------------------------
+
+
+def export_hf(
+    model: Any,
+    tokenizer: Any | None,
+    path: Path,
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+) -> Path:
+    """`save_pretrained` the model (and tokenizer) into `path`, atomically.
+
+    Everything is written into a staging dir next to `path` and renamed into place, so `path`
+    is either the previous export or the whole new one, loadable with
+    `AutoModelForCausalLM.from_pretrained(path)`. `state_dict` is for sharded (FSDP) models:
+    the full state dict gathered on the exporting rank, saved with the unsharded model's config.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        staging.mkdir()
+        kwargs: dict[str, Any] = {"safe_serialization": True}
+        if state_dict is not None:
+            kwargs["state_dict"] = dict(state_dict)
+        model.save_pretrained(staging, **kwargs)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        _fsync_tree(staging)
+        _replace_dir(staging, path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return path

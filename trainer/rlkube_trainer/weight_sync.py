@@ -1,0 +1,95 @@
+"""Separate placement: after each update, actor rank 0 broadcasts the full weights
+to every rollout worker over a group of their own (rank 0 = the actor, rollout
+ranks from 1), in buckets of about `bucket_bytes`, one flat tensor per bucket.
+
+The group is stateless (a TCPStore plus a process group object) rather than
+torch.distributed's default group, which each side already uses for its own role.
+gloo on CPU; NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import TCPStore
+
+log = logging.getLogger("rlkube.trainer")
+TIMEOUT = datetime.timedelta(seconds=300)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+Manifest = list[TensorSpec]
+
+
+def manifest_of(named: Iterable[tuple[str, torch.Tensor]]) -> Manifest:
+    return [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in named]
+
+
+def buckets(manifest: Manifest, bucket_bytes: int) -> list[list[TensorSpec]]:
+    """Consecutive tensors of one dtype, up to bucket_bytes each (a larger tensor alone)."""
+    out: list[list[TensorSpec]] = []
+    size = 0
+    for spec in manifest:
+        if not out or out[-1][0].dtype != spec.dtype or size + spec.nbytes > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(spec)
+        size += spec.nbytes
+    return out
+
+
+class WeightSyncGroup:
+    def __init__(self, addr: str, port: int, world_size: int, rank: int, device: torch.device) -> None:
+        self.rank = rank
+        self.device = device
+        # The actor (rank 0) hosts the store; rollout workers connect to it.
+        self.store = TCPStore(addr, port, world_size, rank == 0, TIMEOUT)
+        self.group: Any
+        if device.type == "cuda":
+            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
+        else:
+            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, TIMEOUT)
+        log.info("weight-sync group: rank %d of %d at %s:%d", rank, world_size, addr, port)
+
+    def send(self, named: Iterable[tuple[str, torch.Tensor]], manifest: Manifest, bucket_bytes: int) -> int:
+        """Rank 0: broadcasts the tensors, in manifest order. Returns the bytes sent."""
+        tensors = dict(named)
+        sent = 0
+        for bucket in buckets(manifest, bucket_bytes):
+            flat = torch.cat([tensors[s.name].to(self.device, s.dtype).reshape(-1) for s in bucket])
+            self.group.broadcast(flat, 0).wait()
+            sent += flat.numel() * flat.element_size()
+        return sent
+
+    def receive(self, manifest: Manifest, bucket_bytes: int) -> Iterator[tuple[str, torch.Tensor]]:
+        """Rollout ranks: yields (name, tensor) as each bucket arrives."""
+        for bucket in buckets(manifest, bucket_bytes):
+            flat = torch.empty(sum(s.numel for s in bucket), dtype=bucket[0].dtype, device=self.device)
+            self.group.broadcast(flat, 0).wait()
+            offset = 0
+            for spec in bucket:
+                yield spec.name, flat[offset : offset + spec.numel].view(spec.shape)
+                offset += spec.numel
