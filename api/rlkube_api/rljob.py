@@ -179,6 +179,11 @@ class RLJobStatus(ApiModel):
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
     observed_generation: int | None = Field(None, description="The spec generation last reconciled.")
+    gang_pod_uids: list[str] | None = Field(
+        None,
+        max_length=4096,
+        description="UIDs of the pods of the running gang: a pod not among them replaced one that died.",
+    )
 
 
 class ObjectMeta(ApiModel):

@@ -24,6 +24,14 @@ _GPUS_IMMUTABLE = CelRule(
     transition=True,
 )
 
+# A running gang's ranks all share one world size; resizing needs a new job.
+_REPLICAS_IMMUTABLE = CelRule(
+    "self.replicas == oldSelf.replicas",
+    "replicas is immutable (every rank of a running gang shares one world size)",
+    ".replicas",
+    transition=True,
+)
+
 _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
 
 
@@ -79,6 +87,7 @@ class ActorRoleSpec(_PodRole):
             ".fsdpSize",
         ),
         _GPUS_IMMUTABLE,
+        _REPLICAS_IMMUTABLE,
     )
 
     fsdp_size: int | None = Field(
@@ -107,6 +116,7 @@ class RoleSpec(_PodRole):
             ".fsdpSize",
         ),
         _GPUS_IMMUTABLE,
+        _REPLICAS_IMMUTABLE,
     )
 
     colocate_with: Literal["actor"] | None = Field(
@@ -137,6 +147,7 @@ class RolloutRoleSpec(_PodRole):
             ".tensorParallelSize",
         ),
         _GPUS_IMMUTABLE,
+        _REPLICAS_IMMUTABLE,
         CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
     )
 

@@ -21,6 +21,8 @@ time / GPUs). Sections that only measure (weight-sync paths, rollout variants, p
 update variants) run after the steps, each guarded by the time budget (--budget).
 """
 
+# Heavy packages (vllm, trl, rlkube_trainer) are imported inside the phase that uses them.
+# ruff: noqa: PLC0415
 from __future__ import annotations
 
 import argparse
@@ -29,7 +31,6 @@ import cProfile
 import gc
 import io
 import json
-import math
 import os
 import pstats
 import random
@@ -136,7 +137,7 @@ def section(res: Results, name: str, budget: float, need: float) -> Iterator[boo
     started = time.monotonic()
     try:
         yield True
-    except Exception as exc:  # noqa: BLE001 - a benchmark reports and goes on
+    except Exception as exc:
         traceback.print_exc()
         res.error(name, exc)
     log(f"END {name} ({time.monotonic() - started:.1f} s)")
@@ -214,7 +215,9 @@ def make_prompts(shape: dict[str, int], vocab: int, seed: int = 0) -> list[Any]:
     low = 256 + len(SPECIALS)
     prompts = []
     for i in range(shape["prompts"]):
-        ids = [rng.randrange(low, vocab) if vocab > low + 10 else rng.randrange(0, 256) for _ in range(shape["prompt_len"])]
+        ids = [
+            rng.randrange(low, vocab) if vocab > low + 10 else rng.randrange(0, 256) for _ in range(shape["prompt_len"])
+        ]
         prompts.append(
             Prompt(
                 index=i,
@@ -319,15 +322,14 @@ def matmul_tflops() -> dict[str, float]:
         end.synchronize()
         times.append(start.elapsed_time(end) / 1e3)
     out["bf16_matmul_tflops"] = 2 * n**3 / median(times) / 1e12
-    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    y.copy_(x)
+    src = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
     times = []
     for _ in range(5):
-        dt, _ = timed(lambda: y.copy_(x))
+        dt, _ = timed(lambda: dst.copy_(src))
         times.append(dt)
-    out["d2d_copy_tb_per_s"] = 2 * x.numel() / median(times) / 1e12
-    del a, b, x, y
+    out["d2d_copy_tb_per_s"] = 2 * src.numel() / median(times) / 1e12
     torch.cuda.empty_cache()
     return out
 
@@ -348,7 +350,9 @@ class CapturingActor:
         self.actor.update = update
 
 
-def run_steps(res: Results, key: str, ppo: Any, prompts: list[Any], steps: int, first_step: int) -> list[dict[str, float]]:
+def run_steps(
+    res: Results, key: str, ppo: Any, prompts: list[Any], steps: int, first_step: int
+) -> list[dict[str, float]]:
     history = []
     for i in range(steps):
         metrics = ppo.step(prompts, first_step + i)
@@ -396,12 +400,14 @@ def weight_sync_paths(res: Results, engine: Any, actor: Any, arch: dict[str, Any
             for _ in range(3):
                 dt, _ = timed(lambda w=weights: engine.update_weights(w))
                 times.append(dt)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
             continue
         out[name] = {"s": median(times), "all_s": times, "gb_per_s_bf16_bytes": bf16_bytes / median(times) / 1e9}
         out[name]["exact"] = check_engine_weights(engine, actor)
-        log(f"weight sync {name}: {median(times) * 1e3:.1f} ms, {bf16_bytes / median(times) / 1e9:.0f} GB/s, exact={out[name]['exact']}")
+        log(
+            f"weight sync {name}: {median(times) * 1e3:.1f} ms, {bf16_bytes / median(times) / 1e9:.0f} GB/s, exact={out[name]['exact']}"
+        )
     engine.weight_update = saved_mode
     engine._direct_load = None
     # The full ColocatedRollout path of a step: actor state_dict -> engine.
@@ -420,13 +426,14 @@ def check_engine_weights(engine: Any, actor: Any) -> bool | str:
         qkv = model.model.layers[0].self_attn.qkv_proj.weight
         embed = model.model.embed_tokens.weight[: expected_embed.shape[0]]
         return bool(
-            torch.equal(qkv, expected_qkv) and torch.equal(embed, expected_embed)
+            torch.equal(qkv, expected_qkv)
+            and torch.equal(embed, expected_embed)
             and torch.equal(model.model.norm.weight, expected_norm)
         )
 
     try:
         return all(engine._llm.apply_model(check))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return f"check failed: {type(exc).__name__}: {exc}"[:300]
 
 
@@ -437,12 +444,13 @@ def rollout_variants(res: Results, engine: Any, prompts: list[Any], shape: dict[
     tokens = shape["prompts"] * shape["n"] * shape["response_len"]
     out: dict[str, Any] = {}
     saved = engine.seed_mode
+    short = short_tokens(shape)
     variants = [
         ("request_seeds_logprobs", "request", True, shape["response_len"]),
         ("batch_seed_logprobs", "batch", True, shape["response_len"]),
         ("batch_seed_no_logprobs", "batch", False, shape["response_len"]),
-        ("request_seeds_logprobs_64tok", "request", True, 64),
-        ("batch_seed_logprobs_64tok", "batch", True, 64),
+        ("request_seeds_logprobs_short", "request", True, short),
+        ("batch_seed_logprobs_short", "batch", True, short),
     ]
     for name, mode, logprobs, max_tokens in variants:
         engine.seed_mode = mode
@@ -455,12 +463,16 @@ def rollout_variants(res: Results, engine: Any, prompts: list[Any], shape: dict[
         log(f"rollout {name}: {dt:.2f} s, {n_tokens / dt:.0f} tok/s")
         res.put("rollout_variants", out)
     engine.seed_mode = saved
-    # Marginal decode step (512 sequences): the 64-token run holds the prefill and start-up costs.
+    # Marginal decode step (all sequences): the short run holds the prefill and start-up costs.
     for mode in ("request_seeds_logprobs", "batch_seed_logprobs"):
-        full, short = out[mode], out[f"{mode}_64tok"]
-        out[f"{mode}_decode_step_ms"] = (full["s"] - short["s"]) / (shape["response_len"] - 64) * 1e3
+        full, part = out[mode], out[f"{mode}_short"]
+        out[f"{mode}_decode_step_ms"] = (full["s"] - part["s"]) / (shape["response_len"] - short) * 1e3
     res.put("rollout_variants", out)
     del tokens
+
+
+def short_tokens(shape: dict[str, int]) -> int:
+    return max(1, min(64, shape["response_len"] // 4))
 
 
 def profile_rollout(res: Results, engine: Any, prompts: list[Any], shape: dict[str, int], out_dir: Path) -> None:
@@ -470,7 +482,7 @@ def profile_rollout(res: Results, engine: Any, prompts: list[Any], shape: dict[s
     from rlkube_trainer.rollout import SamplingConfig
 
     ids = [p.prompt_token_ids for p in prompts]
-    sampling = SamplingConfig(n=shape["n"], temperature=1.0, max_tokens=64, seed=3, ignore_eos=True)
+    sampling = SamplingConfig(n=shape["n"], temperature=1.0, max_tokens=short_tokens(shape), seed=3, ignore_eos=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     wall_start = time.perf_counter()
     with profile(activities=activities) as prof:
@@ -478,7 +490,11 @@ def profile_rollout(res: Results, engine: Any, prompts: list[Any], shape: dict[s
         sync()
     wall = time.perf_counter() - wall_start
     summary = kernel_summary(prof, wall)
-    text = prof.key_averages().table(sort_by="self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total", row_limit=25, max_name_column_width=70)
+    text = prof.key_averages().table(
+        sort_by="self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total",
+        row_limit=25,
+        max_name_column_width=70,
+    )
     profiler = cProfile.Profile()
     profiler.enable()
     engine.generate(ids, sampling)
@@ -489,7 +505,9 @@ def profile_rollout(res: Results, engine: Any, prompts: list[Any], shape: dict[s
     stream_cum = io.StringIO()
     pstats.Stats(profiler, stream=stream_cum).sort_stats("cumulative").print_stats(45)
     with (out_dir / "profile-rollout.txt").open("w") as f:
-        f.write(f"generate 512 x 64 tokens under torch.profiler: wall {wall:.3f} s\n{json.dumps(summary, indent=1)}\n\n")
+        f.write(
+            f"generate {len(ids) * shape['n']} x {short_tokens(shape)} tokens under torch.profiler: wall {wall:.3f} s\n{json.dumps(summary, indent=1)}\n\n"
+        )
         f.write(text + "\n\n== cProfile, by own time ==\n" + stream.getvalue())
         f.write("\n\n== cProfile, cumulative ==\n" + stream_cum.getvalue())
     res.put("rollout_profile", summary)
@@ -506,10 +524,10 @@ def kernel_summary(prof: Any, wall: float) -> dict[str, float]:
             continue
         name = event.key.lower()
         total += device_us
-        if any(k in name for k in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")):
-            kinds["gemm"] += device_us
-        elif any(k in name for k in ("flash", "attn", "fmha")):
+        if any(k in name for k in ("flash", "attn", "fmha")):
             kinds["attention"] += device_us
+        elif any(k in name for k in ("gemm", "nvjet", "cutlass", "xmma", "sm90_", "cublas")):
+            kinds["gemm"] += device_us
         elif any(k in name for k in ("softmax", "logsumexp")):
             kinds["softmax/logsumexp/log_softmax"] += device_us
         else:
@@ -534,7 +552,11 @@ def profile_actor_update(res: Results, actor: Any, batch: Any, out_dir: Path, sa
         sync()
     wall = time.perf_counter() - wall_start
     summary = kernel_summary(prof, wall)
-    text = prof.key_averages().table(sort_by="self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total", row_limit=30, max_name_column_width=70)
+    text = prof.key_averages().table(
+        sort_by="self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total",
+        row_limit=30,
+        max_name_column_width=70,
+    )
     with (out_dir / "profile-actor.txt").open("w") as f:
         f.write(f"actor.update on {samples} samples under torch.profiler: wall {wall:.3f} s\n")
         f.write(json.dumps(summary, indent=1) + "\n\n" + text + "\n")
@@ -576,7 +598,7 @@ def actor_update_variants(
     """The same update (one batch, one optimizer step) with the actor's log-prob computation
     swapped: rlkube's as is; LM head on response positions only; that without the entropy (only a
     metric when entropy_coeff = 0); and rlkube's with gradient checkpointing."""
-    import rlkube_trainer.workers as workers
+    from rlkube_trainer import workers
 
     flops = train_flops(n_matmul, arch, len(batch), seq)
     out: dict[str, Any] = {"model_tflop": flops / 1e12}
@@ -589,13 +611,24 @@ def actor_update_variants(
 
     variants: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("as_is", lambda: None, lambda: None),
-        ("response_only_head", lambda: setattr(workers, "response_log_probs", fast_response_log_probs), lambda: setattr(workers, "response_log_probs", original)),
+        (
+            "response_only_head",
+            lambda: setattr(workers, "response_log_probs", fast_response_log_probs),
+            lambda: setattr(workers, "response_log_probs", original),
+        ),
         (
             "response_only_head_no_entropy",
-            lambda: (setattr(workers, "response_log_probs", fast_response_log_probs), setattr(actor, "_log_probs", no_entropy)),
+            lambda: (
+                setattr(workers, "response_log_probs", fast_response_log_probs),
+                setattr(actor, "_log_probs", no_entropy),
+            ),
             lambda: (setattr(workers, "response_log_probs", original), actor.__dict__.pop("_log_probs", None)),
         ),
-        ("as_is_gradient_checkpointing", lambda: actor.model.gradient_checkpointing_enable(), lambda: actor.model.gradient_checkpointing_disable()),
+        (
+            "as_is_gradient_checkpointing",
+            actor.model.gradient_checkpointing_enable,
+            actor.model.gradient_checkpointing_disable,
+        ),
     ]
     for name, enter, leave in variants:
         enter()
@@ -623,6 +656,26 @@ def sleep_wake(res: Results, model_dir: Path, engine: Any) -> None:
 # --------------------------------------------------------------------------- phases
 
 
+def unshard_single_process(res: Results) -> None:
+    """`workers._distribute` shards a role's model with FSDP2 whenever torch.distributed is
+    initialised, and the in-process vLLM engine initialises it (world size 1): roles built after the
+    engine would run FSDP2 over one rank. `run_in_process` builds the roles before the engine, so
+    they stay plain modules there; this makes the order irrelevant here, as the driver has it."""
+    from rlkube_trainer import workers
+
+    original = getattr(workers, "_distribute", None)
+    if original is None:
+        return
+
+    def distribute(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            return original(model, device)  # type: ignore[no-any-return]
+        return model
+
+    workers._distribute = distribute  # type: ignore[attr-defined]
+    res.put("note_distribute", "workers._distribute limited to world size > 1 (see unshard_single_process)")
+
+
 def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.driver import ColocatedRollout, build_engine, seed_everything
     from rlkube_trainer.models import load_tokenizer
@@ -631,6 +684,8 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
 
     res = Results(args.out)
+    skip = set(args.skip.split(",")) if args.skip else set()
+    unshard_single_process(res)
     arch, shape = (TINY, TINY_SHAPE) if args.tiny else (QWEN25_05B, FULL_SHAPE)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     workdir = Path(args.workdir)
@@ -646,10 +701,21 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     seq = shape["prompt_len"] + shape["response_len"]
     micro = args.micro if not args.tiny else 4
 
-    grpo_cfg = trainer_config(workdir, model_dir, shape, "grpo", device=device.type, micro=micro, gpu_memory_utilization=args.gpu_util if not args.tiny else 0.02)
+    grpo_cfg = trainer_config(
+        workdir,
+        model_dir,
+        shape,
+        "grpo",
+        device=device.type,
+        micro=micro,
+        gpu_memory_utilization=args.gpu_util if not args.tiny else 0.02,
+    )
     log("starting the vLLM engine (driver.build_engine)")
     engine = build_engine(grpo_cfg, device)
-    res.put("engine", {"start_s": engine.start_seconds, "seed_mode": engine.seed_mode, "weight_update": engine.weight_update})
+    res.put(
+        "engine",
+        {"start_s": engine.start_seconds, "seed_mode": engine.seed_mode, "weight_update": engine.weight_update},
+    )
     log(f"engine started in {engine.start_seconds:.1f} s")
 
     actor = ActorWorker(grpo_cfg, device, 100)
@@ -657,7 +723,11 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     capture.install()
     n_matmul = matmul_params(actor.model)
     res.put("model", {"parameters": sum(p.numel() for p in actor.model.parameters()), "matmul_parameters": n_matmul})
-    roles = Roles(actor=actor, rollout=ColocatedRollout(engine, actor, False), reward=build_reward_scorer(grpo_cfg.reward, str(device)))
+    roles = Roles(
+        actor=actor,
+        rollout=ColocatedRollout(engine, actor, False),
+        reward=build_reward_scorer(grpo_cfg.reward, str(device)),
+    )
     ppo = PPOTrainer(grpo_cfg, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)
 
     with section(res, "grpo", args.budget, 60) as ok:
@@ -674,48 +744,70 @@ def phase_rlkube(args: argparse.Namespace) -> int:
             res.put("grpo", summary)
             log(f"GRPO summary: {json.dumps(summary)}")
 
-    with section(res, "weight_sync", args.budget, 30) as ok:
+    with section(res, "weight_sync", args.budget if "weight_sync" not in skip else 0, 30) as ok:
         if ok:
             weight_sync_paths(res, engine, actor, arch)
 
-    with section(res, "rollout_variants", args.budget, 90) as ok:
+    with section(res, "rollout_variants", args.budget if "rollout_variants" not in skip else 0, 90) as ok:
         if ok:
             rollout_variants(res, engine, prompts, shape, seed=11)
 
-    with section(res, "profile_actor", args.budget, 40) as ok:
+    with section(res, "profile_actor", args.budget if "profile_actor" not in skip else 0, 40) as ok:
         if ok and capture.last_batch is not None:
             profile_actor_update(res, actor, capture.last_batch, Path(args.out).parent, samples=2 * micro)
 
-    with section(res, "profile_rollout", args.budget, 40) as ok:
+    with section(res, "profile_rollout", args.budget if "profile_rollout" not in skip else 0, 40) as ok:
         if ok:
             profile_rollout(res, engine, prompts, shape, Path(args.out).parent)
 
     # PPO with a critic (gae): a fresh actor and a critic; the engine is the same.
     last_batch = capture.last_batch
     del ppo, roles
-    with section(res, "ppo", args.budget, 120) as ok:
+    with section(res, "ppo", args.budget if "ppo" not in skip else 0, 120) as ok:
         if ok:
-            ppo_cfg = trainer_config(workdir, model_dir, shape, "gae", device=device.type, micro=micro, gpu_memory_utilization=args.gpu_util)
+            ppo_cfg = trainer_config(
+                workdir, model_dir, shape, "gae", device=device.type, micro=micro, gpu_memory_utilization=args.gpu_util
+            )
             ppo_actor = ActorWorker(ppo_cfg, device, 100)
             critic = CriticWorker(ppo_cfg, device, 100)
-            roles = Roles(actor=ppo_actor, rollout=ColocatedRollout(engine, ppo_actor, False), reward=build_reward_scorer(ppo_cfg.reward, str(device)), critic=critic)
+            roles = Roles(
+                actor=ppo_actor,
+                rollout=ColocatedRollout(engine, ppo_actor, False),
+                reward=build_reward_scorer(ppo_cfg.reward, str(device)),
+                critic=critic,
+            )
             ppo = PPOTrainer(ppo_cfg, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)
             history = run_steps(res, "ppo_steps", ppo, prompts, args.ppo_steps, 1)
             res.put("ppo", summarize_steps(history, shape))
             del ppo, roles, ppo_actor, critic
             gc.collect()
-            torch.cuda.empty_cache() if torch.cuda.is_available() else None
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
-    with section(res, "actor_update_variants", args.budget, 60) as ok:
+    with section(res, "actor_update_variants", args.budget if "actor_update_variants" not in skip else 0, 60) as ok:
         if ok and last_batch is not None:
             actor_update_variants(res, actor, last_batch, n_matmul, arch, matmul_rate, seq)
 
     # verl's GRPO recipe adds a KL loss against a reference model: the "ref" phase.
-    with section(res, "grpo_kl", args.budget, 80) as ok:
+    with section(res, "grpo_kl", args.budget if "grpo_kl" not in skip else 0, 80) as ok:
         if ok:
-            kl_cfg = trainer_config(workdir, model_dir, shape, "grpo", device=device.type, micro=micro, kl_loss=True, gpu_memory_utilization=args.gpu_util)
+            kl_cfg = trainer_config(
+                workdir,
+                model_dir,
+                shape,
+                "grpo",
+                device=device.type,
+                micro=micro,
+                kl_loss=True,
+                gpu_memory_utilization=args.gpu_util,
+            )
             reference = ReferenceWorker(kl_cfg, device)
-            roles = Roles(actor=actor, rollout=ColocatedRollout(engine, actor, False), reward=build_reward_scorer(kl_cfg.reward, str(device)), reference=reference)
+            roles = Roles(
+                actor=actor,
+                rollout=ColocatedRollout(engine, actor, False),
+                reward=build_reward_scorer(kl_cfg.reward, str(device)),
+                reference=reference,
+            )
             ppo = PPOTrainer(kl_cfg, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)
             history = run_steps(res, "grpo_kl_steps", ppo, prompts, 2, 100)
             res.put("grpo_kl", summarize_steps(history, shape))
@@ -732,7 +824,7 @@ def environment() -> dict[str, Any]:
         try:
             module = __import__(name)
             info[name] = getattr(module, "__version__", "?")
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             info[name] = f"unavailable ({type(exc).__name__})"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -760,7 +852,10 @@ def phase_trl(args: argparse.Namespace) -> int:
     rng = random.Random(0)
     letters = "abcdefghijklmnopqrstuvwxyz"
     # One byte = one token with this tokenizer: 256 letters are 256 prompt tokens.
-    texts = ["".join(rng.choice(letters) for _ in range(shape["prompt_len"])) for _ in range(shape["prompts"] * (args.steps + 2))]
+    texts = [
+        "".join(rng.choice(letters) for _ in range(shape["prompt_len"]))
+        for _ in range(shape["prompts"] * (args.steps + 2))
+    ]
     dataset = Dataset.from_dict({"prompt": texts})
 
     def reward(completions: list[str], **_: Any) -> list[float]:
@@ -809,7 +904,9 @@ def phase_trl(args: argparse.Namespace) -> int:
             res.put("step_s", steps)
 
     started = time.perf_counter()
-    trainer = GRPOTrainer(model=str(model_dir), reward_funcs=reward, args=config, train_dataset=dataset, callbacks=[StepTimer()])
+    trainer = GRPOTrainer(
+        model=str(model_dir), reward_funcs=reward, args=config, train_dataset=dataset, callbacks=[StepTimer()]
+    )
     res.put("init_s", time.perf_counter() - started)
     trainer.train()
     tokens = shape["prompts"] * shape["n"] * (shape["prompt_len"] + shape["response_len"])
@@ -832,18 +929,32 @@ def phase_trl(args: argparse.Namespace) -> int:
 def phase_mp_engine(args: argparse.Namespace) -> int:
     """Plain vllm.LLM.generate on the same 512 x 512 rollout, engine core in its own process
     (VLLM_ENABLE_V1_MULTIPROCESSING=1, vLLM's default): what the in-process engine gives up."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     import vllm
 
     res = Results(args.out)
     arch, shape = (TINY, TINY_SHAPE) if args.tiny else (QWEN25_05B, FULL_SHAPE)
     model_dir = ensure_model(Path(args.workdir) / ("model-tiny" if args.tiny else "model-qwen2.5-0.5b"), arch)
     started = time.perf_counter()
-    llm = vllm.LLM(model=str(model_dir), dtype="bfloat16", gpu_memory_utilization=args.gpu_util, max_model_len=shape["prompt_len"] + shape["response_len"], seed=0)
+    llm = vllm.LLM(
+        model=str(model_dir),
+        dtype="bfloat16",
+        gpu_memory_utilization=args.gpu_util,
+        max_model_len=shape["prompt_len"] + shape["response_len"],
+        seed=0,
+    )
     res.put("start_s", time.perf_counter() - started)
     prompts = [{"prompt_token_ids": p.prompt_token_ids} for p in make_prompts(shape, arch["vocab_size"])]
     out: dict[str, Any] = {}
     for name, logprobs in (("no_logprobs", None), ("logprobs", 0), ("logprobs_again", 0)):
-        params = vllm.SamplingParams(n=shape["n"], temperature=1.0, max_tokens=shape["response_len"], ignore_eos=True, logprobs=logprobs, detokenize=False)
+        params = vllm.SamplingParams(
+            n=shape["n"],
+            temperature=1.0,
+            max_tokens=shape["response_len"],
+            ignore_eos=True,
+            logprobs=logprobs,
+            detokenize=False,
+        )
         dt, outputs = timed(lambda p=params: llm.generate(prompts, p, use_tqdm=False))
         tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
         out[name] = {"s": dt, "tokens_per_s": tokens / dt}
@@ -865,7 +976,9 @@ def report(paths: list[Path]) -> int:
     lines.append(f"ceilings: {ceil}; engine: {rl.get('engine')}")
     rate = ceil.get("bf16_matmul_tflops")
     lines.append("")
-    lines.append("| run | tokens/s/GPU | step s | gen s | gen tok/s | old_log_prob s | ref s | values s | update_critic s | update_actor s | update_weights s | actor MFU |")
+    lines.append(
+        "| run | tokens/s/GPU | step s | gen s | gen tok/s | old_log_prob s | ref s | values s | update_critic s | update_actor s | update_weights s | actor MFU |"
+    )
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in ("grpo", "grpo_kl", "ppo"):
         s = rl.get(key)
@@ -887,13 +1000,23 @@ def report(paths: list[Path]) -> int:
     for key in sorted(k for k in data if k.startswith("trl")):
         s = data[key].get("summary")
         if s:
-            lines.append(f"| TRL GRPOTrainer ({s['generation']} generation) | {s['throughput']:.0f} | {s['step_s']:.2f} | | | | | | | | | |")
+            lines.append(
+                f"| TRL GRPOTrainer ({s['generation']} generation) | {s['throughput']:.0f} | {s['step_s']:.2f} | | | | | | | | | |"
+            )
     grpo = rl.get("grpo")
     for key in sorted(k for k in data if k.startswith("trl")):
         s = data[key].get("summary")
         if s and grpo:
             lines.append(f"\nrlkube GRPO / TRL ({s['generation']}): {grpo['perf/throughput'] / s['throughput']:.2f}x")
-    for key in ("weight_sync", "rollout_variants", "rollout_profile", "actor_profile", "actor_update_variants", "errors", "skipped"):
+    for key in (
+        "weight_sync",
+        "rollout_variants",
+        "rollout_profile",
+        "actor_profile",
+        "actor_update_variants",
+        "errors",
+        "skipped",
+    ):
         if key in rl:
             lines.append(f"\n{key}: {json.dumps(rl[key], indent=1, default=str)}")
     if "mp" in data:
@@ -917,6 +1040,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-util", type=float, default=0.25, help="vLLM gpu_memory_utilization")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; later sections are skipped past it")
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape on CPU (smoke test)")
+    parser.add_argument("--skip", default="", help="rlkube: comma-separated sections to leave out")
     args = parser.parse_args(argv)
     if args.phase == "report":
         return report(args.paths)

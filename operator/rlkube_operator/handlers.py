@@ -13,11 +13,11 @@ from typing import Any, cast
 import kopf
 from kubernetes import client, config
 
-from rlkube_api.names import LABEL_JOB
+from rlkube_api.names import ANNOTATION_ATTEMPT, LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.kube import Kube
 from rlkube_operator.metrics import METRICS
-from rlkube_operator.observed import view_pod
+from rlkube_operator.observed import as_lost, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 
 JobKey = tuple[str, str]
@@ -72,13 +72,32 @@ def sets_by_job(namespace: str | None, labels: Mapping[str, str], name: str, **_
 
 
 @kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})
-def pod_changed(namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any) -> None:
+def pod_changed(
+    type: str | None, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any
+) -> None:
     key = (namespace or "", labels[LABEL_JOB])
-    # A failed pod may be replaced by its StatefulSet before the daemon looks;
+    pod = dict(body)
+    # A failed or deleted pod may be replaced by its StatefulSet before the loop looks;
     # remember it so the failure is not missed.
-    if view_pod(dict(body)).failed:
-        memo.failed_pods.setdefault(key, {}).setdefault(body["metadata"]["uid"], dict(body))
+    if view_pod(pod).failed:
+        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], pod)
+    elif (type == "DELETED" or pod["metadata"].get("deletionTimestamp")) and _gang_lost(memo, key, pod):
+        lost = as_lost(pod, "the pod was deleted while the job ran")
+        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], lost)
     _wake(memo, key)
+
+
+def _gang_lost(memo: Any, key: JobKey, pod: dict[str, Any]) -> bool:
+    """A pod of the current attempt deleted while the job wants pods: the operator never
+    deletes those (it deletes older attempts, or scales to zero when suspended or done)."""
+    job = memo.latest.get(key) or memo.bodies.get(key)
+    if job is None:
+        return False
+    status = job.get("status") or {}
+    if job.get("spec", {}).get("suspend") or status.get("state") in ("Succeeded", "Failed", "Suspended", None):
+        return False
+    attempt = int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_ATTEMPT, "0"))
+    return attempt == int(status.get("restartCount", 0))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

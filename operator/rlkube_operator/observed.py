@@ -25,6 +25,7 @@ def parse_time(value: str | None) -> datetime | None:
 @dataclass(frozen=True)
 class PodView:
     name: str
+    uid: str
     role: str
     attempt: int
     phase: str
@@ -37,6 +38,8 @@ class PodView:
     # A container that ended: (exit code, reason), from its state or, after a restart, its last state.
     terminated: tuple[int, str] | None = None
     restarts: int = 0
+    # Set for a pod the gang lost while running (deleted, evicted): phase Failed, this reason.
+    lost_reason: str | None = None
     progress: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -55,6 +58,8 @@ class PodView:
         if self.terminated is not None:
             code, reason = self.terminated
             return f"{reason or 'Error'} (exit code {code})"
+        if self.lost_reason:
+            return self.lost_reason
         return "pod failed"
 
 
@@ -67,6 +72,10 @@ def view_pod(pod: dict[str, Any]) -> PodView:
     unschedulable = None
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         unschedulable = scheduled.get("message") or "no node fits"
+    elif not scheduled and not (pod.get("spec") or {}).get("nodeName") and status.get("phase", "Pending") == "Pending":
+        # No scheduler has looked at the pod at all (e.g. a gang scheduler that isn't installed).
+        scheduler = (pod.get("spec") or {}).get("schedulerName", "default-scheduler")
+        unschedulable = f"no scheduler has picked the pod up (schedulerName {scheduler})"
     waiting_reason = waiting_message = None
     terminated: tuple[int, str] | None = None
     restarts = 0
@@ -85,6 +94,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         progress = {}
     return PodView(
         name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
         role=(meta.get("labels") or {}).get(LABEL_ROLE, ""),
         attempt=int(annotations.get(ANNOTATION_ATTEMPT, "0")),
         phase=status.get("phase", "Pending"),
@@ -97,4 +107,18 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         terminated=terminated,
         restarts=restarts,
         progress=progress if isinstance(progress, dict) else {},
+        lost_reason=status.get("message") if status.get("reason") == LOST_REASON else None,
     )
+
+
+# The reason a lost pod's recorded status carries (see as_lost).
+LOST_REASON = "RLJobPodLost"
+
+
+def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
+    """A copy of a pod the gang lost while it ran (deleted, evicted), marked failed so the
+    status function restarts the gang even after its StatefulSet replaced it."""
+    lost = dict(pod)
+    lost["status"] = {**(pod.get("status") or {}), "phase": "Failed", "reason": LOST_REASON, "message": why}
+    lost["metadata"] = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "deletionTimestamp"}
+    return lost

@@ -135,13 +135,13 @@ def _age(pod: PodView, now: datetime) -> float:
     return (now - pod.created).total_seconds() if pod.created else 0.0
 
 
-def _replaced_pods(current: list[PodView], running: Condition | None) -> list[PodView]:
-    """Pods created after the gang was last all ready: their predecessor died, even if
-    the operator missed the failure (it was down, or the pod was deleted)."""
-    if running is None or running.status != "True":
+def _replaced_pods(current: list[PodView], gang: list[str] | None) -> list[PodView]:
+    """Pods that were not part of the gang when it last ran: their predecessor died,
+    even if the operator missed the failure (it was down, or the pod was deleted)."""
+    if not gang:
         return []
-    since = parse_time(running.last_transition_time)
-    return [p for p in current if since is not None and p.created is not None and p.created > since]
+    members = set(gang)
+    return [p for p in current if p.uid and p.uid not in members]
 
 
 def compute_status(job: RLJob, observed: Observed) -> Decision:
@@ -207,7 +207,7 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
 
     # A failed pod counts even while its StatefulSet deletes it.
     failed = [p for p in observed.pods if p.attempt == prev.restart_count and p.failed]
-    replaced = _replaced_pods(current, conds.by_type.get("Running"))
+    replaced = _replaced_pods(current, prev.gang_pod_uids)
     if failed or replaced:
         pod = (failed or replaced)[0]
         cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
@@ -220,6 +220,7 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
                 f"{what}; {prev.restart_count} restarts reached backoffLimit={policy.backoff_limit}",
             )
         status.restart_count = prev.restart_count + 1
+        status.gang_pod_uids = None
         conds.set("Restarting", "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})")
         conds.set("Running", "False", "Restarting", "the gang is restarting from its last checkpoint")
         status.state = "Restarting"
@@ -259,6 +260,7 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
     wanted = sum(r.replicas for r in roles)
     if ready == wanted and wanted > 0:
         conds.set("Running", "True", "AllPodsReady", f"all {wanted} pods are ready")
+        status.gang_pod_uids = sorted(p.uid for p in current if p.uid)
         conds.clear("Restarting", "Resumed", "the gang is running again")
         status.state = "Running"
     else:

@@ -149,6 +149,7 @@ INVALID = [
 IMMUTABLE = [
     Case("model-path-changes", _set("spec.model.path", "/models/other"), ("spec.model",)),
     Case("actor-gpus-change", _set("spec.roles.actor.gpusPerReplica", 16), ("spec.roles.actor.gpusPerReplica",)),
+    Case("actor-replicas-change", _set("spec.roles.actor.replicas", 4), ("spec.roles.actor.replicas",)),
     Case(
         "rollout-placement-changes",
         _set("spec.roles.rollout", {"placement": "colocated"}),

@@ -18,8 +18,9 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import kopf
 import yaml
 from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi, RbacAuthorizationV1Api
 from kubernetes.client.exceptions import ApiException
@@ -28,6 +29,7 @@ from kubernetes.config import kube_config
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_e2e.testing import Kubectl, wait_for
+from rlkube_operator import handlers  # noqa: F401  (on import, the handlers register with kopf)
 
 Obj = dict[str, Any]
 
@@ -72,11 +74,6 @@ class InProcessOperator:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self, timeout: float = 60.0) -> None:
-        import kopf
-
-        import rlkube_operator.handlers  # registers the handlers with kopf's default registry
-
-        assert rlkube_operator.handlers.run_job
         with InProcessOperator._lock:
             if InProcessOperator._active is not None:
                 raise RuntimeError("an operator is already running against the test cluster")
@@ -125,7 +122,7 @@ class InProcessOperator:
         return time.monotonic() - started
 
 
-# --- CRDs ---------------------------------------------------------------------------------------------
+# --- CRDs ----------------------------------------------------------------------------------------
 
 
 def install_podgroup_crds(kubectl: Kubectl) -> None:
@@ -205,15 +202,17 @@ class Jobs:
         self.custom = CustomObjectsApi(api)
         self.rbac = RbacAuthorizationV1Api(api)
 
+    def plain(self, obj: Any) -> Obj:
+        """A client model object as the API server's JSON (camelCase keys)."""
+        return cast(Obj, self.api.sanitize_for_serialization(obj))  # type: ignore[no-untyped-call]
+
     # --- the RLJob ---
 
     def create(self, body: Obj) -> Obj:
-        created: Obj = self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
-        return created
+        return cast(Obj, self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body))
 
     def get(self, name: str) -> Obj:
-        job: Obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
-        return job
+        return cast(Obj, self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
 
     def exists(self, name: str) -> bool:
         try:
@@ -231,6 +230,16 @@ class Jobs:
 
     def delete(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+
+    def delete_all(self, timeout: float = 30.0) -> None:
+        """Deletes every RLJob of the namespace and waits until the operator has let them go."""
+        self.kubectl("delete", "rljobs", "--all", "-n", self.namespace, "--wait=false")
+
+        def none_left() -> bool:
+            listing = cast(Obj, self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL))
+            return not listing["items"]
+
+        wait_for(none_left, f"every RLJob of namespace {self.namespace} to be deleted", timeout)
 
     def wait(self, name: str, check: Callable[[Obj], bool], what: str, timeout: float = 30.0) -> Obj:
         """Polls the RLJob until `check` holds; the timeout message shows its last status."""
@@ -250,11 +259,12 @@ class Jobs:
         return self.wait(name, lambda j: (j.get("status") or {}).get("state") == state, f"state {state}", timeout)
 
     def wait_running(self, name: str, restarts: int = 0, timeout: float = 30.0) -> Obj:
-        """Running with every pod of the given attempt Ready (the status says so)."""
+        """State Running with the Running condition True (every pod Ready), after `restarts` gang restarts."""
 
         def check(job: Obj) -> bool:
             status = job.get("status") or {}
-            return status.get("state") == "Running" and status.get("restartCount", 0) == restarts
+            running = status.get("state") == "Running" and is_true(job, "Running")
+            return running and status.get("restartCount", 0) == restarts
 
         return self.wait(name, check, f"state Running after {restarts} restarts", timeout)
 
@@ -262,12 +272,11 @@ class Jobs:
 
     def pods(self, name: str, include_deleting: bool = False) -> list[Obj]:
         items = self.core.list_namespaced_pod(self.namespace, label_selector=f"{LABEL_JOB}={name}").items
-        pods = [self.api.sanitize_for_serialization(p) for p in items]
+        pods = [self.plain(p) for p in items]
         return [p for p in pods if include_deleting or not p["metadata"].get("deletionTimestamp")]
 
     def pod(self, pod_name: str) -> Obj:
-        pod: Obj = self.api.sanitize_for_serialization(self.core.read_namespaced_pod(pod_name, self.namespace))
-        return pod
+        return self.plain(self.core.read_namespaced_pod(pod_name, self.namespace))
 
     def wait_pods(self, name: str, count: int, at_attempt: int = 0, timeout: float = 30.0) -> list[Obj]:
         """`count` pods, all Running and Ready, all of the given attempt, none being deleted."""
@@ -291,7 +300,8 @@ class Jobs:
 
     def statefulsets(self, name: str) -> dict[str, Obj]:
         items = self.apps.list_namespaced_stateful_set(self.namespace, label_selector=f"{LABEL_JOB}={name}").items
-        return {s.metadata.name: self.api.sanitize_for_serialization(s) for s in items}
+        plain = [self.plain(s) for s in items]
+        return {s["metadata"]["name"]: s for s in plain}
 
     def children(self, name: str) -> dict[str, Obj]:
         """'Kind/name' -> object for every child kind the operator always creates."""
@@ -308,14 +318,15 @@ class Jobs:
         ]
         for kind, listing in listings:
             for item in listing.items:
-                found[f"{kind}/{item.metadata.name}"] = self.api.sanitize_for_serialization(item)
+                obj = self.plain(item)
+                found[f"{kind}/{obj['metadata']['name']}"] = obj
         return found
 
     def child_uids(self, name: str) -> dict[str, str]:
         return {key: obj["metadata"]["uid"] for key, obj in self.children(name).items()}
 
     def podgroups(self, group: str, version: str) -> list[Obj]:
-        listing = self.custom.list_namespaced_custom_object(group, version, self.namespace, "podgroups")
+        listing = cast(Obj, self.custom.list_namespaced_custom_object(group, version, self.namespace, "podgroups"))
         items: list[Obj] = listing["items"]
         return items
 
@@ -339,10 +350,27 @@ class Jobs:
         statuses[0]["state"] = {
             "terminated": {"exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": now}
         }
-        patch = {"status": {"containerStatuses": statuses}}
+        self._patch_pod_status(pod_name, {"containerStatuses": statuses})
+
+    def crash_container(self, pod_name: str, exit_code: int = 1, reason: str = "Error") -> None:
+        """The container exits non-zero and the kubelet restarts it in place
+        (restartPolicy Always): phase stays Running, restartCount 1, the exit in lastState."""
+        pod = self.pod(pod_name)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        statuses = copy.deepcopy(pod["status"]["containerStatuses"])
+        first = statuses[0]
+        started = (first.get("state") or {}).get("running", {}).get("startedAt", now)
+        first["restartCount"] = int(first.get("restartCount", 0)) + 1
+        first["lastState"] = {
+            "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now}
+        }
+        first["state"] = {"running": {"startedAt": now}}
+        self._patch_pod_status(pod_name, {"containerStatuses": statuses})
+
+    def _patch_pod_status(self, pod_name: str, status: Obj) -> None:
         self.kubectl(
             "patch", "pod", pod_name, "-n", self.namespace, "--subresource=status", "--type=merge",
-            "-p", json.dumps(patch),
+            "-p", json.dumps({"status": status}),
         )  # fmt: skip
 
     def report_progress(self, name: str, progress: Obj) -> None:
@@ -356,7 +384,7 @@ class Jobs:
         items = self.core.list_namespaced_event(
             self.namespace, field_selector=f"involvedObject.kind=RLJob,involvedObject.name={name}"
         ).items
-        return [self.api.sanitize_for_serialization(e) for e in items]
+        return [self.plain(e) for e in items]
 
     def wait_event(self, name: str, reason: str, timeout: float = 15.0) -> Obj:
         def probe() -> Obj | None:

@@ -27,11 +27,9 @@ if TYPE_CHECKING:
     from tests.operator.cluster_kit import InProcessOperator, Jobs
 
 
-
 @pytest.fixture(scope="session")
 def rljob_crd(kubectl: Kubectl) -> None:
     from rlkube_api.crd import CRD_FILES
-
     from tests.operator.cluster_kit import wait_established
 
     kubectl("apply", "--server-side", "-f", str(CRD_FILES[0]))
@@ -49,8 +47,7 @@ def operator(cluster: ClusterInfo, rljob_crd: None, kubectl: Kubectl) -> Iterato
         yield instance
     finally:
         if instance.running:
-            # Let it release the jobs of namespaces being deleted (its finalizers),
-            # so a reused cluster (RLKUBE_KUBECONFIG) is not left with stuck namespaces.
+            # The jobs of namespaces being deleted go while the operator still runs.
             _wait_for_no_test_rljobs(kubectl, timeout=30)
             instance.stop()
 
@@ -75,9 +72,15 @@ def podgroup_crds(kubectl: Kubectl) -> None:
 
 
 @pytest.fixture
-def jobs(kube: ApiClient, kubectl: Kubectl, namespace: str, operator: InProcessOperator) -> Jobs:
-    """RLJobs in the test's namespace, with the operator running."""
+def jobs(kube: ApiClient, kubectl: Kubectl, namespace: str, operator: InProcessOperator) -> Iterator[Jobs]:
+    """RLJobs in the test's namespace, with the operator running. The test's jobs
+    are deleted afterwards, before the namespace is: Events the operator would
+    post into a terminating namespace are refused (403) and kopf retries each for
+    about a minute, holding up its event queue for the tests that follow."""
     from tests.operator.cluster_kit import Jobs
 
     assert operator.running, "the operator is not running"
-    return Jobs(kube, kubectl, namespace)
+    harness = Jobs(kube, kubectl, namespace)
+    yield harness
+    if operator.running:
+        harness.delete_all()

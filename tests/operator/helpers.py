@@ -111,6 +111,8 @@ def pod(
         annotations[ANNOTATION_PROGRESS] = progress if isinstance(progress, str) else json.dumps(progress)
     meta: Obj = {
         "name": f"{job}-{role}-{index}",
+        # A recreated pod (another attempt or creation time) is another object.
+        "uid": f"uid-{job}-{role}-{index}-{attempt}-{iso(created)}",
         "namespace": NAMESPACE,
         "labels": {LABEL_JOB: job, LABEL_ROLE: role, LABEL_POD_INDEX: str(index)},
         "annotations": annotations,

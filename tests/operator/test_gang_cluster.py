@@ -12,8 +12,17 @@ import pytest
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import API_VERSION, KIND
 from rlkube_e2e.testing import Kubectl, wait_for
-from tests.operator.cluster_kit import TINY_PODS, TINY_ROLES, Jobs, condition, is_true, roles_of, tiny_job
-from tests.operator.cluster_kit import install_podgroup_crds, uninstall_podgroup_crds
+from tests.operator.cluster_kit import (
+    TINY_PODS,
+    TINY_ROLES,
+    Jobs,
+    condition,
+    install_podgroup_crds,
+    is_true,
+    roles_of,
+    tiny_job,
+    uninstall_podgroup_crds,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -53,7 +62,7 @@ def test_volcano_gets_a_podgroup_and_pods_that_name_it(jobs: Jobs) -> None:
         tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": {"scheduler": "volcano", "queue": "research"}})
     )
 
-    groups = wait_for(lambda: jobs.podgroups(*VOLCANO), "a Volcano PodGroup")
+    groups = wait_for(lambda: jobs.podgroups(*VOLCANO) or None, "a Volcano PodGroup")
     assert len(groups) == 1
     group = groups[0]
     assert group["metadata"]["name"] == JOB
@@ -70,7 +79,7 @@ def test_volcano_gets_a_podgroup_and_pods_that_name_it(jobs: Jobs) -> None:
     assert spec["minTaskMember"] == TINY_ROLES
     assert spec["queue"] == "research"
 
-    pods = wait_for(lambda: (p := jobs.pods(JOB)) and len(p) == TINY_PODS and p, f"{TINY_PODS} pods")
+    pods = wait_for(lambda: p if len(p := jobs.pods(JOB)) == TINY_PODS else None, f"{TINY_PODS} pods")
     assert roles_of(pods) == TINY_ROLES
     for pod in pods:
         assert pod["spec"]["schedulerName"] == "volcano"
@@ -87,14 +96,14 @@ def test_coscheduling_gets_a_podgroup_and_labelled_pods(jobs: Jobs) -> None:
     gang = {"scheduler": "coscheduling", "scheduleTimeoutSeconds": 120}
     jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": gang}))
 
-    groups = wait_for(lambda: jobs.podgroups(*COSCHEDULING), "a scheduler-plugins PodGroup")
+    groups = wait_for(lambda: jobs.podgroups(*COSCHEDULING) or None, "a scheduler-plugins PodGroup")
     assert [g["metadata"]["name"] for g in groups] == [JOB]
     assert groups[0]["spec"]["minMember"] == TINY_PODS
     assert groups[0]["spec"]["scheduleTimeoutSeconds"] == 120
     assert groups[0]["metadata"]["ownerReferences"][0]["name"] == JOB
     assert not jobs.podgroups(*VOLCANO)
 
-    pods = wait_for(lambda: (p := jobs.pods(JOB)) and len(p) == TINY_PODS and p, f"{TINY_PODS} pods")
+    pods = wait_for(lambda: p if len(p := jobs.pods(JOB)) == TINY_PODS else None, f"{TINY_PODS} pods")
     for pod in pods:
         assert pod["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] == JOB
         assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
@@ -102,9 +111,18 @@ def test_coscheduling_gets_a_podgroup_and_labelled_pods(jobs: Jobs) -> None:
 
 
 @pytest.mark.usefixtures("podgroup_crds")
-def test_kueue_labels_the_pods_with_the_queue(jobs: Jobs) -> None:
-    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": {"scheduler": "kueue", "queue": "team-a"}}))
+def test_kueue_admits_by_unsuspending_and_the_pods_carry_the_queue(jobs: Jobs) -> None:
+    # Kueue's way: the job is created suspended and Kueue unsuspends it once admitted.
+    gang = {"scheduler": "kueue", "queue": "team-a"}
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": gang, "spec.suspend": True}))
+    job = jobs.wait_state(JOB, "Suspended")
+    assert is_true(job, "Suspended") and is_true(job, "Created")
+    assert not job["status"].get("startTime")
+    sets = jobs.statefulsets(JOB)
+    assert len(sets) == len(TINY_ROLES) and all(s["spec"]["replicas"] == 0 for s in sets.values())
+    assert not jobs.pods(JOB, include_deleting=True)
 
+    jobs.patch(JOB, {"spec": {"suspend": False}})
     # No scheduler of its own: the pods run, labelled for Kueue.
     pods = jobs.wait_pods(JOB, TINY_PODS)
     for pod in pods:
@@ -113,4 +131,15 @@ def test_kueue_labels_the_pods_with_the_queue(jobs: Jobs) -> None:
     for key, child in jobs.children(JOB).items():
         assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a", key
     assert not jobs.podgroups(*VOLCANO) and not jobs.podgroups(*COSCHEDULING)
-    jobs.wait_running(JOB)
+    job = jobs.wait_running(JOB)
+    assert not is_true(job, "Suspended")
+
+
+@pytest.mark.usefixtures("podgroup_crds")
+def test_pods_no_scheduler_picks_up_end_in_a_condition(jobs: Jobs) -> None:
+    gang = {"scheduler": "volcano", "queue": "research"}
+    jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": gang, "spec.runPolicy.pendingTimeoutSeconds": 2}))
+    jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True")
+
+    job = jobs.wait(JOB, lambda j: is_true(j, "Unschedulable"), "condition Unschedulable", timeout=10)
+    assert "volcano" in condition(job, "Unschedulable")["message"]  # type: ignore[index]

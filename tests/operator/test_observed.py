@@ -160,7 +160,15 @@ def test_progress_annotation(annotation: dict[str, Any] | str | None, progress: 
 def test_bare_pod_has_safe_defaults() -> None:
     """A pod just created: no status, no annotations, no labels."""
     view = view_pod({"metadata": {"name": "p", "creationTimestamp": "2025-03-01T12:00:10Z"}})
-    assert view == PodView(name="p", role="", attempt=0, phase="Pending", created=at(10))
+    assert view == PodView(
+        name="p",
+        uid="",
+        role="",
+        attempt=0,
+        phase="Pending",
+        created=at(10),
+        unschedulable_message="no scheduler has picked the pod up (schedulerName default-scheduler)",
+    )
     assert not view.failed
     assert not view.succeeded
 

@@ -221,14 +221,25 @@ def run_distributed(
         metrics.close()
 
 
-def start_local_ray(config: TrainerConfig) -> None:
-    """A Ray on this machine with every role's resources, for `rlkube-trainer run`."""
-    ray.init(
-        resources=local_resources(config),
-        include_dashboard=False,
-        configure_logging=False,
-        log_to_driver=True,
-    )
+def start_local_ray(config: TrainerConfig, attempts: int = 3) -> None:
+    """A Ray on this machine with every role's resources, for `rlkube-trainer run`.
+
+    Ray gives its raylet a fixed 30 s to register; on a loaded 2-core machine that
+    is sometimes not enough, so the start is retried."""
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(
+                resources=local_resources(config),
+                include_dashboard=False,
+                configure_logging=False,
+                log_to_driver=True,
+            )
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            if "timed out during startup" not in str(exc) or attempt == attempts:
+                raise
+            log.warning("local Ray did not start (%s); retrying (%d/%d)", exc, attempt, attempts)
+            ray.shutdown()
 
 
 # --- in pods ---------------------------------------------------------------------------------------

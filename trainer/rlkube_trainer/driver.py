@@ -80,6 +80,11 @@ def build_engine(config: TrainerConfig, device: torch.device) -> RolloutEngine:
     )
 
 
+def order_checksum(prompts: list[Prompt]) -> int:
+    """An order-sensitive fingerprint of a batch's prompts: resumed runs must see the same data."""
+    return sum((i + 1) * p.index for i, p in enumerate(prompts)) % 1_000_003
+
+
 class RoleState(Protocol):
     """The roles' side of checkpoints: each writes and reads its own parts."""
 
@@ -171,7 +176,9 @@ class TrainingRun:
             batches = self._batches()
             while self.step < self.total_steps:
                 self.step += 1
-                metrics = self.ppo.step(next(batches), self.step)
+                prompts = next(batches)
+                metrics = self.ppo.step(prompts, self.step)
+                metrics["data/order_checksum"] = float(order_checksum(prompts))
                 if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
                     last_path = self.save()
                 tracker.log(self.step, metrics)

@@ -1,0 +1,43 @@
+"""Run as a script by test_distributed: a few PPO steps through the distributed
+worker groups, then greedy generations of fixed prompts from the rollout engines
+(after the weight sync), written as JSON. One placement per process: Ray and vLLM
+each want their own."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import ray
+
+from rlkube_api.validation import load_trainer_config
+from rlkube_trainer.data import PromptDataset, PromptLoader
+from rlkube_trainer.distributed import Cluster, start_local_ray
+from rlkube_trainer.driver import seed_everything, total_steps_of
+from rlkube_trainer.models import load_tokenizer
+from rlkube_trainer.ppo import PPOTrainer
+from rlkube_trainer.reward import build_reward_scorer
+from rlkube_trainer.rollout import SamplingConfig
+
+
+def main(config_path: str, out: str, steps: int) -> None:
+    config = load_trainer_config(Path(config_path))
+    seed_everything(config.trainer.seed)
+    start_local_ray(config)
+    tokenizer = load_tokenizer(config.model.path)
+    loader = PromptLoader.from_config(PromptDataset(config.data.train_files, tokenizer, config.data), config.data)
+    cluster = Cluster(config, total_steps_of(config, loader))
+    roles = cluster.roles(build_reward_scorer(config.reward))
+    ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id)
+    batches = iter(loader)
+    for step in range(1, steps + 1):
+        ppo.step(next(batches), step)
+    prompts = [p.prompt_token_ids for p in list(PromptDataset(config.data.train_files, tokenizer, config.data))[:16]]
+    greedy = roles.rollout.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_tokens=2))
+    Path(out).write_text(json.dumps([s.token_ids for s in greedy.samples]))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

@@ -1,0 +1,156 @@
+"""The distributed trainer on CPU: a local Ray, gloo, 2 actor ranks + a critic +
+a separate vLLM rollout worker — the same code path as in pods.
+
+- the tiny task still learns;
+- a rank killed mid-run fails the driver fast, naming the role and rank, and a
+  rerun resumes from the last checkpoint with the same data order and metrics;
+- colocated and separate rollout give the same greedy generations after the
+  same update.
+
+Runs `rlkube-trainer run` in subprocesses, as users do. Asserts behaviour, not time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlkube_trainer.tiny_task import init
+
+TOPOLOGY = {
+    "actor": {"replicas": 2, "gpus_per_replica": 0},
+    "critic": {"replicas": 1, "gpus_per_replica": 0},
+    "rollout": {"placement": "separate", "replicas": 1, "gpus_per_replica": 0},
+}
+
+
+def _config(workdir: Path, steps: int, save_freq: int, **trainer: Any) -> Path:
+    path = init(workdir, "gae", steps)
+    raw = yaml.safe_load(path.read_text())
+    raw["roles"] = TOPOLOGY
+    raw["trainer"].update({"save_freq": save_freq, **trainer})
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _run(config: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _metrics(workdir: Path) -> list[dict[str, float]]:
+    path = workdir / "checkpoints" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_two_actor_ranks_critic_and_separate_rollout_learn(tmp_path: Path) -> None:
+    config = _config(tmp_path, steps=90, save_freq=30)
+    result = _run(config)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "ready: actor rank 1" in result.stderr
+    assert "weight-sync group: rank 1 of 2" in result.stderr  # the rollout worker joined the broadcast
+    scores = [r["critic/score/mean"] for r in _metrics(tmp_path)]
+    assert scores[0] < 0.3
+    final = sum(scores[-5:]) / 5
+    assert final >= 0.8, f"mean reward of the last 5 steps {final:.3f} < 0.8; curve {scores}"
+    assert (tmp_path / "checkpoints" / "hf" / "config.json").exists()
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
+    steps, save_freq = 8, 2
+    straight = tmp_path / "straight"
+    result = _run(_config(straight, steps, save_freq))
+    assert result.returncode == 0, result.stderr[-4000:]
+    expected = {r["step"]: r for r in _metrics(straight)}
+
+    killed = tmp_path / "killed"
+    config = _config(killed, steps, save_freq)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stderr is not None
+    log_lines: list[str] = []
+    victim = None
+    # Read the driver's log until actor rank 1 says where it runs, then wait for step 3.
+    for line in process.stderr:
+        log_lines.append(line)
+        match = re.search(r"ready: actor rank 1 on .* pid (\d+)", line)
+        if match:
+            victim = int(match.group(1))
+        if victim and len(_metrics(killed)) >= 3:
+            break
+    assert victim is not None, "".join(log_lines[-50:])
+    killed_at = time.monotonic()
+    os.kill(victim, signal.SIGKILL)
+    rest, _ = process.communicate(timeout=600)
+    failed_after = time.monotonic() - killed_at
+    stderr = "".join(log_lines) + rest
+    assert process.returncode == 3, stderr[-4000:]
+    assert re.search(r"error: role actor rank 1 failed", stderr), stderr[-4000:]
+    # Bounded: no hang in a collective waiting for the dead rank.
+    assert failed_after < 120, f"the driver took {failed_after:.0f} s to notice"
+    done_before = len(_metrics(killed))
+    assert done_before < steps
+
+    resumed = _run(config)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert re.search(r"resumed from .*step_0000(0[2-9])", resumed.stderr), resumed.stderr[-3000:]
+    rows = _metrics(killed)
+    by_step: dict[int, dict[str, float]] = {}
+    for row in rows:
+        by_step[int(row["step"])] = row  # the resumed run's rows replace the interrupted ones
+    assert sorted(by_step) == list(range(1, steps + 1))
+    for step, row in by_step.items():
+        want = expected[step]
+        assert row["data/order_checksum"] == want["data/order_checksum"], f"step {step}: different data"
+        assert row["critic/score/mean"] == pytest.approx(want["critic/score/mean"], abs=0.1), f"step {step}"
+        assert row["response_length/mean"] == pytest.approx(want["response_length/mean"], abs=0.2), f"step {step}"
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_colocated_and_separate_rollout_agree_after_the_same_update(tmp_path: Path) -> None:
+    probe = Path(__file__).with_name("placement_probe.py")
+    outputs = {}
+    for placement in ("colocated", "separate"):
+        workdir = tmp_path / placement
+        path = init(workdir, "grpo", steps=3)
+        raw = yaml.safe_load(path.read_text())
+        raw["roles"] = {"actor": {"replicas": 1, "gpus_per_replica": 0}}
+        if placement == "separate":
+            raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
+        path.write_text(yaml.safe_dump(raw))
+        out = workdir / "greedy.json"
+        result = subprocess.run(
+            [sys.executable, str(probe), str(path), str(out), "3"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr[-4000:]
+        outputs[placement] = json.loads(out.read_text())
+    assert len(outputs["colocated"]) == 16
+    assert outputs["colocated"] == outputs["separate"]
