@@ -89,12 +89,15 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
-    def delete_pods(self, namespace: str, names: Iterable[str]) -> None:
-        for name in names:
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        """Deletes (name, uid) pods. The UID precondition matters: a StatefulSet reuses a
+        pod's name at once, and only the object we saw may go, never its successor."""
+        for name, uid in pods:
+            body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid))
             try:
-                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+                self.core.delete_namespaced_pod(name, namespace, body=body)
             except ApiException as exc:
-                if exc.status != 404:
+                if exc.status not in (404, 409):  # gone already, or already replaced
                     raise
 
     def scale_to_zero(self, namespace: str, job: str) -> None:

@@ -123,7 +123,7 @@ class Reconciler:
             self.apply_children(job, uid, status.restart_count, pods_wanted=True, present=present_sets, force=True)
             METRICS.restarts.labels(namespace=namespace).inc()
         stale = [
-            p["metadata"]["name"]
+            (p["metadata"]["name"], p["metadata"]["uid"])
             for p in pods
             if _attempt(p) < status.restart_count and not p["metadata"].get("deletionTimestamp")
         ]

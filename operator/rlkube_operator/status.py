@@ -185,6 +185,7 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
         conds.clear("Running", "Suspended", "the job is suspended")
         status.state = "Suspended"
         status.start_time = None  # activeDeadlineSeconds counts from the next start, as for Jobs
+        status.gang_pod_uids = None  # the pods are gone on purpose; the resumed gang is a new one
         status.conditions = conds.as_list()
         return Decision(status, conds.events, pods_wanted=False)
     conds.clear("Suspended", "Resumed", "spec.suspend is false: pods are recreated")

@@ -512,3 +512,12 @@ def test_progress_keeps_the_last_good_report(pods: list[Obj]) -> None:
 
 def test_no_progress_before_the_driver_reports() -> None:
     assert run(running(), PODS, 300).status.progress is None
+
+
+def test_a_resumed_gang_is_not_taken_for_replaced_pods() -> None:
+    """Suspend deletes the pods on purpose: the pods after resuming are a new gang, no restart."""
+    suspended = after(running(), run(with_spec(running(), suspend=True), [], 100))
+    assert suspended.status is not None and suspended.status.gang_pod_uids is None
+    fresh = gang_pods(JOB, created=at(200))
+    d = run(with_spec(suspended, suspend=False), fresh, 210)
+    assert (d.status.restart_count, d.restart_gang, d.status.state) == (0, False, "Running")
