@@ -79,3 +79,6 @@ class Env:
     WEIGHT_SYNC_WORLD_SIZE: Final = "RLKUBE_WEIGHT_SYNC_WORLD_SIZE"
     WEIGHT_SYNC_RANK_OFFSET: Final = "RLKUBE_WEIGHT_SYNC_RANK_OFFSET"
     METRICS_PORT: Final = "RLKUBE_METRICS_PORT"
+    # Ray's own: token authentication for the job's Ray cluster.
+    RAY_AUTH_MODE: Final = "RAY_AUTH_MODE"
+    RAY_AUTH_TOKEN: Final = "RAY_AUTH_TOKEN"

@@ -12,6 +12,7 @@ from rlkube_api.rljob import RLJob
 from rlkube_operator.children.configmap import config_map
 from rlkube_operator.children.labels import owner_reference
 from rlkube_operator.children.rbac import rbac_children
+from rlkube_operator.children.secret import ray_token_secret
 from rlkube_operator.children.service import headless_service
 from rlkube_operator.children.statefulset import stateful_set
 from rlkube_operator.children.topology import pod_roles
@@ -20,11 +21,11 @@ from rlkube_operator.gang import plugin_for
 Manifest = dict[str, Any]
 
 
-def desired_children(job: RLJob, uid: str, attempt: int, pods_wanted: bool) -> list[Manifest]:
+def desired_children(job: RLJob, uid: str, attempt: int, pods_wanted: bool, ray_token: str) -> list[Manifest]:
     """Every child of the job. With `pods_wanted` False (suspended, finished) the
     StatefulSets stay but scale to zero, so nothing holds GPUs."""
     gang = plugin_for(job)
-    children: list[Manifest] = [config_map(job)]
+    children: list[Manifest] = [config_map(job), ray_token_secret(job, ray_token)]
     children += rbac_children(job)
     children += gang.children(job)
     for role in pod_roles(job):

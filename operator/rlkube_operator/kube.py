@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # Plural resource names of the kinds the operator creates.
 PLURALS = {
     "ConfigMap": "configmaps",
+    "Secret": "secrets",
     "Service": "services",
     "StatefulSet": "statefulsets",
     "PodGroup": "podgroups",
@@ -33,6 +34,7 @@ CHILD_KINDS = (
     ("apps/v1", "StatefulSet"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),
+    ("v1", "Secret"),
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
@@ -131,6 +133,19 @@ class Kube:
                 except ApiException as exc:
                     if exc.status != 404:
                         raise
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """A Secret's value, or None when the Secret (or key) does not exist."""
+        import base64  # noqa: PLC0415
+
+        try:
+            found = self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        value = (found.get("data") or {}).get(key)
+        return base64.b64decode(value).decode() if value else None
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patches the status subresource; returns the object as stored."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import RLJob, RLJobStatus
 from rlkube_api.validation import InvalidSpec, parse_rljob
+from rlkube_operator.children.secret import TOKEN_KEY, ray_secret_name
 from rlkube_operator.desired import desired_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.metrics import METRICS
@@ -75,6 +77,15 @@ class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self.applied = AppliedCache()
+        self.ray_tokens: dict[str, str] = {}
+
+    def ray_token(self, job: RLJob, uid: str) -> str:
+        """The job's Ray token: read from its Secret, or made once when there is none."""
+        if uid not in self.ray_tokens:
+            namespace = job.metadata.namespace or ""
+            existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
+            self.ray_tokens[uid] = existing or secrets.token_urlsafe(32)
+        return self.ray_tokens[uid]
 
     def apply_children(
         self, job: RLJob, uid: str, attempt: int, pods_wanted: bool, present: set[str], force: bool = False
@@ -82,7 +93,7 @@ class Reconciler:
         """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals."""
         errors: dict[str, str] = {}
         now = time.monotonic()
-        for child in desired_children(job, uid, attempt, pods_wanted):
+        for child in desired_children(job, uid, attempt, pods_wanted, self.ray_token(job, uid)):
             name = f"{child['kind']}/{child['metadata']['name']}"
             missing = child["kind"] == "StatefulSet" and child["metadata"]["name"] not in present
             if not (force or missing or self.applied.needs_apply(uid, child, now)):

@@ -24,6 +24,7 @@ GPU = "gpu-multipool.yaml"
 CPU = "tiny-cpu.yaml"
 NAMESPACE = "ml"
 UID = "5f0e7d52-2b1c-4c1e-9d0a-3f6f2f5d9a11"
+RAY_TOKEN = "test-ray-token"
 T0 = datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 Obj = dict[str, Any]
@@ -83,7 +84,7 @@ def children_of(job: RLJob, *, attempt: int = 0, pods_wanted: bool = True) -> li
     key = (id(job), attempt, pods_wanted)
     cached = _CHILDREN.get(key)
     if cached is None or cached[0] is not job:
-        cached = (job, desired_children(job, UID, attempt, pods_wanted))
+        cached = (job, desired_children(job, UID, attempt, pods_wanted, RAY_TOKEN))
         _CHILDREN[key] = cached  # holds the job, so its id is not reused
     return cached[1]
 

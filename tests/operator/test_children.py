@@ -106,6 +106,7 @@ def test_children_per_job(example: str, mutations: list[Mutation], roles: list[s
     got = [(c["kind"], c["metadata"]["name"]) for c in children]
     expected = [
         ("ConfigMap", f"{name}-config"),
+        ("Secret", f"{name}-ray"),
         ("ServiceAccount", f"{name}-trainer"),
         ("Role", f"{name}-progress"),
         ("RoleBinding", f"{name}-progress"),
@@ -414,3 +415,15 @@ def test_config_map_keeps_a_reward_function_path() -> None:
     job = load_job(CPU, set_path("spec.reward.function", {"path": "/opt/reward.py", "name": "score"}))
     raw = yaml.safe_load(by_kind(children_of(job), "ConfigMap")["tiny-cpu-config"]["data"][CONFIG_FILE])
     assert raw["reward"]["function"] == {"path": "/opt/reward.py", "name": "score"}
+
+
+def test_every_pod_gets_the_jobs_ray_token_from_its_secret() -> None:
+    """Ray's token authentication: only the job's own pods can join its Ray cluster."""
+    children = children_of(load_job(GPU))
+    secret = next(c for c in children if c["kind"] == "Secret")
+    assert secret["stringData"]["token"]
+    for sts in (c for c in children if c["kind"] == "StatefulSet"):
+        env = {e["name"]: e for e in sts["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], "token")

@@ -18,7 +18,7 @@ from rlkube_api.rljob import RLJob
 from rlkube_operator.desired import desired_children
 from rlkube_operator.gang import plugin_for
 from rlkube_operator.gang.resources import gang_requests
-from tests.operator.helpers import CPU, GPU, NAMESPACE, UID, Mutation, Obj, children_of, load_job, set_path
+from tests.operator.helpers import CPU, GPU, NAMESPACE, RAY_TOKEN, UID, Mutation, Obj, children_of, load_job, set_path
 
 GPU_JOB = "qwen-gsm8k-grpo"
 VOLCANO_GROUP = "scheduling.k8s.io/group-name"
@@ -54,7 +54,7 @@ def owner_of(child: Obj) -> Obj:
 @pytest.mark.parametrize("pods_wanted", [True, False])
 def test_volcano_pod_group(pods_wanted: bool) -> None:
     job = load_job(GPU, gang("volcano", queue="research", priorityClassName="rl-high"))
-    groups = pod_groups(desired_children(job, UID, 0, pods_wanted))
+    groups = pod_groups(desired_children(job, UID, 0, pods_wanted, RAY_TOKEN))
     assert len(groups) == 1
     group = groups[0]
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"

@@ -45,7 +45,11 @@ def env_values(container: Obj) -> dict[str, str]:
 
 
 def field_refs(container: Obj) -> dict[str, str]:
-    return {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in env_list(container) if "valueFrom" in e}
+    return {
+        e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"]
+        for e in env_list(container)
+        if "fieldRef" in e.get("valueFrom", {})
+    }
 
 
 # example, role, MASTER_ADDR, WORLD_SIZE, PET_NNODES, PET_NPROC_PER_NODE

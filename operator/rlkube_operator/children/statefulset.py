@@ -25,6 +25,7 @@ from rlkube_api.rljob import RLJob
 from rlkube_operator.children.labels import role_labels, role_selector
 from rlkube_operator.children.rbac import trainer_service_account_name
 from rlkube_operator.children.rendezvous import rendezvous_env
+from rlkube_operator.children.secret import TOKEN_KEY, ray_secret_name
 from rlkube_operator.children.topology import PodRole, container_resources
 from rlkube_operator.gang.base import PodSchedulingPatch
 
@@ -49,6 +50,13 @@ def container_command(role: str) -> list[str]:
 
 def container_env(job: RLJob, role: PodRole, attempt: int) -> list[dict[str, Any]]:
     env = rendezvous_env(job, role, attempt)
+    env.append({"name": Env.RAY_AUTH_MODE, "value": "token"})
+    env.append(
+        {
+            "name": Env.RAY_AUTH_TOKEN,
+            "valueFrom": {"secretKeyRef": {"name": ray_secret_name(job), "key": TOKEN_KEY}},
+        }
+    )
     env.append({"name": Env.CONFIG, "value": f"{CONFIG_DIR}/{CONFIG_FILE}"})
     env.append({"name": Env.METRICS_PORT, "value": str(DRIVER_METRICS_PORT)})
     user = {e.name: e.value for e in job.spec.env or []}
