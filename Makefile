@@ -52,7 +52,7 @@ lint: venv ## ruff, mypy, shellcheck
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/shellcheck e2e/*.sh .ci/run
+	$(VENV)/bin/shellcheck e2e/*.sh e2e/cluster .ci/run bench/gpu/*.sh
 
 .PHONY: test
 test: venv toolchain lint ## install what is needed, then run every test

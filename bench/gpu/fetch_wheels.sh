@@ -15,7 +15,7 @@ carry="${CARRY:-$here/carry}"
 cache="${WHEEL_CACHE:-${TMPDIR:-/tmp}/rlkube-gpu-wheels}"
 part_mb="${PART_MB:-25}"
 batch_mb="${BATCH_MB:-60}"
-pip=(${PIP:-python3 -m pip})
+read -r -a pip <<<"${PIP:-python3 -m pip}"
 
 mkdir -p "$cache"
 rm -f "$cache"/*.whl
@@ -28,7 +28,7 @@ rm -f "$cache"/*.whl
   --platform manylinux1_x86_64 --platform linux_x86_64 \
   -d "$cache" -r "$here/requirements-gpu.txt"
 
-count=$(ls "$cache"/*.whl | wc -l)
+count=$(find "$cache" -maxdepth 1 -name "*.whl" | wc -l)
 expected=$(grep -cE '^[A-Za-z0-9]' "$here/requirements-gpu.txt")
 if [ "$count" -ne "$expected" ]; then
   echo "expected $expected wheels, got $count" >&2

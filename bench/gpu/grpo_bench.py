@@ -340,11 +340,13 @@ class CapturingActor:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
         self.last_batch: Any = None
+        self.active = True  # off once the steps are done: the profiles' own calls are not kept
         self._update = actor.update
 
     def install(self) -> None:
         def update(batch: Any) -> Any:
-            self.last_batch = batch
+            if self.active:
+                self.last_batch = batch
             return self._update(batch)
 
         self.actor.update = update
@@ -380,9 +382,15 @@ def weight_sync_paths(res: Results, engine: Any, actor: Any, arch: dict[str, Any
     and checks that the engine then holds exactly the actor's weights (cast to bf16)."""
     state = list(actor.named_weights())
     fp32_bytes = sum(t.numel() * t.element_size() for _, t in state)
-    unique = {id(t): t for _, t in state}
-    bf16_bytes = sum(t.numel() * 2 for t in unique.values())
-    out: dict[str, Any] = {"actor_state_bytes": fp32_bytes, "model_bf16_bytes": bf16_bytes}
+    # bf16_bytes counts every state-dict entry (the tied LM head twice, as the issue's reference
+    # figure did); unique_bf16_bytes counts each storage once (what the engine actually writes).
+    bf16_bytes = sum(t.numel() * 2 for _, t in state)
+    unique = {(t.data_ptr(), t.numel()): t for _, t in state}
+    out: dict[str, Any] = {
+        "actor_state_bytes": fp32_bytes,
+        "model_bf16_bytes": bf16_bytes,
+        "unique_bf16_bytes": sum(t.numel() * 2 for t in unique.values()),
+    }
     cast_s, state_bf16 = timed(lambda: [(n, t.to(torch.bfloat16)) for n, t in state])
     out["cast_to_bf16_s"] = cast_s
     variants = {
@@ -743,6 +751,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
                 summary["old_log_prob_mfu"] = logprob_flops / summary["timing_s/old_log_prob"] / matmul_rate
             res.put("grpo", summary)
             log(f"GRPO summary: {json.dumps(summary)}")
+    capture.active = False
 
     with section(res, "weight_sync", args.budget if "weight_sync" not in skip else 0, 30) as ok:
         if ok:
@@ -829,8 +838,8 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
-    with contextlib.suppress(Exception):
-        info["commit"] = os.popen(f"git -C {ROOT} rev-parse HEAD 2>/dev/null").read().strip()
+    # The device copy of the tree has no git history: run_all.sh passes the commit in.
+    info["commit"] = os.environ.get("RLKUBE_COMMIT") or "unknown"
     return info
 
 

@@ -8,6 +8,7 @@ set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${OUT:-$here/../../bench-out}"
 mkdir -p "$out"
+export RLKUBE_COMMIT="${RLKUBE_COMMIT:-$(git -C "$here" rev-parse HEAD 2>/dev/null || echo unknown)}"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
 export PYTORCH_CUDA_ALLOC_CONF="${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}"
 bash "$here/stage.sh"

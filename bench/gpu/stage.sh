@@ -9,7 +9,8 @@ mkdir -p "$stage"
 shopt -s nullglob
 for batch in "$here"/carry/b*/; do
   cp -u "$batch"/* "$stage"/
-  echo "staged $(basename "$batch"): $(ls "$batch" | grep -vc '^manifest\|fetch-info') files"
+  count=$(find "$batch" -maxdepth 1 -type f ! -name 'manifest-*' ! -name fetch-info.txt | wc -l)
+  echo "staged $(basename "$batch"): $count files"
 done
 if [ ! -f "$stage/manifest-batches.txt" ]; then
   echo "nothing staged yet" >&2

@@ -37,7 +37,9 @@ Metrics = dict[str, float]
 
 def _distribute(model: nn.Module, device: torch.device) -> nn.Module:
     """FSDP2 on GPU inside a role group; on CPU (gloo) ranks keep full copies (parallel.py)."""
-    if device.type == "cuda" and dist.is_initialized():
+    # World size, not just an initialised group: an in-process vLLM engine initialises
+    # torch.distributed with one rank, and FSDP over one rank only costs time.
+    if device.type == "cuda" and dist.is_initialized() and dist.get_world_size() > 1:
         return shard_with_fsdp2(model)
     return model
 

