@@ -104,7 +104,7 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
     assert victim is not None, "".join(log_lines[-50:])
     killed_at = time.monotonic()
     os.kill(victim, signal.SIGKILL)
-    rest, _ = process.communicate(timeout=600)
+    _, rest = process.communicate(timeout=600)
     failed_after = time.monotonic() - killed_at
     stderr = "".join(log_lines) + rest
     assert process.returncode == 3, stderr[-4000:]
