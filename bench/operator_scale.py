@@ -937,7 +937,9 @@ def main(argv: list[str] | None = None) -> int:
             established = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
 
             def crd_established() -> bool:
-                return kubectl("get", "crd", "rljobs.rlkube.dev", "-o", established).stdout.strip() == "True"
+                # check=False: the jsonpath errors out while the new CRD has no conditions yet.
+                found = kubectl("get", "crd", "rljobs.rlkube.dev", "-o", established, check=False)
+                return found.stdout.strip() == "True"
 
             wait_for(crd_established, "the RLJob CRD to be Established", timeout=60)
             if args.latency_samples > 0:

@@ -183,6 +183,11 @@ class RolloutConfig(ApiModel):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Engine dtype.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
     free_cache_engine: bool = Field(True, description="Colocated: release the engine's memory while the actor trains.")
+    calculate_log_probs: bool = Field(
+        False,
+        description="Also return the engine's log-probs of sampled tokens and report how far they are from "
+        "the actor's (training/rollout_probs_diff_*); costs rollout speed.",
+    )
     update_weights_bucket_megabytes: int = Field(
         512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
     )

@@ -39,6 +39,11 @@ VARIANTS = [
         ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"],
     ),
     ("grpo", {"actor": {"entropy_coeff": 0.01, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}}}, ["actor/lr"]),
+    (
+        "grpo",
+        {"rollout": {"calculate_log_probs": True}},
+        ["training/rollout_probs_diff_mean", "training/rollout_probs_diff_max"],
+    ),
 ]
 
 
@@ -65,6 +70,9 @@ def test_step_runs_and_reports_verl_metrics(
         assert key in metrics, f"{key} missing from {sorted(metrics)}"
         assert math.isfinite(metrics[key]), f"{key} = {metrics[key]}"
     assert metrics["perf/throughput"] > 0
+    if "training/rollout_probs_diff_mean" in metrics:
+        # Engine and actor hold the same weights in fp32: the same policy, to rounding.
+        assert metrics["training/rollout_probs_diff_mean"] < 1e-3
 
 
 @pytest.mark.trainer

@@ -74,6 +74,7 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
     batch = len(samples)
     input_ids = torch.full((batch, prompt_length + response_length), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
+    with_log_probs = all(s.logprobs is not None for s in samples)
     rollout_log_probs = torch.zeros(batch, response_length)
     for i, (prompt, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
         start = prompt_length - len(prompt)
@@ -91,7 +92,7 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
         response_mask=attention_mask[:, prompt_length:].float(),
         group_index=torch.tensor([prompts[s.prompt_index].index for s in samples]),
         prompt_lengths=torch.tensor([len(p) for p in prompt_ids]),
-        rollout_log_probs=rollout_log_probs,
+        rollout_log_probs=rollout_log_probs if with_log_probs else None,
     )
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import torch
 
 from rlkube_api.config import TrainerConfig
-from rlkube_trainer.algos import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller
+from rlkube_trainer.algos import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller, masked_mean
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
 from rlkube_trainer.data import Prompt
 from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics
@@ -88,6 +88,18 @@ class Timer:
             self.seconds[f"timing_s/{name}"] = self.seconds.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 
+def rollout_probs_diff(batch: TrainBatch) -> Metrics:
+    """verl's training/rollout_probs_diff_*: |p_engine - p_actor| of the sampled tokens,
+    which shows whether rollout and training compute the same policy."""
+    assert batch.rollout_log_probs is not None and batch.old_log_probs is not None
+    diff = (batch.rollout_log_probs.exp() - batch.old_log_probs.exp()).abs()
+    picked = diff[batch.response_mask.bool()]
+    return {
+        "training/rollout_probs_diff_mean": masked_mean(diff, batch.response_mask).item(),
+        "training/rollout_probs_diff_max": picked.max().item() if picked.numel() else 0.0,
+    }
+
+
 class PPOTrainer:
     def __init__(
         self, config: TrainerConfig, roles: Roles, decode: Detokenize, pad_token_id: int, num_gpus: int = 1
@@ -119,6 +131,8 @@ class PPOTrainer:
             # A seed per step: reproducible runs, and a resumed run samples as the original did.
             seed=self.config.trainer.seed * 100_003 + step,
             ignore_eos=rollout.ignore_eos,
+            # The loop recomputes old log-probs with the actor; the engine's are diagnostics.
+            logprobs=rollout.calculate_log_probs,
         )
 
     def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> tuple[list[float], Metrics]:
@@ -147,6 +161,8 @@ class PPOTrainer:
                 batch.token_level_scores = token_level_scores(scores, batch.response_mask)
             with timer("old_log_prob"):
                 batch.old_log_probs = roles.actor.compute_log_prob(batch)
+            if self.config.rollout.calculate_log_probs:
+                metrics.update(rollout_probs_diff(batch))
             if self.uses_reference:
                 assert roles.reference is not None
                 with timer("ref"):
