@@ -6,6 +6,7 @@ operator also reads the pool to place each role's pods.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import Field
@@ -180,3 +181,41 @@ class Roles(ApiModel):
     rollout: RolloutRoleSpec = Field(
         default_factory=RolloutRoleSpec, description="Generation: placement and resources."
     )
+
+
+@dataclass(frozen=True)
+class RolePods:
+    """A role with pods of its own: the operator gives it a StatefulSet, the trainer's
+    driver places one worker per process on those pods. One definition for both."""
+
+    name: str
+    replicas: int
+    gpus_per_replica: int
+    pool: Pool | None = None
+    resources: Resources | None = None
+
+    @property
+    def procs_per_pod(self) -> int:
+        """One worker per GPU; one per pod on CPU."""
+        return max(self.gpus_per_replica, 1)
+
+    @property
+    def world_size(self) -> int:
+        return self.replicas * self.procs_per_pod
+
+
+def roles_with_pods(roles: Roles) -> list[RolePods]:
+    """The actor, then every role not colocated with it (critic, reference, reward,
+    a separate rollout), in that order."""
+    actor = roles.actor
+    out = [RolePods("actor", actor.replicas, actor.gpus_per_replica or 0, actor.pool, actor.resources)]
+    for name in COLOCATABLE_ROLES:
+        role = getattr(roles, name)
+        if role is not None and role.colocate_with is None:
+            out.append(RolePods(name, role.replicas, role.gpus_per_replica or 0, role.pool, role.resources))
+    rollout = roles.rollout
+    if rollout.placement == "separate":
+        out.append(
+            RolePods("rollout", rollout.replicas, rollout.gpus_per_replica or 0, rollout.pool, rollout.resources)
+        )
+    return out

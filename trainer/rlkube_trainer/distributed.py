@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ import ray
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
+from rlkube_api.roles import RolePods, roles_with_pods
 from rlkube_trainer.data import PromptDataset, PromptLoader
 from rlkube_trainer.driver import RunResult, TrainingRun, seed_everything, total_steps_of, uses_reference
 from rlkube_trainer.models import load_tokenizer
@@ -46,39 +46,14 @@ CALL_TIMEOUT = 1800.0
 JOIN_TIMEOUT = 600.0
 
 
-@dataclass(frozen=True)
-class Placement:
-    """A role with pods (Ray nodes) of its own."""
-
-    role: str
-    replicas: int
-    gpus_per_replica: int
-
-    @property
-    def procs_per_pod(self) -> int:
-        return max(self.gpus_per_replica, 1)
-
-    @property
-    def world_size(self) -> int:
-        return self.replicas * self.procs_per_pod
-
-
 def resource_name(role: str, pod_index: int) -> str:
     """The Ray resource a role pod advertises; workers of that pod ask for it."""
     return f"rlkube_{role}_{pod_index}"
 
 
-def placements(config: TrainerConfig) -> list[Placement]:
-    """The actor, then every role not colocated with it (as the operator's pod roles)."""
-    roles = config.roles
-    out = [Placement("actor", roles.actor.replicas, roles.actor.gpus_per_replica or 0)]
-    for name in ("critic", "reference", "reward"):
-        role = getattr(roles, name)
-        if role is not None and role.colocate_with is None:
-            out.append(Placement(name, role.replicas, role.gpus_per_replica or 0))
-    if roles.rollout.placement == "separate":
-        out.append(Placement("rollout", roles.rollout.replicas, roles.rollout.gpus_per_replica or 0))
-    return out
+def placements(config: TrainerConfig) -> list[RolePods]:
+    """The roles with pods (Ray nodes) of their own: the same list the operator builds pods for."""
+    return roles_with_pods(config.roles)
 
 
 def colocated_with_actor(config: TrainerConfig, role: str) -> bool:
@@ -87,7 +62,7 @@ def colocated_with_actor(config: TrainerConfig, role: str) -> bool:
 
 
 def local_resources(config: TrainerConfig) -> dict[str, float]:
-    return {resource_name(p.role, i): float(p.procs_per_pod) for p in placements(config) for i in range(p.replicas)}
+    return {resource_name(p.name, i): float(p.procs_per_pod) for p in placements(config) for i in range(p.replicas)}
 
 
 def free_port() -> int:
@@ -109,29 +84,29 @@ class Cluster:
             handles = []
             for rank in range(placement.world_size):
                 spec = WorkerSpec(
-                    role=placement.role,
+                    role=placement.name,
                     rank=rank,
                     rendezvous=Rendezvous("127.0.0.1", fallback_port, placement.world_size, rank),
                     total_steps=total_steps,
-                    with_engine=placement.role == "actor" and config.roles.rollout.placement == "colocated",
-                    with_reference=placement.role == "actor"
+                    with_engine=placement.name == "actor" and config.roles.rollout.placement == "colocated",
+                    with_reference=placement.name == "actor"
                     and uses_reference(config)
                     and colocated_with_actor(config, "reference"),
-                    with_critic=placement.role == "actor"
+                    with_critic=placement.name == "actor"
                     and config.roles.critic is not None
                     and config.roles.critic.colocate_with == "actor",
                 )
                 pod = rank // placement.procs_per_pod
                 handles.append(
                     remote.options(
-                        name=f"{placement.role}-{rank}",
-                        resources={resource_name(placement.role, pod): 1},
+                        name=f"{placement.name}-{rank}",
+                        resources={resource_name(placement.name, pod): 1},
                         num_cpus=0,
                         num_gpus=1 if placement.gpus_per_replica else 0,
                         max_restarts=0,
                     ).remote(config_dict, spec)
                 )
-            self.groups[placement.role] = WorkerGroup(placement.role, handles, CALL_TIMEOUT)
+            self.groups[placement.name] = WorkerGroup(placement.name, handles, CALL_TIMEOUT)
         # Ranks of a group must start together: their process group forms across them.
         setups = {role: [h.setup.remote() for h in g.handles] for role, g in self.groups.items()}
         for role, refs in setups.items():

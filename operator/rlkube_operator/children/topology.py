@@ -2,52 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from rlkube_api.names import CONTROLLER_ROLE
 from rlkube_api.rljob import RLJob
-from rlkube_api.roles import Pool, Resources
+from rlkube_api.roles import RolePods, roles_with_pods
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-@dataclass(frozen=True)
-class PodRole:
-    """A role that has a StatefulSet: its pods, GPUs and pool."""
-
-    name: str
-    replicas: int
-    gpus_per_replica: int
-    pool: Pool | None
-    resources: Resources | None
-
-    @property
-    def procs_per_pod(self) -> int:
-        """One worker per GPU; one per pod on CPU."""
-        return max(self.gpus_per_replica, 1)
-
-    @property
-    def world_size(self) -> int:
-        return self.replicas * self.procs_per_pod
+# The operator's name for a role with pods (the controller is one too).
+PodRole = RolePods
 
 
 def pod_roles(job: RLJob) -> list[PodRole]:
-    """The controller first, then every role not colocated with the actor."""
+    """The controller first (the Ray head the others join), then the trainer's roles with pods."""
     spec = job.spec
-    roles = [PodRole(CONTROLLER_ROLE, 1, 0, spec.controller.pool, spec.controller.resources)]
-    actor = spec.roles.actor
-    roles.append(PodRole("actor", actor.replicas, actor.gpus_per_replica or 0, actor.pool, actor.resources))
-    for name in ("critic", "reference", "reward"):
-        role = getattr(spec.roles, name)
-        if role is not None and role.colocate_with is None:
-            roles.append(PodRole(name, role.replicas, role.gpus_per_replica or 0, role.pool, role.resources))
-    rollout = spec.roles.rollout
-    if rollout.placement == "separate":
-        roles.append(
-            PodRole("rollout", rollout.replicas, rollout.gpus_per_replica or 0, rollout.pool, rollout.resources)
-        )
-    return roles
+    controller = PodRole(CONTROLLER_ROLE, 1, 0, spec.controller.pool, spec.controller.resources)
+    return [controller, *roles_with_pods(spec.roles)]
 
 
 def total_pods(job: RLJob) -> int:
