@@ -36,6 +36,10 @@ exactly as a user would. Every RLJob is examples/tiny-cpu.yaml (controller + 2 a
       (default 35 s, longer than the operator's 30 s idle requeue) with every job
       Running and nothing changing; and CPU, reconcile passes and status writes (RLJob
       MODIFIED events) of the burst.
+    - floor (`--no-scale-floor` skips it): after the operator's run, the same children
+      of J jobs applied directly by the same number of threads, with the operator's
+      own apply call (one task per job, children in the operator's order), and the
+      time until all those pods are Running.
     `--operator-env KEY=VALUE` runs the operator with extra environment, for
     experiments (e.g. MALLOC_ARENA_MAX=2).
 
@@ -66,7 +70,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
@@ -83,7 +87,7 @@ from rlkube_api.validation import parse_rljob
 from rlkube_e2e.cluster import LocalCluster
 from rlkube_e2e.testing import Kubectl, wait_for
 from rlkube_operator.desired import desired_children
-from rlkube_operator.kube import PLURALS
+from rlkube_operator.kube import PLURALS, Kube
 
 Obj = dict[str, Any]
 
@@ -522,6 +526,7 @@ class Sample:
     first_set: float  # → first StatefulSet seen
     last_set: float  # → last StatefulSet seen
     kubectl: float  # kubectl's own wall time
+    operator_cpu: float = math.nan  # CPU seconds the operator used during the sample
 
 
 @dataclass
@@ -531,6 +536,7 @@ class LatencyResult:
     # apply → status.state Running (what a user waiting on the RLJob sees)
     operator_status_running: list[float] = field(default_factory=list)
     operator_cpu_s: float = math.nan
+    operator_reconciles: float = math.nan
 
 
 def one_sample(
@@ -580,6 +586,7 @@ def run_latency(
     try:
         operator.start()
         cpu_before = operator.cpu_seconds()
+        reconciles_before = operator.metrics().get("rlkube_reconcile_total", 0.0)
         # Warm-up (not counted): the operator's watches are live, kubectl's caches warm.
         for tracker, is_op in ((op_tracker, True), (floor_tracker, False)):
             objects = [tiny_job("warmup", op_ns)] if is_op else floor_manifests("warmup", floor_ns)
@@ -588,14 +595,17 @@ def run_latency(
         for index in range(samples):
             # Alternate which side goes first, so slow drifts in machine load hit both.
             for is_op in (True, False) if index % 2 == 0 else (False, True):
+                cpu = operator.cpu_seconds()
                 if is_op:
                     name = f"op-{index}"
                     objects, expected = [tiny_job(name, op_ns)], floor_manifests(name, op_ns)
-                    result.operator.append(one_sample(api, kubectl, op_tracker, name, objects, expected, timeout))
+                    sample = one_sample(api, kubectl, op_tracker, name, objects, expected, timeout)
+                    result.operator.append(replace(sample, operator_cpu=operator.cpu_seconds() - cpu))
                 else:
                     name = f"floor-{index}"
                     manifests = floor_manifests(name, floor_ns)
-                    result.floor.append(one_sample(api, kubectl, floor_tracker, name, manifests, manifests, timeout))
+                    sample = one_sample(api, kubectl, floor_tracker, name, manifests, manifests, timeout)
+                    result.floor.append(replace(sample, operator_cpu=operator.cpu_seconds() - cpu))
                 # Let trailing status writes of the sample settle before the next.
                 time.sleep(0.5)
             log(
@@ -612,6 +622,7 @@ def run_latency(
             times = op_tracker.jobs[f"op-{index}"]
             result.operator_status_running.append(cast(float, times.running) - times.added)
         result.operator_cpu_s = operator.cpu_seconds() - cpu_before
+        result.operator_reconciles = operator.metrics().get("rlkube_reconcile_total", 0.0) - reconciles_before
     finally:
         operator.stop()
         op_tracker.stop()
@@ -777,6 +788,52 @@ def run_scale(
     return result
 
 
+@dataclass
+class ScaleFloor:
+    """The children of J jobs applied directly (no operator), J at once from a thread pool."""
+
+    jobs: int
+    workers: int
+    applied_s: float = math.nan
+    all_running_s: float = math.nan
+    errors: int = 0
+
+
+def run_scale_floor(api: client.ApiClient, jobs: int, workers: int, timeout: float) -> ScaleFloor:
+    """Server-side apply of every child of `jobs` tiny jobs, one task per job applying its
+    children in the operator's order (rlkube_operator.kube.Kube.apply, the operator's
+    own call), `workers` tasks at a time; then until every pod is Running."""
+    core = client.CoreV1Api(api)
+    namespace = f"bench-scale-floor-{secrets.token_hex(3)}"
+    create_namespace(core, namespace)
+    result = ScaleFloor(jobs, workers)
+    names = [f"job-{i:04d}" for i in range(jobs)]
+    manifests = {name: floor_manifests(name, namespace) for name in names}
+    kube = Kube(api)
+    tracker = Tracker(api, namespace, rljobs=False).start()
+
+    def apply_job(name: str) -> None:
+        for manifest in manifests[name]:
+            kube.apply(manifest)
+
+    try:
+        log(f"applying the {sum(len(m) for m in manifests.values())} children of {jobs} jobs with {workers} threads")
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            for future in concurrent.futures.as_completed([pool.submit(apply_job, n) for n in names]):
+                if future.exception() is not None:
+                    result.errors += 1
+                    log(f"  apply failed: {future.exception()!r}")
+        result.applied_s = time.monotonic() - started
+        log(f"  applied in {result.applied_s:.1f} s")
+        tracker.wait(lambda: all(tracker.pods_running(n) is not None for n in names), "floor pods Running", timeout)
+        result.all_running_s = max(cast(float, tracker.pods_running(n)) for n in names) - started
+        log(f"  all pods Running after {result.all_running_s:.1f} s")
+    finally:
+        tracker.stop()
+    return result
+
+
 # --- report -------------------------------------------------------------------------------------------
 
 
@@ -789,7 +846,7 @@ def fmt(values: list[float]) -> str:
     return f"median {stats['median']:.2f} s, p99 {stats['p99']:.2f} s"
 
 
-def report(latency: LatencyResult | None, scale: ScaleResult | None) -> dict[str, Any]:
+def report(latency: LatencyResult | None, scale: ScaleResult | None, floor: ScaleFloor | None) -> dict[str, Any]:
     rows: list[tuple[str, str, str, str]] = []
     out: dict[str, Any] = {}
     if latency is not None:
@@ -814,7 +871,8 @@ def report(latency: LatencyResult | None, scale: ScaleResult | None) -> dict[str
             ("(a)   apply → first pod seen", both(lambda s: s.first_pod), "", ""),
             ("(a)   first pod → all Running", both(lambda s: s.total - s.first_pod), "", ""),
             ("(a) apply → status.state Running, operator", fmt(latency.operator_status_running), "", ""),
-            ("(a) operator CPU over the whole phase", f"{latency.operator_cpu_s:.1f} s", "", ""),
+            ("(a)   operator CPU used during the sample", both(lambda s: s.operator_cpu), "", ""),
+            ("(a) operator CPU, reconcile passes: whole phase", f"{latency.operator_cpu_s:.1f} s, {latency.operator_reconciles:.0f}", "", ""),
         ]  # fmt: skip
         out["latency"] = {
             "operator": [vars(s) for s in latency.operator],
@@ -823,6 +881,7 @@ def report(latency: LatencyResult | None, scale: ScaleResult | None) -> dict[str
             "ratio_median": ratio_median,
             "ratio_p99": ratio_p99,
             "operator_cpu_s": latency.operator_cpu_s,
+            "operator_reconciles": latency.operator_reconciles,
         }
     if scale is not None:
         burst, steady = summary(scale.lag_burst), summary(scale.lag_steady)
@@ -845,7 +904,15 @@ def report(latency: LatencyResult | None, scale: ScaleResult | None) -> dict[str
         out["scale"] = {k: v for k, v in vars(scale).items() if k not in ("lag_burst", "lag_steady", "metrics")}
         out["scale"]["lag_burst"] = burst
         out["scale"]["lag_steady"] = steady
-        out["scale"]["metrics"] = {k: v for k, v in scale.metrics.items() if k.startswith("rlkube_")}
+        out["scale"]["metrics"] = {
+            k: v for k, v in scale.metrics.items() if k.startswith("rlkube_") and not k.endswith("_created")
+        }
+    if floor is not None:
+        rows += [
+            (f"(b) floor: children of {floor.jobs} jobs applied directly ({floor.workers} threads)", f"{floor.applied_s:.1f} s ({floor.errors} errors)", "", ""),
+            ("(b) floor: first apply → all pods Running", f"{floor.all_running_s:.1f} s", "", ""),
+        ]  # fmt: skip
+        out["scale_floor"] = vars(floor)
     if not rows:
         return out
     header = ("measure", "value", "goal", "")
@@ -897,6 +964,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=500, help="(b) RLJobs created at once (0: skip)")
     parser.add_argument("--workers", type=int, default=16, help="(b) threads creating the RLJobs")
     parser.add_argument("--progress-rate", type=float, default=50.0, help="(b) progress reports per second")
+    parser.add_argument(
+        "--scale-operator",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="(b) the operator's run (--no-scale-operator: only the floor)",
+    )
+    parser.add_argument(
+        "--scale-floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="(b) after the operator's run, apply the same children directly, for comparison",
+    )
     parser.add_argument("--idle-window", type=float, default=35.0, help="(b) seconds of idle CPU measurement")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one thing")
     parser.add_argument("--pools", type=Path, default=POOLS, help="node pools of the bench cluster")
@@ -921,6 +1000,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     latency: LatencyResult | None = None
     scale: ScaleResult | None = None
+    floor: ScaleFloor | None = None
     loads: list[float] = []
     stop_load = threading.Event()
 
@@ -947,7 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
                 latency = run_latency(
                     api, kubectl, kubeconfig, args.latency_samples, log_dir, args.timeout, operator_env
                 )
-            if args.jobs > 0:
+            if args.jobs > 0 and args.scale_operator:
                 log(f"(b) scale: {args.jobs} RLJobs at once")
                 scale = run_scale(
                     api,
@@ -960,6 +1040,9 @@ def main(argv: list[str] | None = None) -> int:
                     args.timeout,
                     operator_env,
                 )
+            if args.jobs > 0 and args.scale_floor:
+                log(f"(b) floor: the children of {args.jobs} jobs applied directly, no operator")
+                floor = run_scale_floor(api, args.jobs, args.workers, args.timeout)
         finally:
             core = client.CoreV1Api(api)
             for listed in core.list_namespace(label_selector=f"{BENCH_LABEL}={BENCH}").items:
@@ -968,7 +1051,7 @@ def main(argv: list[str] | None = None) -> int:
                         core.delete_namespace(listed.metadata.name)
             api.close()  # type: ignore[no-untyped-call]
     stop_load.set()
-    results = report(latency, scale)
+    results = report(latency, scale, floor)
     results["commit"] = commit
     results["argv"] = sys.argv
     results["operator_env"] = operator_env
