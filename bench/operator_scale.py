@@ -32,10 +32,10 @@ exactly as a user would. Every RLJob is examples/tiny-cpu.yaml (controller + 2 a
       gets an `rlkube.dev/progress` annotation (what the driver writes) at a fixed
       rate; lag = from just before the patch is sent until status.progress.step shows
       the new step;
-    - idle cost: operator CPU (cores) and reconcile passes per second over a window
-      (default 35 s, longer than the operator's 30 s idle requeue) with every job
-      Running and nothing changing; and CPU, reconcile passes and status writes (RLJob
-      MODIFIED events) of the burst.
+    - idle cost: operator CPU (cores) and reconcile passes started per second over a
+      window (default 35 s, longer than the operator's 30 s idle requeue) that begins
+      `--settle` seconds (default 30) after every job is Running, nothing changing;
+      and CPU, reconcile passes and status writes (RLJob MODIFIED events) of the burst;
     - floor (`--no-scale-floor` skips it): after the operator's run, the same children
       of J jobs applied directly by the same number of threads, with the operator's
       own apply call (one task per job, children in the operator's order), and the
@@ -668,6 +668,7 @@ def run_scale(
     workers: int,
     progress_rate: float,
     idle_window: float,
+    settle: float,
     log_dir: Path,
     timeout: float,
     operator_env: dict[str, str],
@@ -742,9 +743,10 @@ def run_scale(
                     if ready is not None and running_at is not None:
                         result.lag_burst.append(max(0.0, running_at - ready))
 
-            # Idle: every job Running, nothing changing. What does the operator spend?
-            time.sleep(5.0)
-            log(f"  idle window: {idle_window:g} s")
+            # Idle: every job Running, nothing changing. What does the operator spend? The
+            # settle time lets the backlog of the burst (status writes, their echoes) drain.
+            log(f"  settling {settle:g} s, then an idle window of {idle_window:g} s")
+            time.sleep(settle)
             cpu0, reconciles0, t0 = operator.cpu_seconds(), reconciles(), time.monotonic()
             time.sleep(idle_window)
             result.idle_window_s = time.monotonic() - t0
@@ -976,6 +978,7 @@ def main(argv: list[str] | None = None) -> int:
         default=True,
         help="(b) after the operator's run, apply the same children directly, for comparison",
     )
+    parser.add_argument("--settle", type=float, default=30.0, help="(b) seconds after all Running before idle")
     parser.add_argument("--idle-window", type=float, default=35.0, help="(b) seconds of idle CPU measurement")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for any one thing")
     parser.add_argument("--pools", type=Path, default=POOLS, help="node pools of the bench cluster")
@@ -1036,6 +1039,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.workers,
                     args.progress_rate,
                     args.idle_window,
+                    args.settle,
                     log_dir,
                     args.timeout,
                     operator_env,
