@@ -1,0 +1,159 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "rlkube.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The release's full name, used for every object it creates. Cluster-scoped objects
+(ClusterRoles, ClusterRoleBindings) are named after it too, so two releases need two
+release names.
+*/}}
+{{- define "rlkube.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rlkube.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rlkube.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rlkube.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "rlkube.labels" -}}
+helm.sh/chart: {{ include "rlkube.chart" . }}
+{{ include "rlkube.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "rlkube.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "rlkube.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's ServiceAccount as the subject of its bindings. */}}
+{{- define "rlkube.subject" -}}
+- kind: ServiceAccount
+  name: {{ include "rlkube.serviceAccountName" . }}
+  namespace: {{ .Release.Namespace }}
+{{- end }}
+
+{{- define "rlkube.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The operator's command line (rlkube_operator/__main__.py): its scope, ports and log level.
+*/}}
+{{- define "rlkube.args" -}}
+{{- if .Values.watchNamespaces }}
+{{- range .Values.watchNamespaces }}
+- --namespace={{ . }}
+{{- end }}
+{{- else }}
+- --all-namespaces
+{{- end }}
+- --metrics-port={{ .Values.metrics.port }}
+- --health-port={{ .Values.health.port }}
+{{- if eq .Values.logLevel "debug" }}
+- --verbose
+{{- end }}
+{{- end }}
+
+{{/*
+What the operator does to the API server, in a watched namespace (or, cluster-wide,
+in every namespace). Every verb below is one the operator's code makes; nothing is
+a wildcard. Children are written with server-side apply, a PATCH that also needs
+`create` when the object does not exist yet. tests/chart/test_rbac.py holds the
+same list as a table, and README.md documents it.
+*/}}
+{{- define "rlkube.jobRules" -}}
+# kopf lists and watches RLJobs; the operator writes only their status.
+- apiGroups: ["rlkube.dev"]
+  resources: ["rljobs"]
+  verbs: ["list", "watch"]
+- apiGroups: ["rlkube.dev"]
+  resources: ["rljobs/status"]
+  verbs: ["patch"]
+# Children carry a controller ownerReference with blockOwnerDeletion; clusters that
+# enable the OwnerReferencesPermissionEnforcement admission plugin (OpenShift does)
+# require update on the owner's finalizers to set it.
+- apiGroups: ["rlkube.dev"]
+  resources: ["rljobs/finalizers"]
+  verbs: ["update"]
+# Pods: indexed and watched (list, watch), deleted for a gang restart (delete).
+# get and patch only because the operator creates, for each job, a Role that lets
+# the driver get/patch its own pod: RBAC forbids granting a permission one does not
+# hold. Holding these two is far narrower than `escalate`/`bind`, which would let
+# the operator grant anything.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "patch", "delete"]
+# One StatefulSet per role: applied (create, patch), indexed (list, watch), scaled
+# to zero when the job ends (patch) and deleted after ttlSecondsAfterFinished.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["create", "patch", "list", "watch", "delete"]
+# The other children: applied (create, patch); listed by label and deleted after
+# ttlSecondsAfterFinished.
+- apiGroups: [""]
+  resources: ["configmaps", "services", "serviceaccounts"]
+  verbs: ["create", "patch", "list", "delete"]
+# The job's Ray token Secret, also read back (get) so that re-applying it never
+# rotates the token under running pods.
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get", "create", "patch", "list", "delete"]
+# The driver's Role and RoleBinding (see pods above).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create", "patch", "list", "delete"]
+# Gang scheduling: Volcano and scheduler-plugins coscheduling PodGroups. Both are
+# granted whichever scheduler is in use: the TTL cleanup lists both kinds, and a
+# PodGroup CRD that is installed but forbidden would make it fail. Kueue needs no
+# object of its own (labels and spec.suspend only).
+- apiGroups: ["scheduling.volcano.sh"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch", "list", "delete"]
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["create", "patch", "list", "delete"]
+# Events on RLJobs (kopf.event posts them; it never updates one).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end }}
+
+{{/*
+kopf's runtime observation (rbac.kopfObservation): it watches CRDs to notice
+resources appear, change or go; when it watches a list of namespaces, it also
+lists and watches Namespaces to notice them appear or go. Cluster-wide it never
+looks at Namespaces. kopf's peering objects are not needed: the operator runs
+standalone.
+*/}}
+{{- define "rlkube.observationRules" -}}
+- apiGroups: ["apiextensions.k8s.io"]
+  resources: ["customresourcedefinitions"]
+  verbs: ["list", "watch"]
+{{- if .Values.watchNamespaces }}
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["list", "watch"]
+{{- end }}
+{{- end }}
