@@ -116,6 +116,12 @@ class OptimConfig(ApiModel):
     )
 
 
+# How a role's ranks share a model: FSDP2 shards parameters, gradients and optimizer state
+# (`fully_shard` per decoder layer); replicate keeps a full copy per rank and all-reduces
+# gradients. auto = fsdp2 on GPU with 2+ ranks, replicate otherwise.
+Strategy = Literal["auto", "fsdp2", "replicate"]
+
+
 class ActorConfig(ApiModel):
     """The policy update (PPO clip objective, KL loss, entropy bonus)."""
 
@@ -149,6 +155,9 @@ class ActorConfig(ApiModel):
     kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator of the KL loss.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     policy_loss: Literal["vanilla"] = Field("vanilla", description="Registered policy-loss function.")
+    strategy: Strategy = Field(
+        "auto", description="Data parallelism across the actor's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
+    )
 
 
 class CriticConfig(ApiModel):
@@ -162,6 +171,9 @@ class CriticConfig(ApiModel):
     cliprange_value: float = Field(0.5, gt=0, description="Value clipping range.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
+    strategy: Strategy = Field(
+        "auto", description="Data parallelism across the critic's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
+    )
 
 
 class RolloutConfig(ApiModel):

@@ -82,3 +82,8 @@ class Env:
     # Ray's own: token authentication for the job's Ray cluster.
     RAY_AUTH_MODE: Final = "RAY_AUTH_MODE"
     RAY_AUTH_TOKEN: Final = "RAY_AUTH_TOKEN"
+
+
+# Set by users (spec.env), not the operator, so not in Env (whose names RLJobs may not set):
+# extra `ray start` flags (shell words) for the head and the role pods, e.g. object store size.
+RAY_START_ARGS_ENV: Final = "RLKUBE_RAY_START_ARGS"

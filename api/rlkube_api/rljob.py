@@ -36,6 +36,32 @@ class EnvVar(ApiModel):
     value: str = Field("", max_length=32768, description="Value.")
 
 
+# Volume names the operator itself mounts in every pod.
+OPERATOR_VOLUMES = ("checkpoints", "config", "reward", "shm")
+
+
+class PodVolume(ApiModel):
+    """A volume mounted in every trainer pod: models, datasets, caches."""
+
+    cel_rules = (
+        CelRule(
+            "!(self.name in " + json.dumps(list(OPERATOR_VOLUMES)) + ")",
+            "name is used by the operator: " + ", ".join(OPERATOR_VOLUMES),
+            ".name",
+        ),
+    )
+
+    name: str = Field(
+        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Volume name (DNS label)."
+    )
+    mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path in containers.")
+    read_only: bool = Field(False, description="Mount read-only.")
+    source: dict[str, Any] = Field(
+        description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: models}} or "
+        "{hostPath: {path: /data}}.",
+    )
+
+
 class LocalObjectReference(ApiModel):
     """A reference to an object in the job's namespace."""
 
@@ -104,6 +130,16 @@ class RLJobSpec(TrainerConfig):
             "env may not set a variable the operator manages: " + ", ".join(RESERVED_ENV),
             ".env",
         ),
+        CelRule(
+            "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.name == v.name))",
+            "volume names must be unique",
+            ".volumes",
+        ),
+        CelRule(
+            "!has(self.volumes) || self.volumes.all(v, self.volumes.exists_one(w, w.mountPath == v.mountPath))",
+            "volume mountPaths must be unique",
+            ".volumes",
+        ),
     )
 
     image: str = Field(min_length=1, max_length=1024, description="Trainer image for every role.")
@@ -116,6 +152,9 @@ class RLJobSpec(TrainerConfig):
     service_account_name: str | None = Field(None, max_length=253, description="Pods' ServiceAccount.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
     env: list[EnvVar] | None = Field(None, max_length=128, description="Extra environment of every container.")
+    volumes: list[PodVolume] | None = Field(
+        None, max_length=32, description="Volumes mounted in every trainer pod (where model.path and data live)."
+    )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")

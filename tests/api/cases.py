@@ -143,6 +143,28 @@ INVALID = [
         ("spec.env", "MASTER_PORT"),
     ),
     Case("kl-loss-type-unknown", _set("spec.actor.klLossType", "k4"), ("spec.actor.klLossType",)),
+    Case(
+        "volume-name-used-by-the-operator",
+        _set("spec.volumes", [{"name": "config", "mountPath": "/x", "source": {"emptyDir": {}}}]),
+        ("spec.volumes", "name", "used by the operator"),
+    ),
+    Case(
+        "volume-names-repeat",
+        _set(
+            "spec.volumes",
+            [
+                {"name": "models", "mountPath": "/a", "source": {"emptyDir": {}}},
+                {"name": "models", "mountPath": "/b", "source": {"emptyDir": {}}},
+            ],
+        ),
+        ("spec.volumes", "volume names must be unique"),
+    ),
+    Case(
+        "volume-mount-path-relative",
+        _set("spec.volumes", [{"name": "models", "mountPath": "models", "source": {"emptyDir": {}}}]),
+        ("spec.volumes", "mountPath"),
+    ),
+    Case("actor-strategy-unknown", _set("spec.actor.strategy", "zero3"), ("spec.actor.strategy",)),
 ]
 
 # Changes refused on update: (id, mutation, field).

@@ -70,7 +70,7 @@ def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Pa
     assert "adv_estimator" in config["algorithm"]
     good = tmp_path / "good.yaml"
     good.write_text(yaml.safe_dump(config))
-    assert load_trainer_config(good).rollout.n == 4
+    assert load_trainer_config(good).rollout.n == 8
 
     config["actor"]["clip_ratio_c"] = 0.5
     config["algorithm"]["adv_estimatr"] = "grpo"

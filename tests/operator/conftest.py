@@ -32,7 +32,7 @@ def rljob_crd(kubectl: Kubectl) -> None:
     from rlkube_api.crd import CRD_FILES
     from tests.operator.cluster_kit import wait_established
 
-    kubectl("apply", "--server-side", "-f", str(CRD_FILES[0]))
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
     wait_established(kubectl, "rljobs.rlkube.dev")
 
 

@@ -317,10 +317,11 @@ def test_command_per_role(role: str, command: list[str]) -> None:
     ("example", "ckpt_dir", "ckpt_source"),
     [
         (GPU, "/checkpoints", {"persistentVolumeClaim": {"claimName": "rl-ckpt"}}),
-        (CPU, "/rlkube/checkpoints", {"emptyDir": {}}),
+        # The checkpoints sit on the user's own volume (spec.volumes) mounted at /rlkube.
+        (CPU, "/rlkube/checkpoints/tiny-cpu", None),
     ],
 )
-def test_volumes_of_every_pod(example: str, ckpt_dir: str, ckpt_source: Obj) -> None:
+def test_volumes_of_every_pod(example: str, ckpt_dir: str, ckpt_source: Obj | None) -> None:
     job = load_job(example)
     name = job.metadata.name
     children = children_of(job)
@@ -340,8 +341,12 @@ def test_volumes_of_every_pod(example: str, ckpt_dir: str, ckpt_source: Obj) -> 
         assert posixpath.dirname(config_file) == mount_for(sts, "config")["mountPath"]
         assert posixpath.basename(config_file) in config_map["data"]
         # Checkpoints: the user's volume source at spec.checkpoint.dir.
-        assert volume(sts, "checkpoints") == {"name": "checkpoints", **ckpt_source}, role
-        assert mount_for(sts, "checkpoints")["mountPath"] == ckpt_dir == job.spec.checkpoint.dir
+        assert job.spec.checkpoint.dir == ckpt_dir
+        if ckpt_source is None:
+            assert all(v["name"] != "checkpoints" for v in pod_spec(sts)["volumes"])
+        else:
+            assert volume(sts, "checkpoints") == {"name": "checkpoints", **ckpt_source}, role
+            assert mount_for(sts, "checkpoints")["mountPath"] == ckpt_dir
         # The reward function's ConfigMap key, mounted as the file the config names.
         reward = volume(sts, "reward")["configMap"]
         assert reward["name"] == reward_ref.name
@@ -353,6 +358,18 @@ def test_volumes_of_every_pod(example: str, ckpt_dir: str, ckpt_source: Obj) -> 
         assert len(paths) == len(set(paths)), role
 
 
+def test_user_volumes_are_mounted_in_every_pod() -> None:
+    job = load_job(GPU)
+    assert job.spec.volumes is not None
+    for role, sts in by_kind(children_of(job), "StatefulSet").items():
+        assert volume(sts, "models") == {
+            "name": "models",
+            "persistentVolumeClaim": {"claimName": "models", "readOnly": True},
+        }
+        assert mount_for(sts, "models") == {"name": "models", "mountPath": "/models", "readOnly": True}, role
+        assert mount_for(sts, "data")["mountPath"] == "/data"
+
+
 def test_no_checkpoint_or_reward_volume_when_not_asked_for() -> None:
     job = load_job(
         CPU,
@@ -361,8 +378,8 @@ def test_no_checkpoint_or_reward_volume_when_not_asked_for() -> None:
     )
     for sts in by_kind(children_of(job), "StatefulSet").values():
         names = {v["name"] for v in pod_spec(sts)["volumes"]}
-        assert names == {"shm", "config"}
-        assert {m["name"] for m in container(sts)["volumeMounts"]} == {"shm", "config"}
+        assert names == {"shm", "config", "work"}  # work: the example's own volume (spec.volumes)
+        assert {m["name"] for m in container(sts)["volumeMounts"]} == {"shm", "config", "work"}
 
 
 @pytest.mark.parametrize("attempt", [0, 3])

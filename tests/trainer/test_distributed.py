@@ -154,3 +154,50 @@ def test_colocated_and_separate_rollout_agree_after_the_same_update(tmp_path: Pa
         outputs[placement] = json.loads(out.read_text())
     assert len(outputs["colocated"]) == 16
     assert outputs["colocated"] == outputs["separate"]
+
+
+def _fsdp_config(workdir: Path, steps: int, strategy: str, placement: str) -> Path:
+    path = init(workdir, "grpo", steps)
+    raw = yaml.safe_load(path.read_text())
+    raw["roles"] = {"actor": {"replicas": 2, "gpus_per_replica": 0}}
+    if placement == "separate":
+        raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
+    raw["actor"]["strategy"] = strategy
+    raw["trainer"].update({"save_freq": 2})
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+@pytest.mark.parametrize("placement", ["colocated", "separate"])
+def test_fsdp2_actor_matches_replicas_and_resumes_from_its_sharded_checkpoint(tmp_path: Path, placement: str) -> None:
+    """FSDP2 over 2 gloo ranks (what the GPU path runs over NCCL): the same trajectory as full
+    replicas with averaged gradients; weights reach the rollout engines (each rank's own when
+    colocated, broadcast when separate); a sharded checkpoint (torch.distributed.checkpoint)
+    is written and a longer rerun resumes from it."""
+    steps = 3
+    runs = {}
+    for strategy in ("replicate", "fsdp2"):
+        workdir = tmp_path / strategy
+        result = _run(_fsdp_config(workdir, steps, strategy, placement))
+        assert result.returncode == 0, result.stderr[-4000:]
+        runs[strategy] = {int(r["step"]): r for r in _metrics(workdir)}
+    assert sorted(runs["fsdp2"]) == list(range(1, steps + 1))
+    first_replicate, first_fsdp = runs["replicate"][1], runs["fsdp2"][1]
+    # Step 1 starts from the same weights and samples: identical up to float summation order.
+    assert first_fsdp["critic/score/mean"] == first_replicate["critic/score/mean"]
+    assert first_fsdp["actor/pg_loss"] == pytest.approx(first_replicate["actor/pg_loss"], abs=1e-4)
+    assert first_fsdp["actor/grad_norm"] == pytest.approx(first_replicate["actor/grad_norm"], rel=1e-3)
+    for step in range(2, steps + 1):
+        # Later steps sample from weights that differ by rounding only.
+        want, got = runs["replicate"][step], runs["fsdp2"][step]
+        assert got["critic/score/mean"] == pytest.approx(want["critic/score/mean"], abs=0.15), f"step {step}"
+    sharded = tmp_path / "fsdp2" / "checkpoints" / "step_000002" / "actor"
+    assert (sharded / "sharded" / ".metadata").is_file(), sorted(p.name for p in sharded.rglob("*"))
+
+    longer = _fsdp_config(tmp_path / "fsdp2", steps + 2, "fsdp2", placement)
+    resumed = _run(longer)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert re.search(r"resumed from .*step_000003", resumed.stderr), resumed.stderr[-3000:]
+    assert sorted({int(r["step"]) for r in _metrics(tmp_path / "fsdp2")}) == list(range(1, steps + 3))

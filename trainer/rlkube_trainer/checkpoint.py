@@ -384,6 +384,24 @@ def save_torch(path: Path, obj: Any) -> None:
     _fsync_dir(path.parent)
 
 
+def save_sharded(directory: Path, state: dict[str, Any]) -> None:
+    """A sharded (FSDP2) state dict with torch.distributed.checkpoint: every rank of the default
+    group writes its own shards into `directory`, rank 0 the metadata. A collective."""
+    from torch.distributed.checkpoint.state_dict_saver import save  # noqa: PLC0415  (sharded roles only)
+
+    save(state, checkpoint_id=str(directory))
+
+
+def load_sharded(directory: Path, state: dict[str, Any]) -> None:
+    """Fills `state` (already holding this rank's shards, e.g. from get_state_dict) in place
+    from `directory`, resharding if needed. A collective."""
+    from torch.distributed.checkpoint.state_dict_loader import load  # noqa: PLC0415
+
+    if not (directory / ".metadata").is_file():
+        raise CheckpointError(f"{directory} holds no sharded checkpoint (no .metadata)")
+    load(state, checkpoint_id=str(directory))
+
+
 def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
     """Load what `save_torch` wrote, with weights_only=True.
 

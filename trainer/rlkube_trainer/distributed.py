@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import socket
 import subprocess
 import time
@@ -19,7 +20,7 @@ from typing import Any
 import ray
 
 from rlkube_api.config import TrainerConfig
-from rlkube_api.names import Env
+from rlkube_api.names import RAY_START_ARGS_ENV, Env
 from rlkube_api.roles import RolePods, roles_with_pods
 from rlkube_trainer.data import PromptDataset, PromptLoader
 from rlkube_trainer.driver import RunResult, TrainingRun, seed_everything, total_steps_of, uses_reference
@@ -118,7 +119,8 @@ class Cluster:
         actor = groups["actor"]
         rollout: Any
         if "rollout" in groups:
-            manifest = actor.call(0, "weight_manifest")
+            # All ranks: gathering a sharded policy's full shapes is a collective.
+            manifest = actor.call_all("weight_manifest")[0]
             world = 1 + len(groups["rollout"])
             port = free_port()
             joins = [actor.handles[0].join_weight_sync.remote("127.0.0.1", port, world, 0)]
@@ -167,7 +169,7 @@ class ClusterState:
             group.call_all("load", str(checkpoint))
 
     def export_hf(self, path: Path) -> None:
-        self.cluster.groups["actor"].call(0, "export_hf", str(path))
+        self.cluster.groups["actor"].call_all("export_hf", str(path))
 
 
 def run_distributed(
@@ -204,6 +206,8 @@ def start_local_ray(config: TrainerConfig, attempts: int = 3) -> None:
     for attempt in range(1, attempts + 1):
         try:
             ray.init(
+                # A new Ray of its own even when another one runs here (ray.init would join it).
+                address="local",
                 resources=local_resources(config),
                 include_dashboard=False,
                 configure_logging=False,
@@ -225,6 +229,11 @@ def ray_head_port() -> int:
     return int(address.rsplit(":", 1)[1]) if ":" in address else 6379
 
 
+def ray_start_args() -> list[str]:
+    """The user's extra `ray start` flags from the environment (shell words)."""
+    return shlex.split(os.environ.get(RAY_START_ARGS_ENV, ""))
+
+
 def start_ray_head() -> None:
     """The controller pod: a Ray head with no role resources of its own."""
     subprocess.run(
@@ -237,6 +246,7 @@ def start_ray_head() -> None:
             "--num-gpus=0",
             "--include-dashboard=false",
             "--disable-usage-stats",
+            *ray_start_args(),
         ],
         check=True,
     )
@@ -272,6 +282,7 @@ def join_as_node(role: str, gpus: int) -> int:
         f"--num-gpus={gpus}",
         "--disable-usage-stats",
         "--block",
+        *ray_start_args(),
     ]
     log.info("joining %s as %s pod %d: %s", address, role, index, " ".join(command))
     # The head may still be starting (pods start in any order): retry the join for a while.

@@ -98,7 +98,7 @@ class RunResult:
     steps: int
     history: list[dict[str, float]]
     output_dir: Path
-    curves: Path
+    curves: Path | None
     last_checkpoint: Path | None
 
 

@@ -18,7 +18,15 @@ import torch
 from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.checkpoint import capture_rng, load_torch, restore_rng, save_torch
+from rlkube_trainer.checkpoint import (
+    CheckpointError,
+    capture_rng,
+    load_sharded,
+    load_torch,
+    restore_rng,
+    save_sharded,
+    save_torch,
+)
 from rlkube_trainer.parallel import Rendezvous, init_role_group
 from rlkube_trainer.reward import RewardInput, build_reward_scorer
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
@@ -147,8 +155,13 @@ class RoleWorker:
         self.sync_group = WeightSyncGroup(addr, port, world_size, rank, self.device)
 
     def send_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
-        """Actor rank 0 of the separate placement."""
-        assert self.actor is not None and self.sync_group is not None
+        """Every actor rank: rank 0 (the only one in the weight-sync group) broadcasts; with a
+        sharded policy the others must still take part in gathering each full tensor."""
+        assert self.actor is not None
+        if self.sync_group is None:
+            for _ in self.actor.named_weights():
+                pass
+            return 0
         return self.sync_group.send(self.actor.named_weights(), manifest, bucket_bytes)
 
     def receive_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
@@ -169,7 +182,11 @@ class RoleWorker:
                 continue
             path = out / part / f"rank_{self.spec.rank}.pt"
             path.parent.mkdir(parents=True, exist_ok=True)
-            save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
+            if trainable.sharded:
+                save_sharded(out / part / "sharded", trainable.sharded_state_dict())
+                save_torch(path, {"local": trainable.local_state_dict(), "rng": capture_rng()})
+            else:
+                save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
             written.append(str(path.relative_to(out)))
         return written
 
@@ -179,19 +196,35 @@ class RoleWorker:
                 continue
             path = Path(directory) / part / f"rank_{self.spec.rank}.pt"
             state = load_torch(path)
-            trainable.load_state_dict(state["state"])
+            if trainable.sharded:
+                if "local" not in state:
+                    raise CheckpointError(f"{path}: written by unsharded ranks; this run shards {part} (strategy)")
+                sharded = trainable.sharded_state_dict()
+                load_sharded(Path(directory) / part / "sharded", sharded)
+                trainable.load_sharded_state_dict(sharded)
+                trainable.load_local_state_dict(state["local"])
+            else:
+                if "state" not in state:
+                    raise CheckpointError(f"{path}: written by sharded ranks; this run does not shard {part}")
+                trainable.load_state_dict(state["state"])
             restore_rng(state["rng"])
 
     def export_hf(self, directory: str) -> None:
-        """Actor rank 0: the policy as a Hugging Face model."""
+        """Every actor rank (gathering a sharded policy is a collective); rank 0 writes the
+        policy as a Hugging Face model."""
         from rlkube_trainer.checkpoint import export_hf  # noqa: PLC0415
         from rlkube_trainer.models import load_tokenizer  # noqa: PLC0415
 
         assert self.actor is not None
+        # Gathered tensor by tensor and moved off the GPU as they come.
+        state = {k: v.cpu() for k, v in self.actor.named_weights()} if self.actor.sharded else None
+        if self.spec.rank != 0:
+            return
         export_hf(
             self.actor.model,
             load_tokenizer(self.config.model.tokenizer_path or self.config.model.path),
             Path(directory),
+            state_dict=state,
         )
 
     def ping(self) -> bool:

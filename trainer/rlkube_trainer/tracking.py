@@ -54,9 +54,14 @@ class Tracker:
             return []
         return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
 
-    def plot(self) -> Path:
-        """Writes curves.png from metrics.jsonl; returns its path."""
-        import matplotlib  # noqa: PLC0415
+    def plot(self) -> Path | None:
+        """Writes curves.png from metrics.jsonl; returns its path, or None without matplotlib
+        (a picture is not worth failing a finished run for: metrics.jsonl has the numbers)."""
+        try:
+            import matplotlib  # noqa: PLC0415
+        except ImportError:
+            log.warning("matplotlib is not installed: no curves.png (the numbers are in %s)", self.jsonl)
+            return None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415

@@ -180,8 +180,9 @@ class SeparateGroupRollout:
         return _generate(self.rollout, prompt_token_ids, sampling)
 
     def sync_weights(self) -> int:
-        send = self.actor.handles[0].send_weights.remote(self.manifest, self.bucket_bytes)
+        # Every actor rank: a sharded policy is gathered tensor by tensor across the group.
+        sends = [h.send_weights.remote(self.manifest, self.bucket_bytes) for h in self.actor.handles]
         receives = [h.receive_weights.remote(self.manifest, self.bucket_bytes) for h in self.rollout.handles]
         # Both sides at once: the broadcast completes only when every rank takes part.
         self.rollout.gather(receives)
-        return int(self.actor.gather([send], [0])[0])
+        return int(self.actor.gather(sends)[0])

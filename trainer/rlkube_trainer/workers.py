@@ -18,8 +18,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlkube_api.config import ActorConfig, CriticConfig, OptimConfig, TrainerConfig
+from rlkube_api.config import ActorConfig, CriticConfig, OptimConfig, Strategy, TrainerConfig
 from rlkube_trainer.algos import (
     agg_loss,
     compute_entropy_loss,
@@ -30,16 +31,17 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
-from rlkube_trainer.parallel import average_gradients, full_tensors, shard_with_fsdp2, world_size
+from rlkube_trainer.parallel import average_gradients, full_tensors, is_sharded, shard_with_fsdp2, world_size
 
 Metrics = dict[str, float]
 
 
-def _distribute(model: nn.Module, device: torch.device) -> nn.Module:
-    """FSDP2 on GPU inside a role group; on CPU (gloo) ranks keep full copies (parallel.py)."""
-    # World size, not just an initialised group: an in-process vLLM engine initialises
-    # torch.distributed with one rank, and FSDP over one rank only costs time.
-    if device.type == "cuda" and dist.is_initialized() and dist.get_world_size() > 1:
+def _distribute(model: nn.Module, device: torch.device, strategy: Strategy) -> nn.Module:
+    """FSDP2 or full replicas across the role group (parallel.py); one rank keeps the model as is."""
+    # World size, not just an initialised group: FSDP over one rank only costs time.
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return model
+    if strategy == "fsdp2" or (strategy == "auto" and device.type == "cuda"):
         return shard_with_fsdp2(model)
     return model
 
@@ -114,6 +116,26 @@ class _Trainable:
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
 
+    # A sharded model's parameters and optimizer state are DTensors: they go through
+    # torch.distributed.checkpoint (checkpoint.save_sharded), the rest stays per rank.
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def local_state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state()}
+
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+
 
 def _mean(values: dict[str, list[float]]) -> Metrics:
     return {k: sum(v) / len(v) for k, v in values.items() if v}
@@ -127,7 +149,7 @@ class ActorWorker(_Trainable):
         model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
         if config.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model = _distribute(model, device)
+        self.model = _distribute(model, device, config.actor.strategy)
         super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
 
@@ -204,7 +226,7 @@ class ReferenceWorker:
         self.micro_batch = config.actor.ppo_micro_batch_size_per_gpu
         model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
         model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
-        self.model = _distribute(model, device)
+        self.model = _distribute(model, device, config.actor.strategy)
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
@@ -226,7 +248,7 @@ class CriticWorker(_Trainable):
         self.config: CriticConfig = config.critic
         path = config.critic.model_path or config.model.path
         critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
-        self.model = _distribute(critic, device)  # type: ignore[assignment]
+        self.model = _distribute(critic, device, config.critic.strategy)  # type: ignore[assignment]
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
         self.samples_per_mini_batch = mini * config.rollout.n
