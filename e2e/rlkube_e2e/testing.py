@@ -67,3 +67,15 @@ class Kubectl:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}): {result.stderr.strip()}")
         return result
+
+
+def wait_established(kubectl: Kubectl, crd: str) -> None:
+    """`kubectl wait --for=condition=Established` fails outright while a new CRD has
+    no conditions yet; poll instead."""
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        result = kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
+        return result.stdout.strip() == "True"
+
+    wait_for(established, f"CRD {crd} to be Established", timeout=60)

@@ -185,14 +185,14 @@ def install_rljob_crd(kubectl: Kubectl) -> None:
     manager (tests/operator's fixture, in a reused cluster) would then conflict.
     --force-conflicts takes the fields over from any earlier manager, Helm included."""
     from rlkube_api.crd import CRD_FILES  # noqa: PLC0415
-    from tests.operator.cluster_kit import wait_established  # noqa: PLC0415  (imports kopf and the operator)
+    from rlkube_e2e.testing import wait_established  # noqa: PLC0415
 
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
     wait_established(kubectl, "rljobs.rlkube.dev")
 
 
 def install_monitoring_crds(kubectl: Kubectl) -> None:
-    from tests.operator.cluster_kit import wait_established  # noqa: PLC0415  (imports kopf and the operator)
+    from rlkube_e2e.testing import wait_established  # noqa: PLC0415
 
     for path in sorted(MONITORING_CRDS.glob("*.yaml")):
         kubectl("apply", "--server-side", "-f", str(path))

@@ -28,7 +28,7 @@ from kubernetes.config import kube_config
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
-from rlkube_e2e.testing import Kubectl, wait_for
+from rlkube_e2e.testing import Kubectl, wait_established, wait_for
 from rlkube_operator import handlers  # noqa: F401  (on import, the handlers register with kopf)
 
 Obj = dict[str, Any]
@@ -130,18 +130,6 @@ def install_podgroup_crds(kubectl: Kubectl) -> None:
         kubectl("apply", "--server-side", "-f", str(path))
     for name in PODGROUP_CRD_NAMES:
         wait_established(kubectl, name)
-
-
-def wait_established(kubectl: Kubectl, crd: str) -> None:
-    """`kubectl wait --for=condition=Established` fails outright while a new CRD has
-    no conditions yet; poll instead."""
-    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-
-    def established() -> bool:
-        result = kubectl("get", "crd", crd, "-o", f"jsonpath={jsonpath}", check=False)
-        return result.stdout.strip() == "True"
-
-    wait_for(established, f"CRD {crd} to be Established", timeout=60)
 
 
 def uninstall_podgroup_crds(kubectl: Kubectl) -> None:

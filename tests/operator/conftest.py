@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def rljob_crd(kubectl: Kubectl) -> None:
     from rlkube_api.crd import CRD_FILES
-    from tests.operator.cluster_kit import wait_established
+    from rlkube_e2e.testing import wait_established
 
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
     wait_established(kubectl, "rljobs.rlkube.dev")

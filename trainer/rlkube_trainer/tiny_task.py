@@ -24,7 +24,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 DATA_SOURCE = "tiny_first_digit"
-REWARD_FILE = Path(__file__).resolve().parents[2] / "examples" / "rewards" / "tiny_task.py"
+# Inside the package, so `rlkube-trainer tiny-task` works from an installed image too;
+# examples/rewards/tiny_task.py links here.
+REWARD_FILE = Path(__file__).with_name("tiny_reward.py")
 WORDS = ("<pad>", "<eos>", "<bos>", *(str(d) for d in range(10)), "=")
 
 

@@ -1,0 +1,124 @@
+"""The tiny CPU RLJob (examples/tiny-cpu.yaml) made ready to run on the process node: the
+init step that writes its model and data, its reward ConfigMap, and the manifest pinned to
+the process node's pool with its work folder on this machine. Shared by `make demo` and
+the end-to-end tests."""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rlkube_e2e.cluster import REPO_ROOT
+from rlkube_e2e.testing import Kubectl
+
+EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
+REWARD = REPO_ROOT / "examples" / "rewards" / "tiny_task.py"
+CRD = REPO_ROOT / "crds" / "rljob.yaml"
+# Where the example mounts its work folder in the pods; the hostPath behind it is the demo's.
+MOUNT = "/rlkube"
+LOCAL_POOL = {"rlkube.dev/pool": "local"}
+
+
+@dataclass(frozen=True)
+class TinyJob:
+    """One run of the example: its manifest and where its files are on this machine."""
+
+    manifest: dict[str, Any]
+    workdir: Path  # the hostPath mounted at /rlkube in every pod
+
+    @property
+    def name(self) -> str:
+        return str(self.manifest["metadata"]["name"])
+
+    def host_path(self, pod_path: str) -> Path:
+        """Where a path under /rlkube in the pods lives on this machine."""
+        return self.workdir / Path(pod_path).relative_to(MOUNT)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.host_path(self.manifest["spec"]["checkpoint"]["dir"])
+
+    def metrics(self) -> list[dict[str, float]]:
+        path = self.checkpoints / "metrics.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def prepare(workdir: Path, name: str = "tiny-cpu", steps: int | None = None, save_freq: int | None = None) -> TinyJob:
+    """The init step (model, data under workdir/tiny) and the manifest: every pod on the
+    process node's pool, the example's hostPath replaced by workdir."""
+    from rlkube_trainer.tiny_task import build_model, write_dataset  # noqa: PLC0415  (torch: only here)
+
+    manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
+    spec = manifest["spec"]
+    manifest["metadata"]["name"] = name
+    for volume in spec["volumes"]:
+        if volume["mountPath"] == MOUNT:
+            volume["source"] = {"hostPath": {"path": str(workdir), "type": "DirectoryOrCreate"}}
+    spec["checkpoint"]["dir"] = f"{MOUNT}/checkpoints/{name}"
+    if steps is not None:
+        spec["trainer"]["totalTrainingSteps"] = steps
+    if save_freq is not None:
+        spec["trainer"]["saveFreq"] = save_freq
+    # The simulated GPU pools are kwok nodes that run nothing: pin every pod to the process node.
+    spec.setdefault("controller", {})["pool"] = {"nodeSelector": LOCAL_POOL}
+    for role in spec["roles"].values():
+        role["pool"] = {"nodeSelector": LOCAL_POOL}
+    job = TinyJob(manifest, workdir)
+    model = job.host_path(spec["model"]["path"])
+    if not (model / "config.json").exists():
+        build_model(model)
+    data = job.host_path(spec["data"]["trainFiles"][0])
+    if not data.exists():
+        write_dataset(data)
+    job.checkpoints.parent.mkdir(parents=True, exist_ok=True)
+    return job
+
+
+def apply(kubectl: Kubectl, namespace: str, job: TinyJob) -> None:
+    """The reward ConfigMap the example names, then the RLJob."""
+    reward = job.manifest["spec"]["reward"]["function"]["configMap"]
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": reward["name"], "namespace": namespace},
+        "data": {reward["key"]: REWARD.read_text()},
+    }
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(config_map))
+    kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
+
+
+def status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    out = kubectl("-n", namespace, "get", "rljob", name, "-o", "jsonpath={.status}", check=False).stdout
+    return json.loads(out) if out.strip() else {}
+
+
+def wait_state(
+    kubectl: Kubectl, namespace: str, name: str, states: tuple[str, ...], timeout: float, show: bool = False
+) -> dict[str, Any]:
+    """Polls the job's status until its state is one of `states`; prints progress with `show`."""
+    deadline = time.monotonic() + timeout
+    last_line = ""
+    current: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        current = status(kubectl, namespace, name)
+        if show:
+            progress = current.get("progress", {})
+            line = (
+                f"  {current.get('state', '-'):<10} step {progress.get('step', 0)}/{progress.get('totalSteps', '?')}"
+                f"  reward {progress.get('rewardMean') or float('nan'):.3f}  restarts {current.get('restartCount', 0)}"
+            )
+            if line != last_line:
+                print(line, flush=True)
+                last_line = line
+        if current.get("state") in states:
+            return current
+        time.sleep(2)
+    raise TimeoutError(f"RLJob {namespace}/{name} not in {states} after {timeout:.0f} s; status {current}")

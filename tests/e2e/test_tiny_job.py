@@ -1,0 +1,190 @@
+"""The whole path for real: RLJob → operator → StatefulSet pods on the process node →
+rendezvous → trainer → status. The tiny CPU example (controller + 2 actor pods + a
+separate vLLM rollout pod) trains the tiny task:
+
+- it reaches Succeeded with the reward improved, and the operator's and the driver's
+  Prometheus endpoints are scraped while it runs;
+- an actor pod killed mid-training makes the operator restart the gang, the trainer
+  resumes from its last checkpoint, and the job still succeeds with restartCount 1 and
+  no step trained twice beyond saveFreq.
+
+The operator runs as its own process (`python -m rlkube_operator -n NAMESPACE`), as in
+a cluster. Asserts behaviour, not time.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from rlkube_e2e import tinyjob
+from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established, wait_for
+
+if TYPE_CHECKING:
+    from rlkube_e2e.procnode.node import ProcessNode
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
+
+# A job takes minutes on 2 cores; generous bounds so a loaded CI machine does not fail them.
+RUN_TIMEOUT = 1200.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class OperatorProcess:
+    metrics_port: int
+    log: Path
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+
+
+@pytest.fixture(scope="module")
+def process_node(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessNode]:
+    from rlkube_e2e.procnode.node import ProcessNode  # noqa: PLC0415
+    from rlkube_e2e.procnode.testing import running_node  # noqa: PLC0415
+
+    reason = ProcessNode.unavailable()
+    if reason:
+        pytest.skip(f"the process node needs {reason}")
+    with running_node(cluster.kubeconfig, tmp_path_factory.mktemp("procnode"), "proc-e2e") as node:
+        yield node
+
+
+@pytest.fixture
+def operator_process(
+    cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator as a process watching `namespace`. An in-process operator that other
+    tests left running (cluster-wide) is paused meanwhile: two operators on one job fight."""
+    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
+
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(kubectl, "rljobs.rlkube.dev")
+    paused = InProcessOperator._active
+    if paused is not None:
+        paused.stop()
+    port = _free_port()
+    log = tmp_path / "operator.log"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    command = [sys.executable, "-m", "rlkube_operator", "-n", namespace, "--metrics-port", str(port)]
+    command += ["--health-port", str(_free_port())]
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield OperatorProcess(port, log)
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        if paused is not None:
+            paused.start()
+
+
+def _driver_metrics(kubectl: Kubectl, namespace: str, job: str) -> str:
+    """The driver's Prometheus endpoint, at the controller pod's IP (the process node's bridge)."""
+    pod = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}", check=False)
+    ip = pod.stdout.strip()
+    if pod.returncode != 0 or not ip:
+        raise OSError(f"no controller pod IP yet: {pod.stderr.strip()}")
+    with urllib.request.urlopen(f"http://{ip}:9400/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def _metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _failure_context(job: tinyjob.TinyJob, node: ProcessNode, namespace: str, operator: OperatorProcess) -> str:
+    log_path = node.log_path(namespace, f"{job.name}-controller-0")
+    driver = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "(no driver log)"
+    return f"driver log:\n{driver}\noperator log:\n{operator.log.read_text(errors='replace')[-2000:]}"
+
+
+def test_tiny_job_trains_through_the_operator(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20)
+    tinyjob.apply(kubectl, namespace, job)
+
+    # Scraped while it runs: the driver serves verl's metric names under rlkube_.
+    def driver_reports_steps() -> str | None:
+        try:
+            text = _driver_metrics(kubectl, namespace, job.name)
+        except OSError:
+            return None
+        step = _metric(text, "rlkube_trainer_step")
+        return text if step is not None and step >= 2 else None
+
+    try:
+        driver_text = wait_for(driver_reports_steps, "the driver's /metrics at step 2", timeout=RUN_TIMEOUT)
+        assert _metric(driver_text, "rlkube_trainer_total_steps") == 40
+        assert _metric(driver_text, "rlkube_critic_score_mean") is not None
+        assert _metric(driver_text, "rlkube_perf_throughput") is not None
+        operator_text = operator_process.metrics()
+        assert _metric(operator_text, 'rlkube_jobs{state="Running"}') == 1.0, operator_text[-2000:]
+        assert (_metric(operator_text, f'rlkube_reconcile_total{{namespace="{namespace}"}}') or 0) > 0
+
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+    except (TimeoutError, AssertionError) as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    assert final["state"] == "Succeeded", _failure_context(job, process_node, namespace, operator_process)
+    assert final["restartCount"] == 0
+    assert final["progress"]["step"] == 40
+    assert final["progress"]["lastCheckpointStep"] == 40
+    scores = [row["critic/score/mean"] for row in job.metrics()]
+    assert len(scores) == 40
+    first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5
+    assert last >= first + 0.3, f"reward did not improve: first 5 steps {first:.3f}, last 5 {last:.3f}; {scores}"
+    assert (job.checkpoints / "step_000040" / "COMPLETE").exists()
+    assert (job.checkpoints / "curves.png").exists()
+    assert (job.checkpoints / "hf" / "config.json").exists()
+
+
+def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    steps, save_freq = 16, 4
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-kill", steps=steps, save_freq=save_freq)
+    tinyjob.apply(kubectl, namespace, job)
+
+    def past_a_checkpoint() -> int | None:
+        progress = tinyjob.status(kubectl, namespace, job.name).get("progress") or {}
+        done = progress.get("lastCheckpointStep") or 0
+        return int(progress["step"]) if done >= save_freq and progress.get("step", 0) > done else None
+
+    try:
+        killed_at = wait_for(past_a_checkpoint, "a step after the first checkpoint", timeout=RUN_TIMEOUT)
+        assert killed_at < steps
+        kubectl("-n", namespace, "delete", "pod", f"{job.name}-actor-1", "--wait=false")
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+    except (TimeoutError, AssertionError) as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    assert final["state"] == "Succeeded", _failure_context(job, process_node, namespace, operator_process)
+    assert final["restartCount"] == 1
+    rows = job.metrics()
+    counts = collections.Counter(int(row["step"]) for row in rows)
+    assert sorted(counts) == list(range(1, steps + 1))
+    repeated = [step for step, n in counts.items() if n > 1]
+    # Only the steps after the last checkpoint before the kill are trained again.
+    assert len(repeated) <= save_freq, f"steps trained twice: {repeated}"
+    events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
+    assert "restarting the gang" in events, events
