@@ -43,9 +43,15 @@ venv: $(DEPS_STAMP) ## create the Python environment (.venv)
 toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm (cached)
 	bash e2e/toolchain.sh all
 
+.PHONY: sysdeps
+sysdeps: ## Debian packages the process node needs (iproute2), installed when missing
+	@command -v ip >/dev/null || PATH="$$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || { \
+		echo "==> installing iproute2 (apt-get)"; apt-get update -qq && apt-get install -y -qq iproute2; }
+
 .PHONY: crd
-crd: venv ## regenerate crds/rljob.yaml (and the chart's copy) from the pydantic models
+crd: venv ## regenerate crds/rljob.yaml (and the chart's copy) and the field reference from the pydantic models
 	$(PY) -m rlkube_api.crd --write
+	$(PY) -m rlkube_api.reference --write
 
 .PHONY: lint
 lint: venv ## ruff, mypy, shellcheck
@@ -55,7 +61,7 @@ lint: venv ## ruff, mypy, shellcheck
 	$(VENV)/bin/shellcheck e2e/*.sh e2e/cluster .ci/run bench/gpu/*.sh
 
 .PHONY: test
-test: venv toolchain lint ## install what is needed, then run every test
+test: venv toolchain sysdeps lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 .PHONY: cluster-up
@@ -67,5 +73,5 @@ cluster-down: venv ## stop the local control plane
 	$(PY) -m rlkube_e2e.cluster down
 
 .PHONY: demo
-demo: venv toolchain ## local cluster + operator + the tiny CPU RLJob (examples/tiny-cpu.yaml)
+demo: venv toolchain sysdeps ## local cluster + process node + operator; trains the tiny CPU RLJob (examples/tiny-cpu.yaml)
 	$(PY) -m rlkube_e2e.demo

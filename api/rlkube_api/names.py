@@ -46,7 +46,9 @@ NODE_HEALTH_PORT: Final = 9401  # health endpoint of each role pod
 # --- mount paths ------------------------------------------------------------------------------
 CONFIG_DIR: Final = "/etc/rlkube"
 CONFIG_FILE: Final = "config.yaml"
-REWARD_DIR: Final = "/etc/rlkube/reward"
+# Not under CONFIG_DIR: a mount inside a read-only ConfigMap mount needs its mount point
+# created in a read-only file system.
+REWARD_DIR: Final = "/etc/rlkube-reward"
 SHM_DIR: Final = "/dev/shm"
 
 

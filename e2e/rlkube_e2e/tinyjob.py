@@ -48,7 +48,11 @@ class TinyJob:
         path = self.checkpoints / "metrics.jsonl"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = path.read_text()
+        lines = text.splitlines()
+        if lines and not text.endswith("\n"):
+            lines.pop()  # a line the driver is still writing
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def prepare(workdir: Path, name: str = "tiny-cpu", steps: int | None = None, save_freq: int | None = None) -> TinyJob:

@@ -43,7 +43,7 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods",), ("get", "list", "watch", "patch", "delete")),
     ("apps", ("statefulsets",), ("create", "patch", "list", "watch", "delete")),
     ("", ("configmaps", "services", "serviceaccounts"), ("create", "patch", "list", "delete")),
-    ("", ("secrets",), ("get", "create", "patch", "list", "delete")),
+    ("", ("secrets",), ("get", "create", "patch", "delete")),
     ("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create", "patch", "list", "delete")),
     ("scheduling.volcano.sh", ("podgroups",), ("create", "patch", "list", "delete")),
     ("scheduling.x-k8s.io", ("podgroups",), ("create", "patch", "list", "delete")),

@@ -130,6 +130,7 @@ DENIED: tuple[Permission, ...] = (
     ("", "pods/status", "patch"),
     ("", "secrets", "update"),
     ("", "secrets", "watch"),
+    ("", "secrets", "list"),
     ("", "configmaps", "get"),
     ("", "persistentvolumeclaims", "create"),
     ("apps", "deployments", "create"),

@@ -162,17 +162,21 @@ def test_tiny_job_trains_through_the_operator(
 def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
     process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
-    steps, save_freq = 16, 4
+    # A step takes about 0.25 s here: enough steps that the kill lands mid-run.
+    steps, save_freq = 120, 10
     job = tinyjob.prepare(tmp_path / "work", name="tiny-kill", steps=steps, save_freq=save_freq)
     tinyjob.apply(kubectl, namespace, job)
 
     def past_a_checkpoint() -> int | None:
-        progress = tinyjob.status(kubectl, namespace, job.name).get("progress") or {}
-        done = progress.get("lastCheckpointStep") or 0
-        return int(progress["step"]) if done >= save_freq and progress.get("step", 0) > done else None
+        """Read on the shared work folder, every step: a complete checkpoint exists and the
+        run has gone past it, with steps left to resume into."""
+        latest = job.checkpoints / "latest"
+        done = int(latest.read_text().strip().rsplit("_", 1)[-1]) if latest.exists() else 0
+        step = len(job.metrics())
+        return step if done >= save_freq and done < step < steps - 2 * save_freq else None
 
     try:
-        killed_at = wait_for(past_a_checkpoint, "a step after the first checkpoint", timeout=RUN_TIMEOUT)
+        killed_at = wait_for(past_a_checkpoint, "a step after the first checkpoint", timeout=RUN_TIMEOUT, interval=0.5)
         assert killed_at < steps
         kubectl("-n", namespace, "delete", "pod", f"{job.name}-actor-1", "--wait=false")
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)

@@ -16,6 +16,7 @@ from rlkube_api.names import (
     LABEL_MANAGED_BY,
     LABEL_ROLE,
     MANAGED_BY,
+    NODE_HEALTH_PORT,
     REWARD_DIR,
     SHM_DIR,
     Env,
@@ -356,6 +357,19 @@ def test_volumes_of_every_pod(example: str, ckpt_dir: str, ckpt_source: Obj | No
         # No mount twice at one path.
         paths = [m["mountPath"] for m in container(sts)["volumeMounts"]]
         assert len(paths) == len(set(paths)), role
+
+
+def test_role_pods_have_a_liveness_probe_on_their_health_port() -> None:
+    job = load_job(GPU, *SEPARATE_CRITIC_AND_REFERENCE)
+    for role, sts in by_kind(children_of(job), "StatefulSet").items():
+        probe = container(sts).get("livenessProbe")
+        if role == "controller":
+            assert probe is None
+            continue
+        assert probe is not None, role
+        port = probe["httpGet"]["port"]
+        assert probe["httpGet"]["path"] == "/healthz"
+        assert {"name": port, "containerPort": NODE_HEALTH_PORT} in container(sts)["ports"], role
 
 
 def test_user_volumes_are_mounted_in_every_pod() -> None:

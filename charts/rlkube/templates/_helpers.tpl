@@ -116,10 +116,11 @@ same list as a table, and README.md documents it.
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["create", "patch", "list", "delete"]
 # The job's Ray token Secret, also read back (get) so that re-applying it never
-# rotates the token under running pods.
+# rotates the token under running pods; deleted by name, never listed (a list returns
+# every Secret's data).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch", "list", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # The driver's Role and RoleBinding (see pods above).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]

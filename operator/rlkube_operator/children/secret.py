@@ -13,7 +13,11 @@ TOKEN_KEY = "token"
 
 
 def ray_secret_name(job: RLJob) -> str:
-    return f"{job.metadata.name}-ray"
+    return ray_secret_name_of(job.metadata.name or "")
+
+
+def ray_secret_name_of(job_name: str) -> str:
+    return f"{job_name}-ray"
 
 
 def ray_token_secret(job: RLJob, token: str) -> dict[str, Any]:

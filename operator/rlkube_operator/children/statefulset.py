@@ -65,6 +65,19 @@ def container_env(job: RLJob, role: PodRole, attempt: int) -> list[dict[str, Any
     return env
 
 
+# Role pods serve /healthz (`rlkube-trainer node`). A wedged node process is restarted by
+# the kubelet; the operator then sees the container restart and restarts the gang. Loose
+# timings: a node busy loading a model must not be killed. The controller has no probe: a
+# driver that hangs is bounded by the trainer's own collective and call timeouts.
+ROLE_LIVENESS_PROBE: dict[str, Any] = {
+    "httpGet": {"path": "/healthz", "port": "health"},
+    "initialDelaySeconds": 30,
+    "periodSeconds": 20,
+    "timeoutSeconds": 10,
+    "failureThreshold": 6,
+}
+
+
 def container_ports(role: str) -> list[dict[str, Any]]:
     if role == CONTROLLER_ROLE:
         return [
@@ -123,6 +136,8 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
     resources = container_resources(role)
     if resources:
         container["resources"] = resources
+    if role.name != CONTROLLER_ROLE:
+        container["livenessProbe"] = ROLE_LIVENESS_PROBE
     pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
     pod["serviceAccountName"] = trainer_service_account_name(job)
     if spec.image_pull_secrets:
