@@ -91,7 +91,8 @@ class _Conditions:
             last_transition_time=_iso(transition or self.now),
             observed_generation=self.generation,
         )
-        if changed:
+        # One Event per cause: finishing sets Succeeded and clears Running for the same reason.
+        if changed and not any(e.reason == reason and e.message == message for e in self.events):
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
     def clear(self, type_: str, reason: str, message: str) -> None:
