@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Self
 
 import celpy
 from celpy.adapter import json_to_cel
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
@@ -57,6 +57,12 @@ def evaluate_rule(rule: CelRule, self_value: Any, old_value: Any = None) -> bool
     return bool(result)
 
 
+# Validation context key: the object was read back from the API server, which enforced the
+# CRD's CEL rules when it was written; evaluating them again in Python is skipped (it was
+# most of the operator's CPU time per reconcile pass). Types and bounds are still checked.
+ADMITTED = "admitted"
+
+
 class ApiModel(BaseModel):
     """Base for all RLJob / trainer-config models."""
 
@@ -71,7 +77,9 @@ class ApiModel(BaseModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = ()
 
     @model_validator(mode="after")
-    def _check_cel_rules(self) -> Self:
+    def _check_cel_rules(self, info: ValidationInfo) -> Self:
+        if info.context and info.context.get(ADMITTED):
+            return self
         rules = [r for r in type(self).cel_rules if not r.transition]
         if not rules:
             return self

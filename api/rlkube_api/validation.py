@@ -14,7 +14,7 @@ import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_snake
 
-from rlkube_api.base import check_transition
+from rlkube_api.base import ADMITTED, check_transition
 from rlkube_api.config import TrainerConfig
 from rlkube_api.rljob import RLJob
 
@@ -48,9 +48,10 @@ def describe(exc: ValidationError, style: Style = "wire") -> list[str]:
     return lines
 
 
-def parse_rljob(obj: dict[str, Any], source: str = "RLJob") -> RLJob:
+def parse_rljob(obj: dict[str, Any], source: str = "RLJob", admitted: bool = False) -> RLJob:
+    """`admitted`: obj comes from the API server, whose CEL rules it already passed."""
     try:
-        return RLJob.model_validate(obj)
+        return RLJob.model_validate(obj, context={ADMITTED: True} if admitted else None)
     except ValidationError as exc:
         raise InvalidSpec(source, describe(exc, "wire")) from None
 

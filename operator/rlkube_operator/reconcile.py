@@ -116,7 +116,7 @@ class Reconciler:
         meta = body["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         try:
-            job = parse_rljob(body, f"RLJob {namespace}/{name}")
+            job = parse_rljob(body, f"RLJob {namespace}/{name}", admitted=True)
         except InvalidSpec as exc:
             # The CRD refuses invalid specs; this only happens with an older CRD installed.
             return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])

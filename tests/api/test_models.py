@@ -102,3 +102,16 @@ def test_wire_round_trip_is_stable() -> None:
 def test_no_package_shadows_the_standard_operator_module() -> None:
     assert stdlib_operator.add(2, 3) == 5
     assert not hasattr(stdlib_operator, "__path__"), "something named 'operator' shadows the standard library"
+
+
+def test_admitted_objects_skip_cel_but_not_types() -> None:
+    """The operator parses RLJobs read back from the API server, which enforced the CEL
+    rules on write: they are not evaluated again (most of a reconcile pass's CPU), while
+    types and bounds still are."""
+    cel_violation = Case("fsdp", lambda job: job["spec"]["roles"]["actor"].update(fsdpSize=5), ()).job()
+    with pytest.raises(InvalidSpec, match="fsdpSize must divide"):
+        parse_rljob(cel_violation)
+    assert parse_rljob(cel_violation, admitted=True).spec.roles.actor.fsdp_size == 5
+    wrong_type = Case("replicas", lambda job: job["spec"]["roles"]["actor"].update(replicas="two"), ()).job()
+    with pytest.raises(InvalidSpec, match=r"spec\.roles\.actor\.replicas"):
+        parse_rljob(wrong_type, admitted=True)

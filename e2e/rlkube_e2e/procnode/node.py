@@ -179,6 +179,7 @@ class ProcessNode:
             host_ip=network.GATEWAY,
             netns_prefix=netns_prefix,
             python=sys.executable,
+            bin_dir=self.bin_dir,
             base_env=self._base_env(port),
             log=self.log,
         )

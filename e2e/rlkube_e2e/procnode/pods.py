@@ -70,6 +70,7 @@ class NodeContext:
     host_ip: str
     netns_prefix: str
     python: str
+    bin_dir: Path  # the project's virtualenv's bin: the image's stand-in
     # PATH (the project's virtualenv first), HOME, KUBERNETES_SERVICE_* and the like.
     base_env: Mapping[str, str]
     log: logging.Logger
@@ -339,6 +340,9 @@ class PodWorker:
         assert self._hosts_file is not None
         return [
             Mount(str(self._dir / "tmp"), "/tmp"),
+            # The pod's /tmp hides the host's: a project checked out (or its virtualenv
+            # made) under /tmp, as CI clones are, is bound back so the image's stand-in runs.
+            *(Mount(str(path), str(path), readonly=True) for path in _environment_under_tmp(self.node.bin_dir)),
             Mount(str(self._dir / "shm"), "/dev/shm"),
             Mount(str(self._hosts_file), "/etc/hosts", readonly=True),
             Mount(str(self._dir / "hostname"), "/etc/hostname", readonly=True),
@@ -483,3 +487,17 @@ class PodWorker:
             return
         if status not in (200, 202, 404, 409):
             self.node.log.warning("pod %s/%s: delete failed: HTTP %d %s", self.namespace, self.name, status, text[:200])
+
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _environment_under_tmp(bin_dir: Path) -> list[Path]:
+    """The virtualenv and the project (editable installs point into it) when under /tmp."""
+    tmp = Path("/tmp")
+    roots = sorted({bin_dir.resolve().parent, REPO_ROOT.resolve()}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for root in roots:
+        if root.is_relative_to(tmp) and root != tmp and not any(root.is_relative_to(k) for k in kept):
+            kept.append(root)
+    return kept
