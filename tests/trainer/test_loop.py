@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
+from rlkube_trainer import driver
 from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.tiny_task import init
 
@@ -28,7 +30,7 @@ def _config(workdir: Path, estimator: str, **overrides: Any) -> Any:
 
 
 VARIANTS = [
-    ("grpo", {}, ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/grad_norm"]),
+    ("grpo", {}, ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm"]),
     ("rloo", {}, ["actor/pg_loss"]),
     ("reinforce_plus_plus", {}, ["actor/pg_loss"]),
     ("gae", {}, ["critic/vf_loss", "critic/vf_clipfrac", "critic/values/mean", "critic/grad_norm"]),
@@ -38,7 +40,11 @@ VARIANTS = [
         {"algorithm": {"use_kl_in_reward": True, "kl_penalty": "kl"}},
         ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"],
     ),
-    ("grpo", {"actor": {"entropy_coeff": 0.01, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}}}, ["actor/lr"]),
+    (
+        "grpo",
+        {"actor": {"entropy_coeff": 0.01, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}}},
+        ["actor/lr", "actor/entropy"],
+    ),
     (
         "grpo",
         {"rollout": {"calculate_log_probs": True}},
@@ -52,7 +58,8 @@ VARIANTS = [
 def test_step_runs_and_reports_verl_metrics(
     tmp_path: Path, estimator: str, overrides: dict[str, Any], expected: list[str]
 ) -> None:
-    result = run_in_process(_config(tmp_path, estimator, **overrides), progress=False)
+    config = _config(tmp_path, estimator, **overrides)
+    result = run_in_process(config, progress=False)
     assert result.steps == 2
     metrics = result.history[-1]
     common = [
@@ -70,6 +77,8 @@ def test_step_runs_and_reports_verl_metrics(
         assert key in metrics, f"{key} missing from {sorted(metrics)}"
         assert math.isfinite(metrics[key]), f"{key} = {metrics[key]}"
     assert metrics["perf/throughput"] > 0
+    # The entropy is computed (and reported) only where it is part of the loss.
+    assert ("actor/entropy" in metrics) == (config.actor.entropy_coeff != 0)
     if "training/rollout_probs_diff_mean" in metrics:
         # Engine and actor hold the same weights in fp32: the same policy, to rounding.
         assert metrics["training/rollout_probs_diff_mean"] < 1e-3
@@ -80,3 +89,19 @@ def test_lr_warmup_starts_from_zero(tmp_path: Path) -> None:
     config = _config(tmp_path, "grpo", actor={"optim": {"lr": 1e-3, "lr_warmup_steps": 2}})
     history = run_in_process(config, progress=False).history
     assert [round(h["actor/lr"], 9) for h in history] == [0.0, 5e-4]
+
+
+@pytest.mark.trainer
+def test_the_vllm_engine_is_seeded_once_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One seed per generate call (no per-request generators); vLLM itself is not started."""
+    built: dict[str, Any] = {}
+
+    def fake_build(name: str, **kwargs: Any) -> None:
+        built.update(kwargs, name=name)
+
+    monkeypatch.setattr(driver, "build_rollout_engine", fake_build)
+    config = parse_trainer_config(yaml.safe_load(init(tmp_path, "grpo", steps=1).read_text()))
+    driver.build_engine(config, torch.device("cpu"))
+    assert built["name"] == "vllm"
+    assert built["seed_mode"] == "batch"
+    assert built["seed"] == config.trainer.seed

@@ -4,10 +4,20 @@ and right padding."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
+from torch import nn
+from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, token_log_probs
+from rlkube_trainer.models import (
+    CriticModel,
+    load_causal_lm,
+    position_ids_from_mask,
+    response_log_probs,
+    token_log_probs,
+)
 from rlkube_trainer.tiny_task import build_model
 
 
@@ -51,3 +61,127 @@ def test_critic_starts_at_zero_and_has_one_value_per_position(tmp_path: Path) ->
     values = critic(ids, mask, torch.arange(6).unsqueeze(0))
     assert values.shape == (1, 6)
     assert torch.all(values == 0)
+
+
+# ---------------------------------------------------------------- response-only LM head
+
+# Three rows laid out as the trainer lays them out: prompt left-padded to 5, response
+# right-padded to 4 (0 = padding).
+PROMPT_LENGTHS, RESPONSE_LENGTHS = (5, 3, 1), (4, 2, 3)
+PROMPT_WIDTH, RESPONSE_WIDTH = 5, 4
+
+
+def padded_batch(vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    rows, masks = [], []
+    for prompt, response in zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True):
+        real = torch.randint(3, vocab, (prompt + response,), generator=generator).tolist()
+        left, right = PROMPT_WIDTH - prompt, RESPONSE_WIDTH - response
+        rows.append([0] * left + real + [0] * right)
+        masks.append([0] * left + [1] * (prompt + response) + [0] * right)
+    return torch.tensor(rows), torch.tensor(masks)
+
+
+def full_logits_reference(
+    model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The straightforward way, in float64: the LM head on every position, log_softmax over the
+    vocabulary, the response columns taken afterwards; entropy as -sum(p log p)."""
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+    ).logits
+    logits = logits[:, -RESPONSE_WIDTH - 1 : -1].double() / temperature
+    log_softmax = torch.log_softmax(logits, dim=-1)
+    targets = input_ids[:, -RESPONSE_WIDTH:]
+    log_probs = log_softmax.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+    return log_probs, entropy
+
+
+def random_qwen2() -> nn.Module:
+    """Untied LM head, unlike the tiny task's Llama: both layouts of the head are covered."""
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    return Qwen2ForCausalLM(config)  # type: ignore[no-untyped-call]
+
+
+class WithoutLogitsToKeep(nn.Module):
+    """A causal LM whose forward does not take logits_to_keep (some remote-code models)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+
+
+def make_model(kind: str, tmp_path: Path) -> tuple[nn.Module, int]:
+    if kind == "llama-tied":
+        return load_causal_lm(str(build_model(tmp_path / "m"))), 14
+    if kind == "qwen2-untied":
+        return random_qwen2(), 512
+    return WithoutLogitsToKeep(random_qwen2()), 512
+
+
+@pytest.mark.parametrize("kind", ["llama-tied", "qwen2-untied", "without-logits-to-keep"])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("with_entropy", [False, True])
+def test_response_log_probs_match_the_full_logits_reference(
+    tmp_path: Path, kind: str, temperature: float, with_entropy: bool
+) -> None:
+    model, vocab = make_model(kind, tmp_path)
+    model.eval()
+    input_ids, attention_mask = padded_batch(vocab)
+    with torch.no_grad():
+        log_probs, entropy = response_log_probs(
+            model, input_ids, attention_mask, RESPONSE_WIDTH, temperature, with_entropy
+        )
+        want_log_probs, want_entropy = full_logits_reference(model, input_ids, attention_mask, temperature)
+    assert log_probs.dtype == torch.float32 and log_probs.shape == (3, RESPONSE_WIDTH)
+    torch.testing.assert_close(log_probs.double(), want_log_probs, atol=1e-5, rtol=1e-5)
+    if with_entropy:
+        assert entropy is not None and entropy.dtype == torch.float32
+        torch.testing.assert_close(entropy.double(), want_entropy, atol=1e-5, rtol=1e-5)
+    else:
+        assert entropy is None
+
+
+def test_response_log_probs_gradients_match_the_full_logits_reference() -> None:
+    model = random_qwen2()
+    input_ids, attention_mask = padded_batch(512)
+    response_mask = attention_mask[:, -RESPONSE_WIDTH:].double()
+
+    def gradients(loss: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        loss.backward()
+        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+
+    log_probs, entropy = response_log_probs(model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, True)
+    assert entropy is not None
+    got = gradients(((log_probs.double() - 0.01 * entropy.double()) * response_mask).sum())
+    want_log_probs, want_entropy = full_logits_reference(model, input_ids, attention_mask, 0.7)
+    want = gradients(((want_log_probs - 0.01 * want_entropy) * response_mask).sum())
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+def test_the_lm_head_runs_on_the_response_positions_only() -> None:
+    model = random_qwen2()
+    input_ids, attention_mask = padded_batch(512)
+    rows_seen: list[int] = []
+    head = model.get_output_embeddings()
+    assert isinstance(head, nn.Module)
+    head.register_forward_hook(lambda _module, _args, output: rows_seen.append(output.shape[1]))
+    with torch.no_grad():
+        response_log_probs(model, input_ids, attention_mask, RESPONSE_WIDTH)
+    # The response positions plus the last one (it predicts past the sequence; dropped).
+    assert rows_seen == [RESPONSE_WIDTH + 1]

@@ -8,6 +8,7 @@ whether it is padded on the left or on the right.
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 import torch
@@ -20,8 +21,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-
-from rlkube_trainer.algos import entropy_from_logits
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -83,6 +82,26 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def _taken_token_log_probs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each target under softmax(logits / temperature), in fp32, and optionally the
+    entropy of that distribution. logits [..., vocab], targets [...]."""
+    logits = logits.float()
+    if temperature != 1.0 and temperature > 0:
+        logits = logits / temperature
+    # gather - logsumexp instead of log_softmax then gather: no [..., vocab] log-prob tensor is
+    # written, and the backward keeps only the logits and the [...] logsumexp.
+    logsumexp = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logsumexp
+    entropy = None
+    if with_entropy:
+        # algos.entropy_from_logits (logsumexp - sum(softmax * logits)), reusing the logsumexp
+        # above rather than making a second pass over the vocabulary.
+        entropy = logsumexp - torch.sum(torch.softmax(logits, dim=-1) * logits, dim=-1)
+    return log_probs, entropy
+
+
 def token_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -98,13 +117,15 @@ def token_log_probs(
     logits = model(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
     ).logits[:, :-1, :]
-    logits = logits.float()
-    if temperature != 1.0 and temperature > 0:
-        logits = logits / temperature
-    targets = input_ids[:, 1:]
-    log_probs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return log_probs, entropy
+    return _taken_token_log_probs(logits, input_ids[:, 1:], temperature, with_entropy)
+
+
+def _logits_to_keep_argument(model: nn.Module) -> str | None:
+    """The name under which the model's forward takes "compute the LM head on the last k
+    positions only": `logits_to_keep` in transformers 5 and late 4.x, `num_logits_to_keep` in
+    earlier 4.x and some remote-code models; None if it takes neither."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
 
 
 def response_log_probs(
@@ -116,10 +137,30 @@ def response_log_probs(
     with_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[batch, response_length] log-probs (and entropies) of the response tokens, for
-    sequences laid out as prompt (left-padded) followed by response (right-padded)."""
-    log_probs, entropy = token_log_probs(model, input_ids, attention_mask, temperature, with_entropy)
-    tail = slice(-response_length, None)
-    return log_probs[:, tail], (entropy[:, tail] if entropy is not None else None)
+    sequences laid out as prompt (left-padded) followed by response (right-padded).
+
+    The LM head runs on the last response_length + 1 positions only: the [batch, seq, vocab]
+    logits of the prompt are never made (with a 32-150 k vocabulary they dominate the memory
+    and the non-matmul time of an actor update).
+    """
+    # Through the model's own forward rather than its backbone and head separately: under
+    # FSDP2 the root module's pre-forward hook is what gathers the root's own parameters
+    # (embeddings, final norm, LM head), so calling model.model / model.lm_head directly would
+    # see them still sharded. An int, unlike a tensor of positions, is understood by every
+    # version of the argument; it keeps one position too many, the last, whose logits predict
+    # past the sequence and are dropped below (1/(response_length+1) extra head work).
+    keep = _logits_to_keep_argument(model)
+    extra = {keep: response_length + 1} if keep is not None else {}
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids_from_mask(attention_mask),
+        **extra,
+    ).logits
+    # Position t predicts token t+1: the response tokens [-R:] are scored at [-R-1:-1]. The
+    # same slice is right whether the model kept R+1 positions or (ignoring the argument) all.
+    logits = logits[:, -response_length - 1 : -1, :]
+    return _taken_token_log_probs(logits, input_ids[:, -response_length:], temperature, with_entropy)
 
 
 def response_values(

@@ -9,6 +9,7 @@ blocked in a collective waiting for it.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -143,7 +144,12 @@ class GroupRewardModel:
 def _generate(group: WorkerGroup, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
     """Prompts split across the group's engines; samples merged back in prompt order."""
     parts = [s for s in _split(len(prompt_token_ids), len(group)) if s.stop > s.start]
-    refs = [group.handles[i].generate.remote(prompt_token_ids[s], sampling) for i, s in enumerate(parts)]
+    # Each engine its own seed (offset by its first sample's index): the same seed on every
+    # shard would draw the same random numbers for different prompts.
+    refs = [
+        group.handles[i].generate.remote(prompt_token_ids[s], _shard_sampling(sampling, s.start))
+        for i, s in enumerate(parts)
+    ]
     batches: list[RolloutBatch] = group.gather(refs, list(range(len(parts))))
     samples = []
     for part, batch in zip(parts, batches, strict=True):
@@ -152,6 +158,12 @@ def _generate(group: WorkerGroup, prompt_token_ids: list[list[int]], sampling: S
                 RolloutSample(part.start + sample.prompt_index, sample.token_ids, sample.logprobs, sample.finish_reason)
             )
     return RolloutBatch(samples, sampling.n)
+
+
+def _shard_sampling(sampling: SamplingConfig, first_prompt: int) -> SamplingConfig:
+    if sampling.seed is None or first_prompt == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + first_prompt * sampling.n)
 
 
 class ColocatedGroupRollout:

@@ -170,9 +170,15 @@ class ActorWorker(_Trainable):
         return torch.cat(parts)
 
     def update(self, batch: TrainBatch) -> Metrics:
-        """PPO epochs over mini-batches; returns verl's actor/* metrics."""
+        """PPO epochs over mini-batches; returns verl's actor/* metrics.
+
+        The entropy is computed only when it is part of the loss (`entropy_coeff` != 0), as in
+        verl's actor: otherwise it would be only a metric, yet cost a softmax over the vocabulary
+        at every response position and its backward. `actor/entropy` is then not reported.
+        """
         assert batch.old_log_probs is not None and batch.advantages is not None
         cfg = self.config
+        with_entropy = cfg.entropy_coeff != 0
         self.model.train()
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(cfg.ppo_epochs):
@@ -180,8 +186,8 @@ class ActorWorker(_Trainable):
                 for chunk in mini.split(cfg.ppo_micro_batch_size_per_gpu):
                     micro = chunk.to(self.device)
                     mask = micro.response_mask
-                    log_prob, entropy = self._log_probs(micro, with_entropy=True)
-                    assert entropy is not None and micro.old_log_probs is not None and micro.advantages is not None
+                    log_prob, entropy = self._log_probs(micro, with_entropy)
+                    assert micro.old_log_probs is not None and micro.advantages is not None
                     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = self.policy_loss(
                         micro.old_log_probs,
                         log_prob,
@@ -193,8 +199,11 @@ class ActorWorker(_Trainable):
                         clip_ratio_c=cfg.clip_ratio_c,
                         loss_agg_mode=cfg.loss_agg_mode,
                     )
-                    entropy_loss = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
-                    loss = pg_loss - cfg.entropy_coeff * entropy_loss
+                    loss = pg_loss
+                    if entropy is not None:
+                        entropy_loss = compute_entropy_loss(entropy, mask, cfg.loss_agg_mode)
+                        loss = loss - cfg.entropy_coeff * entropy_loss
+                        stats["actor/entropy"].append(entropy_loss.item())
                     if cfg.use_kl_loss:
                         assert micro.ref_log_probs is not None
                         kl = kl_penalty(log_prob, micro.ref_log_probs, cfg.kl_loss_type)
@@ -208,7 +217,6 @@ class ActorWorker(_Trainable):
                     stats["actor/pg_clipfrac"].append(pg_clipfrac.item())
                     stats["actor/ppo_kl"].append(ppo_kl.item())
                     stats["actor/pg_clipfrac_lower"].append(pg_clipfrac_lower.item())
-                    stats["actor/entropy"].append(entropy_loss.item())
                 stats["actor/grad_norm"].append(self._optimizer_step())
         stats["actor/lr"].append(float(self.scheduler.get_last_lr()[0]))
         self.scheduler.step()
