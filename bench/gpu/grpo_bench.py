@@ -675,7 +675,7 @@ def unshard_single_process(res: Results) -> None:
     if original is None:
         return
 
-    def distribute(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    def distribute(model: torch.nn.Module, device: torch.device, *_: object) -> torch.nn.Module:
         if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
             return original(model, device)  # type: ignore[no-any-return]
         return model
