@@ -86,16 +86,18 @@ def prepare(workdir: Path, name: str = "tiny-cpu", steps: int | None = None, sav
     return job
 
 
+def reward_config_map(job: TinyJob, namespace: str | None = None) -> dict[str, Any]:
+    """The ConfigMap holding the reward function the example names."""
+    reward = job.manifest["spec"]["reward"]["function"]["configMap"]
+    metadata: dict[str, Any] = {"name": reward["name"]}
+    if namespace:
+        metadata["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {reward["key"]: REWARD.read_text()}}
+
+
 def apply(kubectl: Kubectl, namespace: str, job: TinyJob) -> None:
     """The reward ConfigMap the example names, then the RLJob."""
-    reward = job.manifest["spec"]["reward"]["function"]["configMap"]
-    config_map = {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": reward["name"], "namespace": namespace},
-        "data": {reward["key"]: REWARD.read_text()},
-    }
-    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(config_map))
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(reward_config_map(job, namespace)))
     kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
 
 
@@ -126,3 +128,22 @@ def wait_state(
             return current
         time.sleep(2)
     raise TimeoutError(f"RLJob {namespace}/{name} not in {states} after {timeout:.0f} s; status {current}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m rlkube_e2e.tinyjob WORKDIR | kubectl -n NS apply -f -`: runs the init step
+    into WORKDIR and prints the reward ConfigMap and the example pinned to the process node."""
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("workdir", type=Path, help="host folder mounted at /rlkube in the pods")
+    parser.add_argument("--name", default="tiny-cpu")
+    parser.add_argument("--steps", type=int, default=None)
+    args = parser.parse_args(argv)
+    job = prepare(args.workdir.resolve(), args.name, args.steps)
+    print(yaml.safe_dump_all([reward_config_map(job), job.manifest], sort_keys=False), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

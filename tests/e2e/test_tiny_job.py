@@ -55,18 +55,6 @@ class OperatorProcess:
             return str(response.read().decode())
 
 
-@pytest.fixture(scope="module")
-def process_node(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessNode]:
-    from rlkube_e2e.procnode.node import ProcessNode  # noqa: PLC0415
-    from rlkube_e2e.procnode.testing import running_node  # noqa: PLC0415
-
-    reason = ProcessNode.unavailable()
-    if reason:
-        pytest.skip(f"the process node needs {reason}")
-    with running_node(cluster.kubeconfig, tmp_path_factory.mktemp("procnode"), "proc-e2e") as node:
-        yield node
-
-
 @pytest.fixture
 def operator_process(
     cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path
