@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9 on a host with 2 GPUs (vLLM installed as in install.sh, PYTHONPATH set to its site):
 #   OUT=results PHASES="learn broadcast tput" bench/gpu/run_multi_gpu.sh
+#   (learn-own-gpu instead of learn on a host with 3+ GPUs)
 # Every phase runs the pods of an RLJob as processes with the operator's env (local_pods.py).
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,6 +33,10 @@ for phase in $phases; do
     learn)
       pods learn-1gpu 200 --gpus actor=0
       pods learn-2gpu 240 --gpus actor=0,1 --gpus rollout=1
+      ;;
+    learn-own-gpu)  # 3+ GPUs: the rollout on a GPU of its own
+      pods learn-1gpu 200 --gpus actor=0
+      pods learn-2gpu 240 --gpus actor=0,1 --gpus rollout=2
       ;;
     broadcast)
       timeout 240 python3 "$here/multi_gpu.py" broadcast --workdir "$work" --out "$out/broadcast.json" 2>&1 | tail -n 4
