@@ -333,16 +333,19 @@ class PodWorker:
         except (ApiError, OSError) as error:
             raise ConfigError(f"reading the container's environment: {error}") from None
         argv = command_line(container, env)
-        mounts = [*self._standard_mounts(), *container_mounts(container, self._volumes, env)]
+        # The environment binds last: a volume at /tmp (an emptyDir, as read-only-root pods
+        # have) would hide them otherwise.
+        mounts = [
+            *self._standard_mounts(),
+            *container_mounts(container, self._volumes, env),
+            *(Mount(str(path), str(path), readonly=True) for path in _environment_under_tmp(self.node.bin_dir)),
+        ]
         return Launch(argv, env, container.get("workingDir") or "/", mounts)
 
     def _standard_mounts(self) -> list[Mount]:
         assert self._hosts_file is not None
         return [
             Mount(str(self._dir / "tmp"), "/tmp"),
-            # The pod's /tmp hides the host's: a project checked out (or its virtualenv
-            # made) under /tmp, as CI clones are, is bound back so the image's stand-in runs.
-            *(Mount(str(path), str(path), readonly=True) for path in _environment_under_tmp(self.node.bin_dir)),
             Mount(str(self._dir / "shm"), "/dev/shm"),
             Mount(str(self._hosts_file), "/etc/hosts", readonly=True),
             Mount(str(self._dir / "hostname"), "/etc/hostname", readonly=True),
@@ -493,7 +496,9 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def _environment_under_tmp(bin_dir: Path) -> list[Path]:
-    """The virtualenv and the project (editable installs point into it) when under /tmp."""
+    """The virtualenv and the project (editable installs point into it) when under /tmp: the
+    pod's own /tmp hides the host's, and a CI clone lives there; bound back so the image's
+    stand-in runs."""
     tmp = Path("/tmp")
     roots = sorted({bin_dir.resolve().parent, REPO_ROOT.resolve()}, key=lambda p: len(p.parts))
     kept: list[Path] = []
