@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from rlkube_e2e.cluster import REPO_ROOT
+from rlkube_e2e.pools import POOL_LABEL
 from rlkube_e2e.testing import Kubectl
 
 EXAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
@@ -22,7 +23,7 @@ REWARD = REPO_ROOT / "examples" / "rewards" / "tiny_task.py"
 CRD = REPO_ROOT / "crds" / "rljob.yaml"
 # Where the example mounts its work folder in the pods; the hostPath behind it is the demo's.
 MOUNT = "/rlkube"
-LOCAL_POOL = {"rlkube.dev/pool": "local"}
+LOCAL_POOL = "local"  # the process node's default pool label
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,13 @@ class TinyJob:
         return [json.loads(line) for line in lines if line.strip()]
 
 
-def prepare(workdir: Path, name: str = "tiny-cpu", steps: int | None = None, save_freq: int | None = None) -> TinyJob:
+def prepare(
+    workdir: Path,
+    name: str = "tiny-cpu",
+    steps: int | None = None,
+    save_freq: int | None = None,
+    pool: str = LOCAL_POOL,
+) -> TinyJob:
     """The init step (model, data under workdir/tiny) and the manifest: every pod on the
     process node's pool, the example's hostPath replaced by workdir."""
     from rlkube_trainer.tiny_task import build_model, write_dataset  # noqa: PLC0415  (torch: only here)
@@ -72,9 +79,10 @@ def prepare(workdir: Path, name: str = "tiny-cpu", steps: int | None = None, sav
     if save_freq is not None:
         spec["trainer"]["saveFreq"] = save_freq
     # The simulated GPU pools are kwok nodes that run nothing: pin every pod to the process node.
-    spec.setdefault("controller", {})["pool"] = {"nodeSelector": LOCAL_POOL}
+    selector = {POOL_LABEL: pool}
+    spec.setdefault("controller", {})["pool"] = {"nodeSelector": selector}
     for role in spec["roles"].values():
-        role["pool"] = {"nodeSelector": LOCAL_POOL}
+        role["pool"] = {"nodeSelector": selector}
     job = TinyJob(manifest, workdir)
     model = job.host_path(spec["model"]["path"])
     if not (model / "config.json").exists():

@@ -1,5 +1,7 @@
 """A process node (pods run as local processes) shared by the end-to-end tests that run
-the trainer or the operator in pods."""
+the trainer or the operator in pods. Its pool label is its own (`e2e-jobs`, not `local`):
+tests/e2e/test_procnode.py runs a node of its own in pool `local` meanwhile, and each
+test's pods must land on the node it watches."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from rlkube_e2e.pools import POOL_LABEL
 from rlkube_e2e.testing import ClusterInfo
 
 if TYPE_CHECKING:
@@ -22,5 +25,6 @@ def process_node(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory)
     reason = ProcessNode.unavailable()
     if reason:
         pytest.skip(f"the process node needs {reason}")
-    with running_node(cluster.kubeconfig, tmp_path_factory.mktemp("procnode"), "proc-e2e") as node:
+    labels = {POOL_LABEL: "e2e-jobs"}
+    with running_node(cluster.kubeconfig, tmp_path_factory.mktemp("procnode"), "proc-e2e", labels) as node:
         yield node

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rlkube_e2e import tinyjob
+from rlkube_e2e.pools import POOL_LABEL
 from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_for
 from tests.chart.chart_kit import CHART, Helm, helm_binary, install_rljob_crd, release_name
 
@@ -58,7 +59,7 @@ def test_the_charts_operator_runs_in_a_pod_and_trains_a_job(
         "--set",
         f"watchNamespaces={{{namespace}}}",
         "--set",
-        "nodeSelector.rlkube\\.dev/pool=local",
+        f"nodeSelector.rlkube\\.dev/pool={process_node.labels[POOL_LABEL]}",
     )
     try:
         selector = f"app.kubernetes.io/instance={release}"
@@ -72,7 +73,9 @@ def test_the_charts_operator_runs_in_a_pod_and_trains_a_job(
         pod = wait_for(operator_running, "the chart's operator pod Running on the process node", timeout=120)
         assert pod["spec"]["nodeName"] == "proc-e2e"  # type: ignore[index]
 
-        job = tinyjob.prepare(tmp_path / "work", name="tiny-chart", steps=6, save_freq=3)
+        job = tinyjob.prepare(
+            tmp_path / "work", name="tiny-chart", steps=6, save_freq=3, pool=process_node.labels[POOL_LABEL]
+        )
         tinyjob.apply(kubectl, namespace, job)
         try:
             final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 900)

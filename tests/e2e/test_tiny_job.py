@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rlkube_e2e import tinyjob
+from rlkube_e2e.pools import POOL_LABEL
 from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established, wait_for
 
 if TYPE_CHECKING:
@@ -110,7 +111,8 @@ def _failure_context(job: tinyjob.TinyJob, node: ProcessNode, namespace: str, op
 def test_tiny_job_trains_through_the_operator(
     process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
-    job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20)
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20, pool=pool)
     tinyjob.apply(kubectl, namespace, job)
 
     # Scraped while it runs: the driver serves verl's metric names under rlkube_.
@@ -152,7 +154,8 @@ def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
 ) -> None:
     # A step takes about 0.25 s here: enough steps that the kill lands mid-run.
     steps, save_freq = 120, 10
-    job = tinyjob.prepare(tmp_path / "work", name="tiny-kill", steps=steps, save_freq=save_freq)
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-kill", steps=steps, save_freq=save_freq, pool=pool)
     tinyjob.apply(kubectl, namespace, job)
 
     def past_a_checkpoint() -> int | None:
