@@ -149,6 +149,20 @@ def test_driver_metrics_port_zero_serves_nothing(metrics: DriverMetrics) -> None
     assert metrics.registry.get_sample_value("rlkube_critic_score_mean") == 0.5
 
 
+def test_driver_metrics_on_a_busy_port_warn_and_the_run_goes_on(
+    metrics: DriverMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.WARNING):
+            metrics.serve(port)
+    assert f"driver metrics not served: port {port}" in caplog.text
+    metrics.update(1, STEP_METRICS)
+    assert metrics.registry.get_sample_value("rlkube_critic_score_mean") == 0.5
+
+
 # --- /healthz ----------------------------------------------------------------------------------
 
 

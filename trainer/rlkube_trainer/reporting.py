@@ -449,7 +449,14 @@ class DriverMetrics:
         """Serve /metrics on `port`; 0 means do not serve (like the operator's --metrics-port)."""
         if port == 0:
             return
-        self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        try:
+            self._server, _thread = start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as error:
+            # A busy port (e.g. two local runs on one machine) must not stop the training:
+            # the same numbers go to metrics.jsonl and the progress reports.
+            log.warning(
+                "driver metrics not served: port %d: %s (set %s to another port)", port, error, Env.METRICS_PORT
+            )
 
     def close(self) -> None:
         if self._server is not None:
