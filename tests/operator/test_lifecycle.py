@@ -88,12 +88,16 @@ def test_a_failed_pod_restarts_the_gang_until_the_backoff_limit(jobs: Jobs) -> N
     jobs.fail_pod(f"{JOB}-actor-1")
     job = jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1")
     restarting = condition(job, "Restarting")
-    assert restarting is not None and restarting["status"] == "True"
-    assert restarting["reason"] == "PodFailed"
-    assert f"{JOB}-actor-1" in restarting["message"] and "role actor" in restarting["message"]
+    assert restarting is not None
+    # The replacement gang can be up within one poll; then the condition already reads Resumed.
+    if restarting["status"] == "True":
+        assert restarting["reason"] == "PodFailed"
+        assert f"{JOB}-actor-1" in restarting["message"] and "role actor" in restarting["message"]
+    else:
+        assert restarting["reason"] == "Resumed"
     event = jobs.wait_event(JOB, "PodFailed")
     assert event["type"] == "Warning"
-    assert f"{JOB}-actor-1" in event["message"]
+    assert f"{JOB}-actor-1" in event["message"] and "role actor" in event["message"]
 
     # The whole gang is replaced by pods of attempt 1, and the job runs again.
     pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
@@ -147,8 +151,8 @@ def test_a_container_crash_restarted_in_place_restarts_the_gang(jobs: Jobs) -> N
     old = {p["metadata"]["uid"] for p in jobs.wait_pods(JOB, TINY_PODS)}
 
     jobs.crash_container(f"{JOB}-actor-1", exit_code=137, reason="OOMKilled")
-    job = jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1")
-    message = condition(job, "Restarting")["message"]  # type: ignore[index]
+    jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1")
+    message = jobs.wait_event(JOB, "PodFailed")["message"]
     assert f"{JOB}-actor-1" in message and "OOMKilled (exit code 137)" in message
     pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
     assert not {p["metadata"]["uid"] for p in pods} & old
@@ -161,8 +165,9 @@ def test_a_deleted_pod_restarts_the_gang(jobs: Jobs) -> None:
     jobs.wait_pods(JOB, TINY_PODS)
 
     jobs.kubectl("delete", "pod", f"{JOB}-actor-0", "-n", jobs.namespace)
-    job = jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1", timeout=10)
-    assert condition(job, "Restarting")["reason"] == "PodFailed"  # type: ignore[index]
+    jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1", timeout=10)
+    # The Event keeps the cause (the condition may already read "Resumed").
+    assert f"pod {JOB}-actor-0 (role actor) failed" in jobs.wait_event(JOB, "PodFailed")["message"]
     jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
     jobs.wait_running(JOB, restarts=1)
 
