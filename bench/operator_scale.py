@@ -86,6 +86,7 @@ from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_api.validation import parse_rljob
 from rlkube_e2e.cluster import LocalCluster
 from rlkube_e2e.testing import Kubectl, wait_for
+from rlkube_e2e.testing import create_namespace as create_labelled_namespace
 from rlkube_operator.desired import desired_children
 from rlkube_operator.kube import PLURALS, Kube
 
@@ -467,18 +468,7 @@ def floor_manifests(name: str, namespace: str) -> list[Obj]:
 
 
 def create_namespace(core: client.CoreV1Api, name: str) -> None:
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name, labels={BENCH_LABEL: BENCH})))
-
-    def has_default_sa() -> bool:
-        try:
-            core.read_namespaced_service_account("default", name)
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    wait_for(has_default_sa, f"service account default in namespace {name}", timeout=60)
+    create_labelled_namespace(core, name, {BENCH_LABEL: BENCH}, timeout=60)
 
 
 def children_present(api: client.ApiClient, namespace: str, expected: list[Obj]) -> bool:

@@ -77,27 +77,15 @@ def kubectl(cluster: ClusterInfo) -> Kubectl:
 @pytest.fixture
 def namespace(kube: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, named after it; deleted afterwards (without waiting)."""
-    from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
+    from kubernetes.client import CoreV1Api
     from kubernetes.client.exceptions import ApiException
 
-    from rlkube_e2e.testing import wait_for
+    from rlkube_e2e.testing import create_namespace
 
     core = CoreV1Api(kube)
     stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"{stem or 't'}-{secrets.token_hex(3)}"
-    core.create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name, labels={"rlkube.dev/test": "true"})))
-
-    def has_default_service_account() -> bool:
-        # The apiserver rejects pods until the controller-manager has created it.
-        try:
-            core.read_namespaced_service_account("default", name)
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
-    wait_for(has_default_service_account, f"service account default in namespace {name}", timeout=30)
+    create_namespace(core, name, {"rlkube.dev/test": "true"}, timeout=30)
     try:
         yield name
     finally:

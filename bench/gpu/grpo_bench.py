@@ -572,65 +572,27 @@ def profile_actor_update(res: Results, actor: Any, batch: Any, out_dir: Path, sa
     log(f"actor update profile: {summary}")
 
 
-def fast_response_log_probs(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_length: int,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """models.response_log_probs with the LM head applied to the response positions only (a third
-    of the positions here are prompt), and log-probs as gather - logsumexp (no full log_softmax
-    tensor). Same numbers up to rounding."""
-    from rlkube_trainer.models import position_ids_from_mask
-
-    hidden = model.model(  # type: ignore[operator]
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
-    ).last_hidden_state[:, -response_length - 1 : -1, :]
-    logits = model.lm_head(hidden).float()  # type: ignore[operator]
-    if temperature != 1.0 and temperature > 0:
-        logits = logits / temperature
-    targets = input_ids[:, -response_length:]
-    lse = torch.logsumexp(logits, dim=-1)
-    log_probs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
-    entropy = None
-    if with_entropy:
-        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    return log_probs, entropy
-
-
 def actor_update_variants(
     res: Results, actor: Any, batch: Any, n_matmul: int, arch: dict[str, Any], matmul_rate: float, seq: int
 ) -> None:
-    """The same update (one batch, one optimizer step) with the actor's log-prob computation
-    swapped: rlkube's as is; LM head on response positions only; that without the entropy (only a
-    metric when entropy_coeff = 0); and rlkube's with gradient checkpointing."""
-    from rlkube_trainer import workers
-
+    """The same update (one batch, one optimizer step) three ways: rlkube's as is (LM head on the
+    response positions only, no entropy when entropy_coeff = 0: session 1's variants, now the
+    trainer's behaviour); with the entropy computed anyway (what entropy_coeff > 0 costs); and with
+    gradient checkpointing."""
     flops = train_flops(n_matmul, arch, len(batch), seq)
     out: dict[str, Any] = {"model_tflop": flops / 1e12}
-    original = workers.response_log_probs
     original_log_probs = actor._log_probs
 
-    def no_entropy(batch_: Any, with_entropy: bool) -> Any:
-        lp, _ = original_log_probs(batch_, False)
-        return lp, torch.zeros_like(lp)
+    def with_entropy(batch_: Any, with_entropy: bool) -> Any:
+        del with_entropy
+        return original_log_probs(batch_, True)
 
     variants: list[tuple[str, Callable[[], None], Callable[[], None]]] = [
         ("as_is", lambda: None, lambda: None),
         (
-            "response_only_head",
-            lambda: setattr(workers, "response_log_probs", fast_response_log_probs),
-            lambda: setattr(workers, "response_log_probs", original),
-        ),
-        (
-            "response_only_head_no_entropy",
-            lambda: (
-                setattr(workers, "response_log_probs", fast_response_log_probs),
-                setattr(actor, "_log_probs", no_entropy),
-            ),
-            lambda: (setattr(workers, "response_log_probs", original), actor.__dict__.pop("_log_probs", None)),
+            "with_entropy",
+            lambda: setattr(actor, "_log_probs", with_entropy),
+            lambda: actor.__dict__.pop("_log_probs", None),
         ),
         (
             "as_is_gradient_checkpointing",

@@ -21,7 +21,6 @@ Exits with the driver's exit code; logs per pod under OUT/logs/.
 from __future__ import annotations
 
 import argparse
-import base64
 import os
 import re
 import shutil
@@ -35,46 +34,48 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-for _sub in ("api", "operator", "trainer"):
+for _sub in ("api", "operator", "trainer", "e2e"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
 
 from rlkube_api.names import RAY_START_ARGS_ENV, Env  # noqa: E402
 from rlkube_api.validation import parse_rljob  # noqa: E402
+from rlkube_e2e.procnode.env import container_env, decode_secret  # noqa: E402
 from rlkube_operator.desired import desired_children  # noqa: E402
 
-POD_INDEX = "metadata.labels['apps.kubernetes.io/pod-index']"
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 SVC_HOST = re.compile(r"[a-z0-9.-]+\.svc(\.cluster\.local)?")
 
 
 def resolve_env(
-    container: dict[str, Any], pod: str, namespace: str, index: int, secrets: dict[str, dict[str, str]]
+    sts: dict[str, Any], index: int, namespace: str, objects: dict[tuple[str, str], dict[str, str]]
 ) -> dict[str, str]:
-    """The container's env as the kubelet would give it, for pod `pod` (index `index`)."""
-    fields = {
-        "metadata.name": pod,
-        "metadata.namespace": namespace,
-        "status.podIP": "127.0.0.1",
-        POD_INDEX: str(index),
+    """The env the kubelet gives pod `index` of StatefulSet `sts` (the process node's resolution:
+    downward-API fields, Secret and ConfigMap references, $(VAR)), with every `*.svc` host name
+    made 127.0.0.1."""
+    template = sts["spec"]["template"]
+    metadata = template.get("metadata", {})
+    pod = {
+        "metadata": {
+            **metadata,
+            "name": f"{sts['metadata']['name']}-{index}",
+            "namespace": namespace,
+            "labels": {**metadata.get("labels", {}), POD_INDEX_LABEL: str(index)},
+        },
+        "spec": template["spec"],
     }
-    env: dict[str, str] = {}
-    for item in container.get("env", []):
-        name = item["name"]
-        if "value" in item:
-            env[name] = str(item["value"])
-        elif "fieldRef" in item.get("valueFrom", {}):
-            env[name] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
-        elif "secretKeyRef" in item.get("valueFrom", {}):
-            ref = item["valueFrom"]["secretKeyRef"]
-            env[name] = secrets[ref["name"]][ref["key"]]
-        else:
-            raise ValueError(f"{pod}: env {name}: unsupported source {item}")
+    container = template["spec"]["containers"][0]
+    env = container_env(pod, container, lambda kind, name: objects.get((kind, name)), "127.0.0.1", "127.0.0.1", {})
     return {k: SVC_HOST.sub("127.0.0.1", v) for k, v in env.items()}
 
 
-def secret_data(manifest: dict[str, Any]) -> dict[str, str]:
+def object_data(manifest: dict[str, Any]) -> dict[str, str]:
+    """A Secret's or ConfigMap's data as a pod sees it (Secret values decoded)."""
     data = dict(manifest.get("stringData", {}))
-    data.update({k: base64.b64decode(v).decode() for k, v in manifest.get("data", {}).items()})
+    if manifest["kind"] == "Secret":
+        data.update(decode_secret(manifest.get("data", {})))
+    else:
+        data.update(manifest.get("data", {}))
     return data
 
 
@@ -84,18 +85,22 @@ def pods_of(job_file: Path, out: Path, gpus: dict[str, list[str]]) -> list[tuple
     job = parse_rljob(raw)
     namespace = raw["metadata"].get("namespace", "default")
     children = desired_children(job, "local-uid", 0, True, os.urandom(16).hex())
-    secrets = {c["metadata"]["name"]: secret_data(c) for c in children if c["kind"] == "Secret"}
+    objects = {
+        (c["kind"].lower(), c["metadata"]["name"]): object_data(c)
+        for c in children
+        if c["kind"] in ("Secret", "ConfigMap")
+    }
     config_maps = [c for c in children if c["kind"] == "ConfigMap"]
     config = out / "config.yaml"
     config.write_text(config_maps[0]["data"]["config.yaml"])
-    pods = []
+    pods: list[tuple[str, list[str], dict[str, str]]] = []
     roles = [c for c in children if c["kind"] == "StatefulSet"]
     for role_index, sts in enumerate(roles):
         role = sts["spec"]["selector"]["matchLabels"]["rlkube.dev/role"]
         container = sts["spec"]["template"]["spec"]["containers"][0]
         for index in range(sts["spec"]["replicas"]):
             pod = f"{sts['metadata']['name']}-{index}"
-            env = resolve_env(container, pod, namespace, index, secrets)
+            env = resolve_env(sts, index, namespace, objects)
             env[Env.CONFIG] = str(config)
             for key in (Env.MASTER_PORT, Env.PET_MASTER_PORT):
                 if key in env:

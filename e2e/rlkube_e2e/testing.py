@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
+from kubernetes.client.exceptions import ApiException
+
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 
 T = TypeVar("T")
@@ -79,3 +82,20 @@ def wait_established(kubectl: Kubectl, crd: str) -> None:
         return result.stdout.strip() == "True"
 
     wait_for(established, f"CRD {crd} to be Established", timeout=60)
+
+
+def create_namespace(core: CoreV1Api, name: str, labels: dict[str, str], timeout: float = 60.0) -> None:
+    """Creates a namespace and waits for its `default` ServiceAccount: the API server refuses
+    pods until the controller-manager has made it."""
+    core.create_namespace(V1Namespace(metadata=V1ObjectMeta(name=name, labels=labels)))
+
+    def has_default_service_account() -> bool:
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(has_default_service_account, f"service account default in namespace {name}", timeout)

@@ -50,7 +50,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -132,12 +132,14 @@ def _tmp_sibling(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see either the old file or the whole new one."""
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A file opened for writing that appears at `path` only once the block ends without an
+    error, durably: readers see either the old file or the whole new one, never a part."""
     tmp = _tmp_sibling(path)
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -145,6 +147,11 @@ def _write_atomic(path: Path, data: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    with _atomic_file(path) as f:
+        f.write(data)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -371,17 +378,8 @@ def save_torch(path: Path, obj: Any) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
-    tmp = _tmp_sibling(path)
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with _atomic_file(path) as f:
+        torch.save(obj, f)
 
 
 def save_sharded(directory: Path, state: dict[str, Any]) -> None:

@@ -6,10 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from rlkube_api.rljob import RLJob
-from rlkube_operator.children.labels import job_labels
-from rlkube_operator.children.topology import total_pods
 from rlkube_operator.gang.base import PodSchedulingPatch
-from rlkube_operator.gang.resources import gang_requests
+from rlkube_operator.gang.resources import pod_group
 
 GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # The scheduler-plugins chart deploys its scheduler under this name.
@@ -22,18 +20,7 @@ class Coscheduling:
     def children(self, job: RLJob) -> list[dict[str, Any]]:
         gang = job.spec.run_policy.gang
         assert gang is not None
-        return [
-            {
-                "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-                "kind": "PodGroup",
-                "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace, "labels": job_labels(job)},
-                "spec": {
-                    "minMember": total_pods(job),
-                    "minResources": gang_requests(job),
-                    "scheduleTimeoutSeconds": gang.schedule_timeout_seconds,
-                },
-            }
-        ]
+        return [pod_group(job, "scheduling.x-k8s.io/v1alpha1", scheduleTimeoutSeconds=gang.schedule_timeout_seconds)]
 
     def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
         gang = job.spec.run_policy.gang

@@ -1,11 +1,13 @@
-"""What a whole gang asks for, for PodGroups' minResources."""
+"""What a whole gang asks for (PodGroups' minResources) and the PodGroup object around it."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from rlkube_api.rljob import RLJob
-from rlkube_operator.children.topology import container_resources, pod_roles
+from rlkube_operator.children.labels import job_labels
+from rlkube_operator.children.topology import container_resources, pod_roles, total_pods
 
 
 def _parse_quantity(value: str) -> float:
@@ -46,3 +48,14 @@ def gang_requests(job: RLJob) -> dict[str, str]:
         for name, value in container_resources(role).get("requests", {}).items():
             totals[name] = totals.get(name, 0.0) + _parse_quantity(value) * role.replicas
     return {name: _format(name, amount) for name, amount in sorted(totals.items())}
+
+
+def pod_group(job: RLJob, api_version: str, **spec: Any) -> dict[str, Any]:
+    """A PodGroup named after the job for the whole gang: every pod is needed (minMember) and
+    the gang's summed requests (minResources), plus the scheduler's own fields."""
+    return {
+        "apiVersion": api_version,
+        "kind": "PodGroup",
+        "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace, "labels": job_labels(job)},
+        "spec": {"minMember": total_pods(job), "minResources": gang_requests(job), **spec},
+    }

@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from rlkube_api.rljob import RLJob
-from rlkube_operator.children.labels import job_labels
-from rlkube_operator.children.topology import pod_roles, total_pods
+from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.gang.base import PodSchedulingPatch
-from rlkube_operator.gang.resources import gang_requests
+from rlkube_operator.gang.resources import pod_group
 
 GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 TASK_ANNOTATION = "volcano.sh/task-spec"
@@ -21,23 +20,12 @@ class Volcano:
     def children(self, job: RLJob) -> list[dict[str, Any]]:
         gang = job.spec.run_policy.gang
         assert gang is not None
-        spec: dict[str, Any] = {
-            "minMember": total_pods(job),
-            "minTaskMember": {r.name: r.replicas for r in pod_roles(job)},
-            "minResources": gang_requests(job),
-        }
+        spec: dict[str, Any] = {"minTaskMember": {r.name: r.replicas for r in pod_roles(job)}}
         if gang.queue:
             spec["queue"] = gang.queue
         if gang.priority_class_name:
             spec["priorityClassName"] = gang.priority_class_name
-        return [
-            {
-                "apiVersion": "scheduling.volcano.sh/v1beta1",
-                "kind": "PodGroup",
-                "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace, "labels": job_labels(job)},
-                "spec": spec,
-            }
-        ]
+        return [pod_group(job, "scheduling.volcano.sh/v1beta1", **spec)]
 
     def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
         gang = job.spec.run_policy.gang
