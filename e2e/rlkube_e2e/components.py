@@ -112,6 +112,12 @@ def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports) -> Componen
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
+            # `kubectl logs` on a process node's pods: the apiserver calls the node's kubelet
+            # endpoint at its InternalIP (Hostname, the default first choice, does not resolve
+            # here) with the admin certificate, which the node checks against the CA.
+            f"--kubelet-client-certificate={pki.admin_cert}",
+            f"--kubelet-client-key={pki.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-account-key-file={pki.service_account_pub}",
             f"--service-account-signing-key-file={pki.service_account_key}",
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",

@@ -66,6 +66,11 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
         shutil.rmtree(job.checkpoints, ignore_errors=True)  # a fresh run, not a resume of the last demo
         _step("kubectl apply -f examples/tiny-cpu.yaml (pods pinned to the process node)")
         tinyjob.apply(kubectl, NAMESPACE, job)
+        print(
+            f"  watch the driver meanwhile: KUBECONFIG={cluster.kubeconfig} "
+            f"kubectl -n {NAMESPACE} logs -f {job.name}-controller-0",
+            flush=True,
+        )
         final = tinyjob.wait_state(kubectl, NAMESPACE, job.name, ("Succeeded", "Failed"), timeout, show=True)
         _step("status")
         print(kubectl("-n", NAMESPACE, "get", "rljob", job.name, "-o", "wide").stdout)
@@ -76,6 +81,7 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
         print(f"checkpoint:  {job.checkpoints / f'step_{step:06d}' if step else 'none'}")
         print(f"metrics:     {job.checkpoints / 'metrics.jsonl'}")
         print(f"curves:      {job.checkpoints / 'curves.png'}")
+        # `kubectl logs` ends with the demo (the node runs the pods); the files stay.
         print(f"pod logs:    {node.log_path(NAMESPACE, job.name + '-controller-0')}")
         print(f"The cluster stays up: KUBECONFIG={cluster.kubeconfig}; stop it with `e2e/cluster down`.")
         return 0 if final.get("state") == "Succeeded" else 1

@@ -192,3 +192,20 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(pem)
+
+
+def self_signed_server_cert(cert_path: Path, key_path: Path, common_name: str, ips: list[str]) -> None:
+    """A self-signed serving certificate for `ips` (a process node's kubelet endpoint: the
+    apiserver is given no kubelet CA, so it does not verify it, as with kubeadm's defaults)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    san = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips])
+    cert = (
+        _builder(name, name, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(san, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -111,6 +111,37 @@ def view_pod(pod: dict[str, Any]) -> PodView:
     )
 
 
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod the operator reads (`view_pod`, stale-attempt deletion), for its
+    in-memory index: a pod body is ~10 KB of JSON (half of it managedFields) and ~70 KB as
+    Python objects; this keeps a tenth. `view_pod(slim_pod(p)) == view_pod(p)`."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    slim_meta = {
+        key: meta[key] for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp") if key in meta
+    }
+    slim_meta["labels"] = {k: v for k, v in labels.items() if k == LABEL_ROLE}
+    slim_meta["annotations"] = {k: v for k, v in annotations.items() if k in (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS)}
+    slim_status = {key: status[key] for key in ("phase", "reason", "message") if key in status}
+    slim_status["conditions"] = [
+        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        for c in status.get("conditions") or []
+        if c.get("type") in ("PodScheduled", "Ready")
+    ]
+    slim_status["containerStatuses"] = [
+        {k: cs[k] for k in ("restartCount", "state", "lastState") if k in cs}
+        for cs in status.get("containerStatuses") or []
+    ]
+    return {
+        "metadata": slim_meta,
+        "spec": {key: spec[key] for key in ("nodeName", "schedulerName") if key in spec},
+        "status": slim_status,
+    }
+
+
 # The reason a lost pod's recorded status carries (see as_lost).
 LOST_REASON = "RLJobPodLost"
 

@@ -23,6 +23,8 @@ from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
 
 TERMINAL = ("Succeeded", "Failed")
+# A child the API server refused is applied again this soon (nothing watched would wake the job).
+APPLY_RETRY_SECONDS = 15.0
 # Condition types that announce trouble when True.
 _WARNING_WHEN_TRUE = frozenset({"Failed", "Restarting", "Unschedulable"})
 
@@ -145,6 +147,14 @@ def _replaced_pods(current: list[PodView], gang: list[str] | None) -> list[PodVi
     return [p for p in current if p.uid and p.uid not in members]
 
 
+def _wanted(status: RLJobStatus) -> int:
+    return sum(r.replicas for r in status.roles.values())
+
+
+def _restarting_message(ready: int, wanted: int) -> str:
+    return f"the gang is restarting from its last checkpoint: {ready}/{wanted} pods are ready"
+
+
 def compute_status(job: RLJob, observed: Observed) -> Decision:
     prev = job.status or RLJobStatus()
     now = observed.now
@@ -192,6 +202,8 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
     conds.clear("Suspended", "Resumed", "spec.suspend is false: pods are recreated")
 
     requeue: list[float] = []
+    if observed.apply_errors:
+        requeue.append(APPLY_RETRY_SECONDS)  # e.g. a PodGroup CRD installed after the job
     # As for Jobs, the deadline counts from when the job first wanted pods, running or not.
     status.start_time = status.start_time or _iso(now)
     deadline = policy.active_deadline_seconds
@@ -223,8 +235,12 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
             )
         status.restart_count = prev.restart_count + 1
         status.gang_pod_uids = None
+        # Counted for the new attempt, as the next pass will: the decision is a fixed point,
+        # so the loop needs no further pass (nor the watch's echo of this write) to settle.
+        status.roles = _role_counts(job, [p for p in observed.pods if p.attempt == status.restart_count])
+        ready = sum(r.ready for r in status.roles.values())
         conds.set("Restarting", "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})")
-        conds.set("Running", "False", "Restarting", "the gang is restarting from its last checkpoint")
+        conds.set("Running", "False", "Restarting", _restarting_message(ready, _wanted(status)))
         status.state = "Restarting"
         status.conditions = conds.as_list()
         return Decision(status, conds.events, pods_wanted=True, restart_gang=True, requeue_after=1.0)
@@ -257,21 +273,21 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
         if not stuck:
             conds.clear("Unschedulable", "Scheduled", "every pod has a node")
 
-    roles = status.roles.values()
-    ready = sum(r.ready for r in roles)
-    wanted = sum(r.replicas for r in roles)
+    ready = sum(r.ready for r in status.roles.values())
+    wanted = _wanted(status)
     if ready == wanted and wanted > 0:
         conds.set("Running", "True", "AllPodsReady", f"all {wanted} pods are ready")
         status.gang_pod_uids = sorted(p.uid for p in current if p.uid)
         conds.clear("Restarting", "Resumed", "the gang is running again")
         status.state = "Running"
     else:
-        reason = bad_image[0].waiting_reason if bad_image else "PodsNotReady"
         was_running = conds.is_true("Running")
-        conds.set("Running", "False", reason or "PodsNotReady", f"{ready}/{wanted} pods are ready")
         if conds.is_true("Restarting"):
+            conds.set("Running", "False", "Restarting", _restarting_message(ready, wanted))
             status.state = "Restarting"
         else:
+            reason = bad_image[0].waiting_reason if bad_image else "PodsNotReady"
+            conds.set("Running", "False", reason or "PodsNotReady", f"{ready}/{wanted} pods are ready")
             # A running gang with a pod briefly not ready is still running; the condition says why.
             status.state = "Running" if was_running or prev.state == "Running" else "Created"
     status.conditions = conds.as_list()

@@ -12,18 +12,21 @@ import base64
 import json
 import os
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes.client import ApiClient, CoreV1Api
 
-from rlkube_e2e.procnode import network
+from rlkube_e2e.procnode import logs, network
 from rlkube_e2e.procnode.containers import should_restart
 from rlkube_e2e.procnode.dns import Entry, pod_names, render
 from rlkube_e2e.procnode.env import expand
+from rlkube_e2e.procnode.kubelet import parse_query
 from rlkube_e2e.procnode.mounts import RootBuilder
 from rlkube_e2e.procnode.node import ProcessNode
 from rlkube_e2e.procnode.status import ContainerRecord, pod_phase, running, terminated, waiting
@@ -497,6 +500,72 @@ def test_restarted_node_restarts_or_fails_its_pods(
     assert container_status(never)["state"]["terminated"]["reason"] == "ProcessNodeRestarted"
 
 
+# -- kubectl logs through the node's kubelet endpoint ------------------------------
+
+TALKS = """
+    import os, sys, time
+    path = "/data/runs"
+    run = len(open(path).readlines()) if os.path.exists(path) else 0
+    with open(path, "a") as handle:
+        handle.write("x\\n")
+    for line in range(3):
+        print(f"run {run} line {line}", flush=True)
+    sys.stderr.write(f"run {run} on stderr\\n")
+    sys.stderr.flush()
+    if run == 0:
+        raise SystemExit(1)
+    time.sleep(1000)
+"""
+
+
+@on_process_node
+def test_kubectl_logs_reads_each_container_run(
+    node: ProcessNode, kubectl: Kubectl, core: CoreV1Api, namespace: str
+) -> None:
+    """`kubectl logs` goes apiserver -> the node's kubelet endpoint -> the run's own log file:
+    current and previous run, init containers, --tail, --timestamps, --since-time, --limit-bytes, -f."""
+    manifest = pod_manifest(
+        "talks",
+        python(TALKS),
+        container={"volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+        volumes=[{"name": "data", "emptyDir": {}}],
+        initContainers=[{"name": "setup", "image": "ignored", "command": ["echo", "init says hi"]}],
+    )
+    create(kubectl, namespace, manifest)
+    wait_pod(core, node, namespace, "talks", "to restart once", lambda p: container_status(p).get("restartCount") == 1)
+
+    def logs(*args: str) -> str:
+        return kubectl("-n", namespace, "logs", "talks", *args).stdout
+
+    current = wait_for(lambda: (out := logs()).count("\n") == 4 and out, "the second run's four lines")
+    assert current == "run 1 line 0\nrun 1 line 1\nrun 1 line 2\nrun 1 on stderr\n"
+    assert logs("--previous") == "run 0 line 0\nrun 0 line 1\nrun 0 line 2\nrun 0 on stderr\n"
+    assert logs("-c", "setup") == "init says hi\n"
+    assert logs("--tail=1") == "run 1 on stderr\n"
+    assert logs("--limit-bytes=5") == "run 1"
+    stamped = logs("--timestamps", "--tail=2").splitlines()
+    assert [line.split(" ", 1)[1] for line in stamped] == ["run 1 line 2", "run 1 on stderr"]
+    for line in stamped:
+        written = datetime.fromisoformat(line.split(" ", 1)[0])
+        assert abs((datetime.now(UTC) - written).total_seconds()) < 120
+    assert logs("--since-time", (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")) == ""
+    missing = kubectl("-n", namespace, "logs", "talks", "-c", "nope", check=False)
+    assert missing.returncode != 0 and "nope" in missing.stderr
+
+
+@on_process_node
+def test_kubectl_logs_follow_ends_with_the_container(
+    node: ProcessNode, kubectl: Kubectl, core: CoreV1Api, namespace: str
+) -> None:
+    command = python("import time\nfor i in range(5):\n    print(f'tick {i}', flush=True)\n    time.sleep(0.4)")
+    create(kubectl, namespace, pod_manifest("ticks", command, restartPolicy="Never"))
+    wait_pod(core, node, namespace, "ticks", "to run", phase_is("Running", "Succeeded"))
+    started = time.monotonic()
+    followed = kubectl("-n", namespace, "logs", "-f", "ticks", timeout=60)
+    assert followed.stdout == "".join(f"tick {i}\n" for i in range(5))
+    assert time.monotonic() - started < 30
+
+
 # -- pure parts (no cluster) --------------------------------------------------------
 
 
@@ -575,3 +644,80 @@ def test_paths_resolve_inside_the_container_root(tmp_path: Path) -> None:
     builder = RootBuilder(root, tmp_path / "stash")
     assert builder.resolve("/var/run/secrets/token") == (root / "run", ["secrets", "token"])
     assert builder.resolve("/var/../run/") == (root / "run", [])
+
+
+def test_cri_log_lines_split_long_lines_and_keep_unfinished_ones() -> None:
+    pending = bytearray()
+    first = logs.encode(b"one\ntw", pending, "T1")
+    assert first == b"T1 F one\n" and pending == b"tw"
+    assert logs.encode(b"o\n", pending, "T2") == b"T2 F two\n" and not pending
+    long = b"x" * (logs.MAX_PIECE + 10)
+    pieces = logs.encode(long + b"\n", pending, "T3").splitlines()
+    assert pieces == [b"T3 P " + b"x" * logs.MAX_PIECE, b"T3 F " + b"x" * 10]
+    assert logs.encode(b"tail", pending, "T4", final=True) == b"T4 P tail\n"
+    # Read back: pieces join into the line, an unfinished line stays unfinished.
+    entries = [logs.parse(line) for line in (b"T0 F a", b"2026-01-01T00:00:00.5Z P b", b"garbage")]
+    assert entries[0] is None and entries[2] is None
+    assert entries[1] is not None and entries[1].text == b"b" and entries[1].render(True) == b"2026-01-01T00:00:00.5Z b"
+
+
+def _cri_file(path: Path, lines: list[tuple[int, str]]) -> None:
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+    with path.open("wb") as handle:
+        for second, text in lines:
+            handle.write(logs.encode(text.encode() + b"\n", bytearray(), logs.stamp(base + timedelta(seconds=second))))
+
+
+def test_reading_a_log_applies_tail_since_limit_and_timestamps(tmp_path: Path) -> None:
+    path = tmp_path / "0.log"
+    _cri_file(path, [(0, "a"), (1, "b"), (2, "c")])
+
+    def read(**options: Any) -> bytes:
+        return b"".join(logs.read(path, logs.LogQuery(**options), lambda: False))
+
+    assert read() == b"a\nb\nc\n"
+    assert read(tail_lines=2) == b"b\nc\n" and read(tail_lines=0) == b""
+    assert read(since=datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)) == b"b\nc\n"
+    assert read(limit_bytes=3) == b"a\nb"
+    assert read(timestamps=True, tail_lines=1) == b"2026-01-01T00:00:02.000000Z c\n"
+
+
+def test_following_a_log_streams_until_the_run_ends(tmp_path: Path) -> None:
+    path = tmp_path / "0.log"
+    _cri_file(path, [(0, "first")])
+    done = threading.Event()
+
+    def writer() -> None:
+        for text in ("second", "third"):
+            time.sleep(0.3)
+            with path.open("ab") as handle:
+                handle.write(logs.encode(f"{text}\n".encode(), bytearray(), logs.stamp()))
+        done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    out = b"".join(logs.read(path, logs.LogQuery(follow=True), lambda: not done.is_set()))
+    thread.join()
+    assert out == b"first\nsecond\nthird\n"
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"tailLines": ["x"]}, "tailLines: 'x' is not an integer"),
+        ({"limitBytes": ["0"]}, "limitBytes: must be at least 1"),
+        ({"sinceSeconds": ["5"], "sinceTime": ["2026-01-01T00:00:00Z"]}, "at most one"),
+        ({"sinceTime": ["yesterday"]}, "sinceTime: 'yesterday' is not an RFC 3339 time"),
+    ],
+)
+def test_bad_log_options_are_refused_by_name(query: dict[str, list[str]], message: str) -> None:
+    with pytest.raises(logs.LogRequestError, match=message) as raised:
+        parse_query(query, datetime.now(UTC))
+    assert raised.value.status == 400
+
+
+def test_log_options_are_parsed() -> None:
+    now = datetime(2026, 1, 1, 12, tzinfo=UTC)
+    query, previous = parse_query({"follow": ["true"], "previous": ["1"], "sinceSeconds": ["60"]}, now)
+    assert previous and query.follow and not query.timestamps
+    assert query.since == datetime(2026, 1, 1, 11, 59, tzinfo=UTC)

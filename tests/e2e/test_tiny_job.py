@@ -132,6 +132,10 @@ def test_tiny_job_trains_through_the_operator(
         operator_text = operator_process.metrics()
         assert _metric(operator_text, 'rlkube_jobs{state="Running"}') == 1.0, operator_text[-2000:]
         assert (_metric(operator_text, f'rlkube_reconcile_total{{namespace="{namespace}"}}') or 0) > 0
+        # What a user watches: the driver's per-step lines through `kubectl logs` (apiserver ->
+        # the node's kubelet endpoint).
+        driver_log = kubectl("-n", namespace, "logs", f"{job.name}-controller-0", "--tail=200").stdout
+        assert "step 1 " in driver_log, driver_log[-2000:]
 
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
     except (TimeoutError, AssertionError) as error:

@@ -172,6 +172,25 @@ def test_a_deleted_pod_restarts_the_gang(jobs: Jobs) -> None:
     jobs.wait_running(JOB, restarts=1)
 
 
+def test_a_deleted_statefulset_is_recreated_without_restarting_the_gang(jobs: Jobs) -> None:
+    """Deleted with its pods orphaned: the operator is woken by the deletion (no waiting for
+    the idle pass, minutes away) and applies it again; the new StatefulSet adopts the pods."""
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    pods = {p["metadata"]["uid"] for p in jobs.wait_pods(JOB, TINY_PODS)}
+    old = jobs.statefulsets(JOB)[f"{JOB}-actor"]["metadata"]["uid"]
+
+    jobs.kubectl("delete", "statefulset", f"{JOB}-actor", "-n", jobs.namespace, "--cascade=orphan")
+    wait_for(
+        lambda: (sts := jobs.statefulsets(JOB).get(f"{JOB}-actor")) is not None and sts["metadata"]["uid"] != old,
+        "the actor StatefulSet to be recreated",
+        timeout=15,
+    )
+    job = jobs.wait_running(JOB)
+    assert job["status"].get("restartCount", 0) == 0
+    assert {p["metadata"]["uid"] for p in jobs.wait_pods(JOB, TINY_PODS)} == pods
+
+
 def env(pod: dict[str, Any], name: str) -> str | None:
     return next((e.get("value") for e in pod["spec"]["containers"][0]["env"] if e["name"] == name), None)
 

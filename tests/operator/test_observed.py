@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS
-from rlkube_operator.observed import PodView, view_pod
+from rlkube_operator.observed import PodView, slim_pod, view_pod
 from tests.operator.helpers import T0, Obj, at, pod
 
 JOB = "tiny-cpu"
@@ -177,3 +177,28 @@ def test_attempt_annotation_is_read() -> None:
     obj = pod(JOB, "actor")
     obj["metadata"]["annotations"][ANNOTATION_ATTEMPT] = "7"
     assert view_pod(obj).attempt == 7
+
+
+@pytest.mark.parametrize(("obj", "expected", "failed", "succeeded"), VIEWS)
+def test_the_slim_pod_the_index_keeps_gives_the_same_view(
+    obj: Obj, expected: dict[str, Any], failed: bool, succeeded: bool
+) -> None:
+    assert view_pod(slim_pod(obj)) == view_pod(obj)
+
+
+def test_the_slim_pod_drops_what_the_operator_never_reads() -> None:
+    full = pod(JOB, "actor", 1, attempt=1, progress={"step": 3})
+    full["metadata"]["managedFields"] = [{"manager": "kubelet", "fieldsV1": {"f:status": {}}}]
+    full["metadata"]["labels"]["controller-revision-hash"] = "abc"
+    full["metadata"]["annotations"]["other"] = "x" * 1000
+    full["spec"] = {"nodeName": "n1", "containers": [{"name": "trainer", "env": [{"name": "A", "value": "1"}]}]}
+    slim = slim_pod(full)
+    assert "managedFields" not in slim["metadata"] and "containers" not in slim["spec"]
+    assert slim["metadata"]["annotations"] == {
+        ANNOTATION_ATTEMPT: "1",
+        ANNOTATION_PROGRESS: full["metadata"]["annotations"][ANNOTATION_PROGRESS],
+    }
+    assert slim["spec"] == {"nodeName": "n1"}
+    # What reconcile reads besides view_pod: name, uid, the attempt, deletion.
+    assert (slim["metadata"]["name"], slim["metadata"]["uid"]) == (full["metadata"]["name"], full["metadata"]["uid"])
+    assert view_pod(slim) == view_pod(full)

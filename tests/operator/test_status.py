@@ -10,7 +10,7 @@ import pytest
 
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
-from rlkube_operator.status import Decision, Observed, compute_status
+from rlkube_operator.status import APPLY_RETRY_SECONDS, Decision, Observed, compute_status
 from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
 
 JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activeDeadlineSeconds 1800
@@ -446,6 +446,8 @@ def test_apply_error_on_a_running_job() -> None:
     assert "StatefulSet/tiny-cpu-actor" in c.message
     assert "denied the request" in c.message
     assert ("Warning", "CreateFailed") in events(d)
+    # Retried soon: no watch would wake the job for it.
+    assert d.requeue_after == APPLY_RETRY_SECONDS
 
     # Applied at last: Created again.
     d = run(after(running(), d), PODS, 200)
@@ -522,3 +524,53 @@ def test_a_resumed_gang_is_not_taken_for_replaced_pods() -> None:
     fresh = gang_pods(JOB, created=at(200))
     d = run(with_spec(suspended, suspend=False), fresh, 210)
     assert (d.status.restart_count, d.restart_gang, d.status.state) == (0, False, "Running")
+
+
+# --- every decision is a fixed point --------------------------------------------------------------
+
+
+def _old_gang_deleting() -> list[Obj]:
+    return [{**p, "metadata": {**p["metadata"], "deletionTimestamp": iso(at(101))}} for p in PODS]
+
+
+RESTARTED = after(running(), run(running(), replace_pod(PODS, FAILED_ACTOR), 100))
+NEW_GANG = gang_pods(JOB, attempt=1, created=at(110))
+NEW_GANG_PENDING = gang_pods(JOB, attempt=1, ready=False, created=at(110))
+STUCK = replace_pod(PODS, pod("tiny-cpu", "rollout", 0, unschedulable=UNSCHEDULABLE))
+BAD_IMAGE = replace_pod(PODS, pod("tiny-cpu", "actor", 0, phase="Pending", ready=False, waiting=("ErrImagePull", "x")))
+
+
+@pytest.mark.parametrize(
+    ("job", "pods", "seconds"),
+    [
+        pytest.param(JOB, [], 0, id="first-pass"),
+        pytest.param(created(), gang_pods(JOB, ready=False), 5, id="pods-pending"),
+        pytest.param(created(), PODS[:2], 5, id="some-pods"),
+        pytest.param(created(), PODS, 10, id="all-ready"),
+        pytest.param(running(), replace_pod(PODS, FAILED_ACTOR), 100, id="restart-decision"),
+        pytest.param(RESTARTED, _old_gang_deleting(), 101, id="old-gang-deleting"),
+        pytest.param(RESTARTED, [], 102, id="no-pods"),
+        pytest.param(RESTARTED, NEW_GANG_PENDING, 111, id="new-gang-pending"),
+        pytest.param(RESTARTED, NEW_GANG_PENDING[:2] + NEW_GANG[2:], 112, id="new-gang-half-ready"),
+        pytest.param(RESTARTED, NEW_GANG, 113, id="new-gang-ready"),
+        pytest.param(created(), STUCK, 300, id="unschedulable"),
+        pytest.param(created(), BAD_IMAGE, 100, id="bad-image-waiting"),
+        pytest.param(with_spec(running(), suspend=True), PODS, 100, id="suspend"),
+        pytest.param(
+            running(),
+            replace_pod(
+                PODS, pod("tiny-cpu", "controller", phase="Succeeded", ready=False, terminated=(0, "Completed"))
+            ),
+            100,
+            id="succeeded",
+        ),
+    ],
+)
+def test_the_next_pass_over_the_same_pods_changes_nothing(job: RLJob, pods: list[Obj], seconds: float) -> None:
+    """The operator does not wake a job for the watch's echo of its own status write, so a
+    decision must already be what the next pass over the same pods decides: no transition
+    may rely on a second pass."""
+    first = run(job, pods, seconds)
+    second = run(after(job, first), pods, seconds + 0.5)
+    assert second.status == first.status
+    assert second.events == []

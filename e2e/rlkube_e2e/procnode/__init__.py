@@ -21,25 +21,30 @@ on PATH), as root, in namespaces that make it look like a pod:
 - processes: a PID namespace per container, so killing its init kills the
   whole tree (Ray's daemons included); every process dies with the node
   (launcher.py).
+- logs: `kubectl logs` works (kubelet.py serves /containerLogs to the
+  apiserver, over TLS with client certificates checked against the cluster CA;
+  one CRI-format file per container run, logs.py); every container of a pod
+  also appends to one combined file, `ProcessNode.log_path`.
 
 Modules: node.py (ProcessNode: registration, lease, pod watch), pods.py (one
 pod's lifecycle), containers.py (one container's runs and restarts),
 status.py (pod status, pure), env.py (environment, pure), volumes.py,
 mounts.py, launcher.py and linux.py (what runs inside the namespaces),
-network.py, dns.py, forwarder.py, api.py; testing.py for pytest fixtures;
+network.py, dns.py, forwarder.py, api.py, kubelet.py and logs.py; testing.py for pytest fixtures;
 `python -m rlkube_e2e.procnode` is the CLI.
 
 Host side effects (root needed): the bridge rlkbr0 with 10.89.0.1/16 and
 10.96.0.1/32 (kept after stop, shared by all process nodes), named network
 namespaces rlk-<cluster>-<node>-<pod uid> with veth pairs (deleted with their
 pods, and at the next start after a crash), /run/rlkube-procnode (address
-block claims, hosts files), and the node's state directory (pod files, logs,
+block claims, hosts files), a TLS listener for the apiserver on 10.89.0.1
+(an ephemeral port, the Node's kubelet endpoint), and the node's state directory (pod files, logs,
 credentials). No sysctl, iptables rule or host path outside these is changed;
 hostPath volumes of type DirectoryOrCreate/FileOrCreate create their path,
 as with the kubelet.
 
-Known limits: no kubelet API (`kubectl logs/exec` do not work; read the pod's
-log file, `ProcessNode.log_path`), no Events, no resource limits (no cgroups),
+Known limits: of the kubelet API only logs (no exec, attach, port-forward), no
+Events, no resource limits (no cgroups),
 securityContext and hostNetwork are ignored (everything runs as root in the
 pod's own network namespace),
 probes are not run (a container is Ready while its process runs), projected

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlkube_e2e.procnode import launcher
+from rlkube_e2e.procnode import launcher, logs
 from rlkube_e2e.procnode.env import ConfigError
 from rlkube_e2e.procnode.mounts import Mount
 from rlkube_e2e.procnode.status import ContainerRecord, now, running, terminated, waiting
@@ -29,6 +29,7 @@ BACKOFF_START = 1.0
 BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
 CONFIG_RETRY = 2.0
+COPY_DRAIN_TIMEOUT = 10.0
 # The launcher needs no environment of its own (it runs with -I -S); the container's is in its spec.
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
@@ -68,6 +69,10 @@ class ContainerFiles:
     @property
     def result(self) -> Path:
         return self.directory / "result.json"
+
+    def run_log(self, run: int) -> Path:
+        """The CRI-format log of run `run` (0 = the first; the kubelet's <container>/<n>.log)."""
+        return self.directory / "logs" / f"{run}.log"
 
 
 def should_restart(policy: str, exit_code: int, *, init: bool) -> bool:
@@ -118,6 +123,19 @@ class ContainerRunner:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def log_of(self, *, previous: bool) -> tuple[Path, Callable[[], bool]] | None:
+        """The log file of the current run (or the one before, with `previous`) and whether that
+        run still runs; None if there is no such run."""
+        run = self.record.restart_count - (1 if previous else 0)
+        path = self._files.run_log(run)
+        if run < 0 or not path.exists():
+            return None
+        return path, lambda: self.record.restart_count == run and self._process is not None
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """No more restarts; send `sig` to the running process (the launcher forwards it to the command)."""
@@ -176,27 +194,43 @@ class ContainerRunner:
             json.dump(spec, handle, indent=1)
         files.result.unlink(missing_ok=True)
         started_at = now()
+        run_log = files.run_log(self.record.restart_count)
+        run_log.parent.mkdir(parents=True, exist_ok=True)
+        header = f"==> {started_at} container {self.record.name} run {self.record.restart_count}: {launch.argv}\n"
         with self._log_path.open("ab") as log:
-            header = f"==> {started_at} container {self.record.name} run {self.record.restart_count}: {launch.argv}\n"
             log.write(header.encode())
-            log.flush()
+        # One pipe for stdout and stderr, copied into the pod's log and the run's own log.
+        source, sink = os.pipe()
+        try:
             with self._lock:
                 if self._stopping.is_set():
+                    os.close(source)
                     return 137
                 self._process = subprocess.Popen(
                     launcher.command(self._python, "container", files.spec),
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=sink,
                     stderr=subprocess.STDOUT,
                     cwd="/",
                     env=LAUNCHER_ENV,
                     start_new_session=True,
                 )
-            process = self._process
+        except BaseException:
+            os.close(source)
+            raise
+        finally:
+            os.close(sink)
+        copier = threading.Thread(
+            target=logs.copy_output, args=(source, self._log_path, run_log), name=f"logs-{self.what}", daemon=True
+        )
+        copier.start()
+        process = self._process
         self.record.container_id = f"procnode://{process.pid}"
         self._log.info("container %s: started %s (launcher pid %d)", self.what, launch.argv, process.pid)
         self._set(running(started_at))
         returncode = process.wait()
+        # The PID namespace ends with the launcher, so every writer of the pipe is gone soon.
+        copier.join(COPY_DRAIN_TIMEOUT)
         with self._lock:
             self._process = None
         exit_code = 128 - returncode if returncode < 0 else returncode

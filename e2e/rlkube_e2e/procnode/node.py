@@ -32,6 +32,8 @@ from rlkube_e2e.procnode import network
 from rlkube_e2e.procnode.api import NodeApi, read_kubeconfig
 from rlkube_e2e.procnode.dns import PodDns
 from rlkube_e2e.procnode.forwarder import Forwarder
+from rlkube_e2e.procnode.kubelet import KubeletServer
+from rlkube_e2e.procnode.logs import LogRequestError, LogSource
 from rlkube_e2e.procnode.mounts import mounted_below
 from rlkube_e2e.procnode.pods import TERMINAL, NodeContext, PodWorker
 from rlkube_e2e.procnode.status import now
@@ -90,6 +92,7 @@ class ProcessNode:
         self._handler: logging.Handler | None = None
         self._context: NodeContext | None = None
         self._forwarder: Forwarder | None = None
+        self._kubelet: KubeletServer | None = None
         self._started = False
         self._last_status = 0.0
         self._ready_since = ""
@@ -170,6 +173,11 @@ class ProcessNode:
         dns.withdraw_node()
         self._forwarder = Forwarder((KUBERNETES_SERVICE_IP, port), (server.hostname or "127.0.0.1", port))
         self._forwarder.start()
+        # Started before the Node is registered: its status carries the port (for `kubectl logs`).
+        self._kubelet = KubeletServer(
+            network.GATEWAY, self._container_log, access.credentials.ca_cert, self.state_dir / "kubelet", self.log
+        )
+        self._kubelet.start()
         self._context = NodeContext(
             name=self.name,
             api=api,
@@ -259,7 +267,7 @@ class ProcessNode:
                 {"type": "InternalIP", "address": network.GATEWAY},
                 {"type": "Hostname", "address": self.name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self._kubelet.port if self._kubelet else 0}},
             "nodeInfo": {
                 "machineID": "",
                 "systemUUID": "",
@@ -401,6 +409,16 @@ class ProcessNode:
             self._workers[uid] = worker
         worker.start()
 
+    def _container_log(self, namespace: str, pod: str, container: str, previous: bool) -> LogSource:
+        """For the kubelet API: the log of a container of a pod this node runs."""
+        with self._workers_lock:
+            workers = [w for w in self._workers.values() if (w.namespace, w.name) == (namespace, pod)]
+        if not workers:
+            raise LogRequestError(404, f'pod "{pod}" in namespace "{namespace}" is not running on node {self.name}')
+        # A StatefulSet pod deleted and made again under its name: the one not finished is current.
+        worker = next((w for w in workers if not w.finished), workers[-1])
+        return worker.container_log(container, previous)
+
     # -- stop ---------------------------------------------------------------------
 
     def stop(self, grace: float = 5.0, *, delete_node: bool = False) -> None:
@@ -435,6 +453,9 @@ class ProcessNode:
         if self._forwarder is not None:
             self._forwarder.stop()
             self._forwarder = None
+        if self._kubelet is not None:
+            self._kubelet.stop()
+            self._kubelet = None
         if context is not None:
             try:
                 if delete_node:

@@ -33,6 +33,7 @@ from rlkube_e2e.procnode.api import NodeApi
 from rlkube_e2e.procnode.containers import LAUNCHER_ENV, ContainerFiles, ContainerRunner, Launch
 from rlkube_e2e.procnode.dns import PodDns, hostname, resolv_conf
 from rlkube_e2e.procnode.env import ConfigError, command_line, container_env
+from rlkube_e2e.procnode.logs import LogRequestError, LogSource
 from rlkube_e2e.procnode.mounts import Mount, mounted_below
 from rlkube_e2e.procnode.status import (
     ContainerRecord,
@@ -123,6 +124,25 @@ class PodWorker:
     @property
     def finished(self) -> bool:
         return not self._thread.is_alive()
+
+    def container_log(self, container: str, previous: bool) -> LogSource:
+        """The log of `container`'s current run (or the one before); LogRequestError if none, with
+        the kubelet's wording."""
+        names = [spec["name"] for spec in (*self._init_specs, *self._specs)]
+        if container not in names:
+            raise LogRequestError(
+                400, f"container {container} is not valid for pod {self.name} (containers: {', '.join(names)})"
+            )
+        runner = next((r for r in list(self._runners) if r.name == container), None)
+        found = runner.log_of(previous=previous) if runner is not None else None
+        if found is None:
+            if previous:
+                raise LogRequestError(
+                    400, f'previous terminated container "{container}" in pod "{self.name}" not found'
+                )
+            raise LogRequestError(400, f'container "{container}" in pod "{self.name}" is waiting to start')
+        path, running = found
+        return LogSource(path, running)
 
     def start(self) -> None:
         self._thread.start()
