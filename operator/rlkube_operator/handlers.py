@@ -30,6 +30,7 @@ JobKey = tuple[str, str]
 IDLE_SECONDS = 300.0
 IDLE_JITTER = 0.1
 RECONCILE_THREADS = 16
+NEW_SPEC_THREADS = 8
 
 
 def _api_client() -> client.ApiClient:
@@ -64,6 +65,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(RECONCILE_THREADS, thread_name_prefix="reconcile")
     )
+    # Passes over a spec generation not reconciled yet (new jobs, edited specs) get threads of
+    # their own, so that a burst of new jobs does not wait behind the passes of running ones.
+    memo.new_spec_executor = concurrent.futures.ThreadPoolExecutor(NEW_SPEC_THREADS, thread_name_prefix="new-spec")
     memo.reconciler = Reconciler(Kube(_api_client()))
     memo.wakeups = {}
     memo.failed_pods = {}
@@ -152,6 +156,7 @@ async def job_changed(
         task = memo.tasks.pop(key, None)
         if task is not None:
             task.cancel()
+        memo.reconciler.forget(body.get("metadata", {}).get("uid", ""))
         return
     live = _without_managed_fields(body)
     memo.bodies[key] = live
@@ -187,6 +192,7 @@ async def stop_loops(memo: Any, **_: Any) -> None:
     for task in memo.tasks.values():
         task.cancel()
     await asyncio.gather(*memo.tasks.values(), return_exceptions=True)
+    memo.new_spec_executor.shutdown(wait=True)
 
 
 def _newest(live: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -212,9 +218,13 @@ async def _job_loop(
             pods += [p for uid, p in failed.items() if uid not in seen]
             with METRICS.reconcile_duration.time():
                 METRICS.reconciles.labels(namespace=namespace).inc()
+                new_spec = (current.get("status") or {}).get("observedGeneration") != current["metadata"].get(
+                    "generation"
+                )
+                executor = memo.new_spec_executor if new_spec else None
                 try:
-                    result: ReconcileResult = await asyncio.to_thread(
-                        reconciler.reconcile, current, pods, set(sets_by_job.get(key, []))
+                    result: ReconcileResult = await asyncio.get_running_loop().run_in_executor(
+                        executor, reconciler.reconcile, current, pods, set(sets_by_job.get(key, []))
                     )
                 except Exception:
                     METRICS.reconcile_errors.labels(namespace=namespace).inc()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -26,11 +27,14 @@ from rlkube_operator.desired import desired_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.metrics import METRICS
 from rlkube_operator.observed import view_pod
-from rlkube_operator.status import TERMINAL, Event, Observed, compute_status
+from rlkube_operator.status import TERMINAL, Event, Observed, compute_status, status_write_delay
 
 log = logging.getLogger(__name__)
 # Children are re-applied at least this often even when unchanged, to repair drift.
 RESYNC_SECONDS = 300.0
+# A status change that is only counts and messages (not a transition) waits at most this
+# long after the job's previous status write, collecting what happens meanwhile.
+COUNTS_WRITE_INTERVAL = 1.0
 
 
 @dataclass
@@ -78,6 +82,14 @@ class Reconciler:
         self.kube = kube
         self.applied = AppliedCache()
         self.ray_tokens: dict[str, str] = {}
+        # uid -> time.monotonic() of the job's last status write.
+        self.last_write: dict[str, float] = {}
+
+    def forget(self, uid: str) -> None:
+        """Drops what is kept about a deleted job."""
+        self.applied.forget(uid)
+        self.ray_tokens.pop(uid, None)
+        self.last_write.pop(uid, None)
 
     def ray_token(self, job: RLJob, uid: str) -> str:
         """The job's Ray token: read from its Secret, or made once when there is none."""
@@ -149,9 +161,18 @@ class Reconciler:
             created = datetime.fromisoformat(meta["creationTimestamp"].replace("Z", "+00:00"))
             METRICS.time_to_running.observe((now - created).total_seconds())
         written = None
-        if status != prev:
+        requeue = decision.requeue_after
+        since = time.monotonic() - self.last_write.get(uid, -math.inf)
+        delay = status_write_delay(prev, status, since, COUNTS_WRITE_INTERVAL)
+        if delay == 0:
             written = self.kube.patch_status(namespace, name, status_patch(status))
-        return ReconcileResult(decision.events, written, status.state, decision.requeue_after)
+            self.last_write[uid] = time.monotonic()
+        elif delay is not None:
+            # Nothing is lost: the next pass computes the status afresh from the pods.
+            requeue = delay if requeue is None else min(requeue, delay)
+        if status.state in TERMINAL:
+            self.last_write.pop(uid, None)
+        return ReconcileResult(decision.events, written, status.state, requeue)
 
 
 def _attempt(pod: dict[str, Any]) -> int:

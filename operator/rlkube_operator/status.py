@@ -292,3 +292,26 @@ def compute_status(job: RLJob, observed: Observed) -> Decision:
             status.state = "Running" if was_running or prev.state == "Running" else "Created"
     status.conditions = conds.as_list()
     return Decision(status, conds.events, pods_wanted=True, requeue_after=min(requeue) if requeue else None)
+
+
+def is_transition(prev: RLJobStatus, new: RLJobStatus) -> bool:
+    """Whether `new` differs from `prev` in more than role counts and condition messages: a
+    state, a condition's status or reason, the restart count, the driver's progress, times.
+    Those are written at once; counts and messages alone may wait a moment, so that a gang
+    whose pods turn ready one after another costs one status write, not one per pod."""
+
+    def essentials(status: RLJobStatus) -> RLJobStatus:
+        conditions = [c.model_copy(update={"message": "", "last_transition_time": ""}) for c in status.conditions]
+        return status.model_copy(update={"roles": {}, "conditions": conditions})
+
+    return essentials(prev) != essentials(new)
+
+
+def status_write_delay(prev: RLJobStatus, new: RLJobStatus, since_last_write: float, interval: float) -> float | None:
+    """When to write `new` over `prev`: None (nothing changed), 0 (now: a transition, or the
+    job's last write is `interval` seconds old), or the seconds left until then."""
+    if new == prev:
+        return None
+    if is_transition(prev, new) or since_last_write >= interval:
+        return 0.0
+    return interval - since_last_write

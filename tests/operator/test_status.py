@@ -10,7 +10,14 @@ import pytest
 
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
-from rlkube_operator.status import APPLY_RETRY_SECONDS, Decision, Observed, compute_status
+from rlkube_operator.status import (
+    APPLY_RETRY_SECONDS,
+    Decision,
+    Observed,
+    compute_status,
+    is_transition,
+    status_write_delay,
+)
 from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
 
 JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activeDeadlineSeconds 1800
@@ -574,3 +581,22 @@ def test_the_next_pass_over_the_same_pods_changes_nothing(job: RLJob, pods: list
     second = run(after(job, first), pods, seconds + 0.5)
     assert second.status == first.status
     assert second.events == []
+
+
+# --- when a status is written -----------------------------------------------------------------------
+
+
+def test_counts_and_messages_alone_wait_for_the_interval_but_transitions_do_not() -> None:
+    job = created()
+    assert job.status is not None
+    three_ready = run(job, PODS[:3] + gang_pods(JOB, ready=False)[3:], 5).status
+    assert three_ready.state == job.status.state == "Created"  # only counts and a message changed
+    assert status_write_delay(job.status, three_ready, since_last_write=0.2, interval=1.0) == pytest.approx(0.8)
+    assert status_write_delay(job.status, three_ready, since_last_write=1.5, interval=1.0) == 0
+    all_ready = run(job, PODS, 5).status
+    assert status_write_delay(job.status, all_ready, since_last_write=0.0, interval=1.0) == 0  # Running: a transition
+    assert status_write_delay(job.status, job.status, since_last_write=0.0, interval=1.0) is None
+    reported = running().model_copy(deep=True)
+    assert reported.status is not None
+    with_progress = reported.status.model_copy(update={"progress": Progress(step=3)})
+    assert is_transition(reported.status, with_progress)  # the driver's progress goes out at once

@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer import driver
+from rlkube_trainer import rollout
 from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.tiny_task import init
 
@@ -99,9 +99,9 @@ def test_the_vllm_engine_is_seeded_once_per_batch(tmp_path: Path, monkeypatch: p
     def fake_build(name: str, **kwargs: Any) -> None:
         built.update(kwargs, name=name)
 
-    monkeypatch.setattr(driver, "build_rollout_engine", fake_build)
+    monkeypatch.setattr(rollout, "build_rollout_engine", fake_build)
     config = parse_trainer_config(yaml.safe_load(init(tmp_path, "grpo", steps=1).read_text()))
-    driver.build_engine(config, torch.device("cpu"))
+    rollout.build_engine(config, torch.device("cpu"))
     assert built["name"] == "vllm"
     assert built["seed_mode"] == "batch"
     assert built["seed"] == config.trainer.seed

@@ -27,7 +27,7 @@ from rlkube_trainer.models import load_tokenizer
 from rlkube_trainer.ppo import PPOTrainer, Roles
 from rlkube_trainer.reporting import DriverMetrics, NullReporter, ProgressReporter, progress_payload
 from rlkube_trainer.reward import build_reward_scorer
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine
 from rlkube_trainer.tracking import Tracker
 from rlkube_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
 
@@ -53,37 +53,6 @@ def uses_reference(config: TrainerConfig) -> bool:
 
 def total_steps_of(config: TrainerConfig, loader: PromptLoader) -> int:
     return config.trainer.total_training_steps or config.trainer.total_epochs * len(loader)
-
-
-def build_engine(config: TrainerConfig, device: torch.device) -> RolloutEngine:
-    rollout = config.rollout
-    on_cpu = device.type == "cpu"
-    dtype = rollout.dtype if rollout.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
-    common = {"model_path": config.model.path, "device": device.type, "dtype": dtype}
-    if rollout.name == "hf":
-        return build_rollout_engine("hf", **common)
-    kv_cache: dict[str, int] = {}
-    if on_cpu:
-        # On CPU vLLM reads gpu_memory_utilization against free RAM minus this whole
-        # process; a fixed KV budget (the same fraction of total RAM) is predictable.
-        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        kv_cache["kv_cache_memory_bytes"] = int(rollout.gpu_memory_utilization * total)
-    return build_rollout_engine(
-        "vllm",
-        **common,
-        **kv_cache,
-        seed=config.trainer.seed,
-        # One seed per generate call (the step's), not one per request: vLLM then samples the
-        # whole batch with one kernel per decode step instead of one per seeded request (-1.7 ms
-        # of an 18.8 ms step at 512 sequences on an H200, docs/benchmarks.md). A step still
-        # samples the same on a rerun or resume: its engines get the same prompts, split the
-        # same way, with the same seed.
-        seed_mode="batch",
-        gpu_memory_utilization=rollout.gpu_memory_utilization,
-        max_model_len=config.data.max_prompt_length + config.data.max_response_length,
-        enforce_eager=rollout.enforce_eager or on_cpu,
-        enable_sleep_mode=rollout.free_cache_engine and not on_cpu,
-    )
 
 
 def order_checksum(prompts: list[Prompt]) -> int:

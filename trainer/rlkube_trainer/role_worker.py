@@ -97,7 +97,7 @@ class RoleWorker:
         if spec.role == "reward":
             self.reward = build_reward_scorer(config.reward, str(self.device))
         if spec.role == "rollout" or spec.with_engine:
-            from rlkube_trainer.driver import build_engine  # noqa: PLC0415  (vLLM only where needed)
+            from rlkube_trainer.rollout import build_engine  # noqa: PLC0415  (vLLM only where needed)
 
             self.engine = build_engine(config, self.device)
         return f"{spec.role} rank {spec.rank} on {os.uname().nodename} ({self.device}), pid {os.getpid()}"
