@@ -30,7 +30,9 @@ JobKey = tuple[str, str]
 IDLE_SECONDS = 300.0
 IDLE_JITTER = 0.1
 RECONCILE_THREADS = 16
-NEW_SPEC_THREADS = 8
+# A first pass is a dozen API round trips; at 500 new jobs their latency, not CPU, sets the pace
+# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md run 9).
+NEW_SPEC_THREADS = 16
 
 
 def _api_client() -> client.ApiClient:
@@ -40,7 +42,7 @@ def _api_client() -> client.ApiClient:
         config.load_kube_config()  # type: ignore[no-untyped-call]
     configuration = client.Configuration.get_default_copy()
     # One pooled connection per reconcile thread (the default, CPUs x 5, is 10 on 2 cores).
-    configuration.connection_pool_maxsize = RECONCILE_THREADS
+    configuration.connection_pool_maxsize = RECONCILE_THREADS + NEW_SPEC_THREADS
     return client.ApiClient(configuration)
 
 
