@@ -61,7 +61,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # Watches can go silent behind load balancers; reconnect if nothing arrives.
     settings.watching.inactivity_timeout = 600
     settings.execution.max_workers = 16
-    # Reconcile passes run in the loop's default executor (asyncio.to_thread): min(32, CPUs + 4)
+    # Reconcile passes run in the loop's default executor (run_in_executor(None)): min(32, CPUs + 4)
     # threads, 6 on 2 cores. A first pass is a dozen API round trips, mostly waiting, so a
     # burst of new jobs queues behind them; more threads keep the API server busy instead.
     asyncio.get_running_loop().set_default_executor(

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
+import ssl
 import textwrap
 import threading
 import time
@@ -551,6 +553,30 @@ def test_kubectl_logs_reads_each_container_run(
     assert logs("--since-time", (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")) == ""
     missing = kubectl("-n", namespace, "logs", "talks", "-c", "nope", check=False)
     assert missing.returncode != 0 and "nope" in missing.stderr
+
+
+def _kubelet_healthz(port: int, client_cert: tuple[Path, Path] | None) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE  # the node's cert is self-signed
+    if client_cert is not None:
+        context.load_cert_chain(*client_cert)
+    with socket.create_connection((network.GATEWAY, port), timeout=10) as raw, context.wrap_socket(raw) as tls:
+        tls.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        answer = tls.recv(4096)  # TLS 1.3 reports a refused certificate at the first read
+        if not answer:
+            raise ConnectionError("the kubelet endpoint closed the connection")
+        return answer
+
+
+@on_process_node
+def test_the_kubelet_endpoint_refuses_clients_without_a_cluster_certificate(node: ProcessNode, core: CoreV1Api) -> None:
+    """Pods share the bridge with the node's kubelet endpoint: only holders of a client
+    certificate signed by the cluster CA (the apiserver) may read logs through it."""
+    port = core.read_node(node.name).status.daemon_endpoints.kubelet_endpoint.port
+    credentials = node.state_dir / "credentials"
+    assert _kubelet_healthz(port, (credentials / "client.crt", credentials / "client.key")).startswith(b"HTTP/1.0 200")
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _kubelet_healthz(port, None)
 
 
 @on_process_node

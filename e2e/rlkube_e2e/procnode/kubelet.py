@@ -15,6 +15,7 @@ import datetime
 import http.server
 import logging
 import ssl
+import sys
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -101,6 +102,7 @@ class KubeletServer:
         context.load_verify_locations(self._client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
         server = _Server((self.host, 0), _handler(self._lookup, self._log))
+        server.log = self._log
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="kubelet-api", daemon=True)
@@ -115,6 +117,11 @@ class KubeletServer:
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    log = logging.getLogger(__name__)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        # A refused handshake (no client certificate) is expected, not a traceback on stderr.
+        self.log.info("kubelet API: request from %s failed: %r", client_address, sys.exc_info()[1])
 
 
 def _handler(lookup: LogLookup, log: logging.Logger) -> type[http.server.BaseHTTPRequestHandler]:
@@ -127,11 +134,7 @@ def _handler(lookup: LogLookup, log: logging.Logger) -> type[http.server.BaseHTT
             connection = self.request
             assert isinstance(connection, ssl.SSLSocket)
             connection.settimeout(30)
-            try:
-                connection.do_handshake()
-            except (ssl.SSLError, OSError) as error:
-                log.info("kubelet API: refused a connection: %s", error)
-                raise
+            connection.do_handshake()  # a refused client ends here: _Server.handle_error logs it
             connection.settimeout(None)
             super().setup()
 
