@@ -122,13 +122,13 @@ def pod_changed(
     type: str | None, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any
 ) -> None:
     key = (namespace or "", labels[LABEL_JOB])
-    pod = slim_pod(dict(body))
+    pod = dict(body)
     # A failed or deleted pod may be replaced by its StatefulSet before the loop looks;
     # remember it so the failure is not missed.
     if view_pod(pod).failed:
-        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], pod)
+        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], slim_pod(pod))
     elif (type == "DELETED" or pod["metadata"].get("deletionTimestamp")) and _gang_lost(memo, key, pod):
-        lost = as_lost(pod, "the pod was deleted while the job ran")
+        lost = as_lost(slim_pod(pod), "the pod was deleted while the job ran")
         memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], lost)
     _wake(memo, key)
 

@@ -37,26 +37,31 @@ RESYNC_SECONDS = 300.0
 COUNTS_WRITE_INTERVAL = 1.0
 
 
+ChildKey = tuple[str, str]  # (kind, name)
+
+
+def _digest(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
 @dataclass
-class AppliedCache:
-    """Hashes of what was last applied, so unchanged children are not re-sent."""
+class JobMemory:
+    """What the reconciler keeps about one job between passes; dropped when it finishes or goes."""
 
-    hashes: dict[tuple[str, str, str], tuple[str, float]] = field(default_factory=dict)
+    # Read from the job's Secret, or made, once: the children carry it.
+    ray_token: str | None = None
+    # The children with their digests, built for (spec generation, attempt, pods wanted):
+    # building validates and renders the trainer config (~15 ms), and most passes change nothing.
+    built_for: tuple[int | None, int, bool] | None = None
+    children: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+    # (kind, name) -> (digest, time.monotonic()) of the last apply, so unchanged children are not re-sent.
+    applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)
+    # time.monotonic() of the last status write.
+    last_write: float = -math.inf
 
-    def needs_apply(self, uid: str, manifest: dict[str, Any], now: float) -> bool:
-        key = (uid, manifest["kind"], manifest["metadata"]["name"])
-        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-        seen = self.hashes.get(key)
+    def needs_apply(self, manifest: dict[str, Any], digest: str, now: float) -> bool:
+        seen = self.applied.get((manifest["kind"], manifest["metadata"]["name"]))
         return seen is None or seen[0] != digest or now - seen[1] > RESYNC_SECONDS
-
-    def record(self, uid: str, manifest: dict[str, Any], now: float) -> None:
-        key = (uid, manifest["kind"], manifest["metadata"]["name"])
-        digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-        self.hashes[key] = (digest, now)
-
-    def forget(self, uid: str, kind: str | None = None) -> None:
-        for key in [k for k in self.hashes if k[0] == uid and (kind is None or k[1] == kind)]:
-            del self.hashes[key]
 
 
 def status_patch(status: RLJobStatus) -> dict[str, Any]:
@@ -80,38 +85,31 @@ class ReconcileResult:
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        self.applied = AppliedCache()
-        self.ray_tokens: dict[str, str] = {}
-        # uid -> time.monotonic() of the job's last status write.
-        self.last_write: dict[str, float] = {}
-        # uid -> ((generation, attempt, pods_wanted), children): built once per spec generation.
-        # Building renders and validates the trainer config (~15 ms); most passes change nothing.
-        self._children: dict[str, tuple[tuple[int | None, int, bool], list[dict[str, Any]]]] = {}
-
-    def children(self, job: RLJob, uid: str, attempt: int, pods_wanted: bool) -> list[dict[str, Any]]:
-        """desired_children, from a cache keyed by what they depend on: the spec generation
-        (name and namespace are immutable; the Ray token is fixed per uid), attempt and pods."""
-        key = (job.metadata.generation, attempt, pods_wanted)
-        cached = self._children.get(uid)
-        if cached is None or cached[0] != key:
-            cached = (key, desired_children(job, uid, attempt, pods_wanted, self.ray_token(job, uid)))
-            self._children[uid] = cached
-        return cached[1]
+        self.jobs: dict[str, JobMemory] = {}  # by uid
 
     def forget(self, uid: str) -> None:
-        """Drops what is kept about a deleted job."""
-        self.applied.forget(uid)
-        self.ray_tokens.pop(uid, None)
-        self.last_write.pop(uid, None)
-        self._children.pop(uid, None)
+        """Drops what is kept about a job (deleted, or finished)."""
+        self.jobs.pop(uid, None)
 
-    def ray_token(self, job: RLJob, uid: str) -> str:
+    def children(self, job: RLJob, uid: str, attempt: int, pods_wanted: bool) -> list[tuple[dict[str, Any], str]]:
+        """desired_children with their digests, built again only when what they depend on
+        changes: the spec generation (name and namespace are immutable, the Ray token is fixed
+        per uid), the attempt and whether pods are wanted."""
+        memory = self.jobs.setdefault(uid, JobMemory())
+        key = (job.metadata.generation, attempt, pods_wanted)
+        if memory.built_for != key:
+            built = desired_children(job, uid, attempt, pods_wanted, self.ray_token(job, memory))
+            memory.children = [(child, _digest(child)) for child in built]
+            memory.built_for = key
+        return memory.children
+
+    def ray_token(self, job: RLJob, memory: JobMemory) -> str:
         """The job's Ray token: read from its Secret, or made once when there is none."""
-        if uid not in self.ray_tokens:
+        if memory.ray_token is None:
             namespace = job.metadata.namespace or ""
             existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
-            self.ray_tokens[uid] = existing or secrets.token_urlsafe(32)
-        return self.ray_tokens[uid]
+            memory.ray_token = existing or secrets.token_urlsafe(32)
+        return memory.ray_token
 
     def apply_children(
         self, job: RLJob, uid: str, attempt: int, pods_wanted: bool, present: set[str], force: bool = False
@@ -119,16 +117,17 @@ class Reconciler:
         """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals."""
         errors: dict[str, str] = {}
         now = time.monotonic()
-        for child in self.children(job, uid, attempt, pods_wanted):
-            name = f"{child['kind']}/{child['metadata']['name']}"
-            missing = child["kind"] == "StatefulSet" and child["metadata"]["name"] not in present
-            if not (force or missing or self.applied.needs_apply(uid, child, now)):
+        memory = self.jobs.setdefault(uid, JobMemory())
+        for child, digest in self.children(job, uid, attempt, pods_wanted):
+            kind, name = child["kind"], child["metadata"]["name"]
+            missing = kind == "StatefulSet" and name not in present
+            if not (force or missing or memory.needs_apply(child, digest, now)):
                 continue
             try:
                 self.kube.apply(child)
-                self.applied.record(uid, child, now)
+                memory.applied[(kind, name)] = (digest, now)
             except ApiException as exc:
-                errors[name] = _api_error(exc)
+                errors[f"{kind}/{name}"] = _api_error(exc)
         return errors
 
     def reconcile(
@@ -168,8 +167,6 @@ class Reconciler:
             self.kube.delete_pods(namespace, stale)
         if status.state in TERMINAL and prev.state not in TERMINAL:
             self.kube.scale_to_zero(namespace, name)
-            self.applied.forget(uid)
-            self._children.pop(uid, None)
         if decision.delete_children:
             self.kube.delete_children(namespace, name)
         if status.state == "Running" and prev.state in (None, "Pending", "Created") and status.restart_count == 0:
@@ -177,16 +174,16 @@ class Reconciler:
             METRICS.time_to_running.observe((now - created).total_seconds())
         written = None
         requeue = decision.requeue_after
-        since = time.monotonic() - self.last_write.get(uid, -math.inf)
-        delay = status_write_delay(prev, status, since, COUNTS_WRITE_INTERVAL)
+        memory = self.jobs.setdefault(uid, JobMemory())
+        delay = status_write_delay(prev, status, time.monotonic() - memory.last_write, COUNTS_WRITE_INTERVAL)
         if delay == 0:
             written = self.kube.patch_status(namespace, name, status_patch(status))
-            self.last_write[uid] = time.monotonic()
+            memory.last_write = time.monotonic()
         elif delay is not None:
             # Nothing is lost: the next pass computes the status afresh from the pods.
             requeue = delay if requeue is None else min(requeue, delay)
         if status.state in TERMINAL:
-            self.last_write.pop(uid, None)
+            self.forget(uid)  # no more children to apply, and every later write is a transition
         return ReconcileResult(decision.events, written, status.state, requeue)
 
 
