@@ -1,4 +1,5 @@
-"""Data parallelism inside a role's worker group.
+"""torch.distributed inside a role's group: the group itself (one per role with pods,
+NCCL on GPU, gloo on CPU), and data parallelism over it.
 
 On GPU the role's model is sharded with FSDP2 (`fully_shard` per decoder layer,
 then the root; NCCL). On CPU torch's FSDP2 has no gloo reduce-scatter support
