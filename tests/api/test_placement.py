@@ -66,9 +66,7 @@ CASES = [
         [(A, 8, {A, RO}), (RW, 2, {RW})],
         id="reward-model-own-pods",
     ),
-    pytest.param(
-        {"actor": {"replicas": 2, "gpus_per_replica": 0}}, {}, [(A, 2, {A, RO})], id="cpu-one-rank-per-pod"
-    ),
+    pytest.param({"actor": {"replicas": 2, "gpus_per_replica": 0}}, {}, [(A, 2, {A, RO})], id="cpu-one-rank-per-pod"),
 ]
 
 

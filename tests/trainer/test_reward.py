@@ -178,6 +178,7 @@ def test_build_from_config_map_explains_the_operator_resolves_it() -> None:
 
 # --------------------------------------------------------------------------- reward model
 
+
 @pytest.fixture(scope="module")
 def reward_model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return save_reward_model(tmp_path_factory.mktemp("rm"))

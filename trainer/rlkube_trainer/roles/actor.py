@@ -71,7 +71,13 @@ class Actor(Trainable):
         model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
         if config.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
-        self.model = distribute(model, device, config.actor.strategy)
+        self.model = distribute(
+            model,
+            device,
+            config.actor.strategy,
+            config.roles.actor.fsdp_size,
+            config.actor.fsdp_config.mixed_precision,
+        )
         super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a

@@ -19,7 +19,10 @@ class Critic(Trainable):
         self.config: CriticConfig = config.critic
         path = config.critic.model_path or config.model.path
         critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
-        self.model = distribute(critic, device, config.critic.strategy)  # type: ignore[assignment]
+        fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
+        self.model = distribute(  # type: ignore[assignment]
+            critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config.mixed_precision
+        )
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
         self.samples_per_mini_batch = mini * config.rollout.n

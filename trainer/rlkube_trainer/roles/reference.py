@@ -15,9 +15,12 @@ class Reference:
         self.device = device
         self.temperature = config.rollout.temperature
         self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
-        model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
+        # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
         model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
-        self.model = distribute(model, device, config.actor.strategy)
+        fsdp_size = config.roles.reference.fsdp_size if config.roles.reference is not None else None
+        self.model = distribute(model, device, config.actor.strategy, fsdp_size)
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:

@@ -19,21 +19,36 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlkube_api.config import OptimConfig, Strategy
+from rlkube_api.config import MixedPrecisionConfig, OptimConfig, Strategy
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.fsdp import average_gradients, is_sharded, shard_with_fsdp2, world_size
+from rlkube_trainer.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
 
 Metrics = dict[str, float]
 
 
-def distribute(model: nn.Module, device: torch.device, strategy: Strategy) -> nn.Module:
-    """FSDP2 or full replicas across the role group (fsdp.py); one rank keeps the model as is."""
-    # World size, not just an initialised group: FSDP over one rank only costs time.
-    if not dist.is_initialized() or dist.get_world_size() == 1:
+def uses_fsdp2(device: torch.device, strategy: Strategy) -> bool:
+    """FSDP2 where asked for, and by default on GPU (one rank too: its mixed precision is what
+    computes in bf16 over fp32 master weights); full replicas otherwise. Without a process
+    group (in this process on CPU) the model stays as it is."""
+    if not dist.is_initialized():
+        return False
+    return strategy == "fsdp2" or (strategy == "auto" and device.type == "cuda")
+
+
+def distribute(
+    model: nn.Module,
+    device: torch.device,
+    strategy: Strategy,
+    fsdp_size: int | None = None,
+    mixed_precision: MixedPrecisionConfig | None = None,
+) -> nn.Module:
+    """FSDP2 (HSDP with `fsdp_size`) or full replicas across the role group (fsdp.py)."""
+    if not uses_fsdp2(device, strategy):
         return model
-    if strategy == "fsdp2" or (strategy == "auto" and device.type == "cuda"):
-        return shard_with_fsdp2(model)
-    return model
+    param_dtype = reduce_dtype = None
+    if mixed_precision is not None:
+        param_dtype, reduce_dtype = DTYPES[mixed_precision.param_dtype], DTYPES[mixed_precision.reduce_dtype]
+    return shard_with_fsdp2(model, device_mesh(device, fsdp_size), param_dtype, reduce_dtype)
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
