@@ -4,6 +4,8 @@ and copies the JSON into the RLJob's status.progress. The operator's Role allows
 get/patch on that one pod, so nothing here needs broader rights.
 
 Reporting is best effort: no failure here may stop or slow down training for long.
+The kubernetes client is imported where a report is set up: runs outside a cluster
+(a laptop, a benchmark host) never load it.
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
-
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.incluster_config import InClusterConfigLoader
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkube_api.names import ANNOTATION_PROGRESS, Env
+
+if TYPE_CHECKING:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger("rlkube.trainer.progress")
 
@@ -101,6 +103,9 @@ def in_cluster_api(env: Mapping[str, str] | None = None, sa_dir: Path = SERVICE_
     The token file is read again before every request: projected ServiceAccount tokens
     rotate (kubelet refreshes the file about hourly), so a token cached at start-up would
     start failing with 401 after the first rotation."""
+    from kubernetes import client  # noqa: PLC0415
+    from kubernetes.config.incluster_config import InClusterConfigLoader  # noqa: PLC0415
+
     configuration = client.Configuration()
     loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
         token_filename=str(sa_dir / "token"),
@@ -118,6 +123,8 @@ def in_cluster_api(env: Mapping[str, str] | None = None, sa_dir: Path = SERVICE_
 
 def kubeconfig_api(path: Path | str, context: str | None = None) -> client.ApiClient:
     """The cluster and user of a kubeconfig context (the kubernetes client's loader)."""
+    from kubernetes import config  # noqa: PLC0415
+
     api: client.ApiClient = config.new_client_from_config(config_file=str(path), context=context)  # type: ignore[no-untyped-call]
     return api
 
@@ -146,6 +153,8 @@ class PodAnnotationReporter:
         timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        from kubernetes import client  # noqa: PLC0415
+
         # One try per report: the throttle and backoff below decide when to try again. (The
         # client's connection pool takes its retries when it is made, hence a new client.)
         configuration = api.configuration
@@ -192,6 +201,8 @@ class PodAnnotationReporter:
             self.report(pending, force=True)
 
     def _patch(self, progress: Mapping[str, Any]) -> bool:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
         self.attempts += 1
         where = f"pod {self.namespace}/{self.pod}"
         try:
@@ -261,10 +272,12 @@ def reporter_from_env(env: Mapping[str, str] | None = None, sa_dir: Path = SERVI
     if not env.get(Env.POD_NAME):
         log.warning("in a pod but %s is not set: progress is not reported", Env.POD_NAME)
         return NullReporter()
+    from kubernetes.config import ConfigException  # noqa: PLC0415
+
     try:
         namespace = env.get(Env.NAMESPACE) or (sa_dir / "namespace").read_text().strip()
         reporter = PodAnnotationReporter(in_cluster_api(env, sa_dir), namespace, env[Env.POD_NAME])
-    except (OSError, KeyError, config.ConfigException) as error:
+    except (OSError, KeyError, ConfigException) as error:
         log.warning("cannot set up progress reporting (%s): progress is not reported", error)
         return NullReporter()
     log.info("reporting progress to pod %s/%s", reporter.namespace, reporter.pod)

@@ -98,6 +98,17 @@ class Actor(Trainable):
         parts = [self._log_probs(m.to(self.device), False)[0].cpu() for m in batch.split(self.micro_batch_size)]
         return torch.cat(parts)
 
+    def update(self, batch: TrainBatch) -> Metrics:
+        """The PPO update; on GPU also verl's perf/max_memory_*_gb, the peaks during it."""
+        on_gpu = self.device.type == "cuda"
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        metrics = super().update(batch)
+        if on_gpu:
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+        return metrics
+
     def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
         log_prob, entropy = self._log_probs(micro, self.with_entropy)
         return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy)
