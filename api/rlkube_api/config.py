@@ -136,10 +136,17 @@ class MixedPrecisionConfig(ApiModel):
 
 
 class FSDPConfig(ApiModel):
-    """How a trainable role is sharded (verl's fsdp_config)."""
+    """How a role is sharded (verl's fsdp_config); applies where the role is sharded with FSDP2
+    (strategy fsdp2, or auto on GPU)."""
 
     mixed_precision: MixedPrecisionConfig = Field(
         default_factory=MixedPrecisionConfig, description="Compute and gradient-reduction dtypes."
+    )
+    param_offload: bool = Field(
+        False,
+        description="Keep the sharded parameters, their gradients and the optimizer state in host memory; "
+        "each layer's weights reach the GPU only for its forward and backward, and the optimizer steps on "
+        "the CPU. The most GPU memory saved, at the optimizer's speed on the CPU.",
     )
 
 
@@ -197,6 +204,16 @@ class CriticConfig(ApiModel):
         "auto", description="Data parallelism across the critic's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 settings of the critic.")
+
+
+class ReferenceConfig(ApiModel):
+    """The frozen reference policy (verl's ref section)."""
+
+    fsdp_config: FSDPConfig = Field(
+        default_factory=FSDPConfig,
+        description="FSDP2 settings of the reference; it computes in bf16 on GPU whatever mixedPrecision "
+        "says (it has no master weights), so paramOffload is what applies.",
+    )
 
 
 class RolloutConfig(ApiModel):
@@ -333,6 +350,7 @@ class TrainerConfig(ApiModel):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="Advantage and KL.")
     actor: ActorConfig = Field(default_factory=ActorConfig, description="Policy update.")
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value update (gae).")
+    ref: ReferenceConfig = Field(default_factory=ReferenceConfig, description="The reference policy (KL).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
     reward: RewardConfig = Field(description="Scores.")
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Loop and logging.")

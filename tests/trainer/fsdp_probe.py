@@ -19,6 +19,7 @@ import yaml
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.fsdp import offloads_parameters
 from rlkube_trainer.rank_group import split
 from rlkube_trainer.roles.actor import Actor
 
@@ -54,7 +55,10 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> N
     batch.old_log_probs = actor.compute_log_prob(batch)
     metrics = actor.update(batch)
     weights = {name: t.clone() for name, t in actor.named_weights()}
-    Path(out, f"rank_{rank}.json").write_text(json.dumps({"shapes": shapes, "metrics": metrics}))
+    offloaded = offloads_parameters(actor.model)
+    Path(out, f"rank_{rank}.json").write_text(
+        json.dumps({"shapes": shapes, "metrics": metrics, "offloaded": offloaded})
+    )
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))
     dist.destroy_process_group()
@@ -64,7 +68,9 @@ def main(world: int, port: int, config_path: str, out: str) -> None:
     mp.spawn(rank_main, args=(world, port, config_path, out), nprocs=world, join=True)
 
 
-def config_for(workdir: Path, world: int, strategy: str, fsdp_size: int | None, param_dtype: str) -> dict[str, Any]:
+def config_for(
+    workdir: Path, world: int, strategy: str, fsdp_size: int | None, param_dtype: str, offload: bool = False
+) -> dict[str, Any]:
     from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
 
     raw = trainer_config(workdir)
@@ -77,7 +83,7 @@ def config_for(workdir: Path, world: int, strategy: str, fsdp_size: int | None, 
             "strategy": strategy,
             "ppo_mini_batch_size": SAMPLES // 8,
             "ppo_micro_batch_size_per_gpu": 2,
-            "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}},
+            "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}, "param_offload": offload},
         }
     )
     return raw

@@ -1,6 +1,7 @@
 """FSDP2 on CPU over gloo ranks (what the GPU path runs over NCCL): HSDP with fsdpSize
 shards within groups and replicates across them and trains exactly as full replicas do;
-bf16 mixed precision updates as fp32 does, within a stated tolerance."""
+bf16 mixed precision updates as fp32 does, within a stated tolerance; paramOffload keeps
+the shards in host memory and updates as without it."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from rlkube_trainer.tiny_task import build_model
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
+RUNS: dict[Path, dict[str, Any]] = {}
 
 
 def free_port() -> int:
@@ -37,14 +39,18 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def update(workdir: Path, name: str, world: int, strategy: str, fsdp_size: int | None, dtype: str) -> dict[str, Any]:
+def update(
+    workdir: Path, name: str, world: int, strategy: str, fsdp_size: int | None, dtype: str, offload: bool = False
+) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
     from fsdp_probe import config_for  # noqa: PLC0415
 
     out = workdir / name
+    if out.exists():  # the same run, asked for by another test of this module
+        return RUNS[out]
     out.mkdir()
     config = out / "config.yaml"
-    config.write_text(yaml.safe_dump(config_for(workdir, world, strategy, fsdp_size, dtype)))
+    config.write_text(yaml.safe_dump(config_for(workdir, world, strategy, fsdp_size, dtype, offload)))
     result = subprocess.run(
         [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out)],
         capture_output=True,
@@ -54,7 +60,8 @@ def update(workdir: Path, name: str, world: int, strategy: str, fsdp_size: int |
     )
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)]
-    return {"ranks": ranks, "weights": torch.load(out / "weights.pt")}
+    RUNS[out] = {"ranks": ranks, "weights": torch.load(out / "weights.pt")}
+    return RUNS[out]
 
 
 @pytest.mark.trainer
@@ -101,6 +108,17 @@ def test_bf16_compute_updates_as_fp32_does(workdir: Path) -> None:
     assert cosine(torch.cat(deltas32), torch.cat(deltas16)) > 0.99
     # ... and bf16 did compute: the updates are close, not equal.
     assert not torch.equal(torch.cat(deltas32), torch.cat(deltas16))
+    assert not any(rank["offloaded"] for rank in fp32["ranks"] + bf16["ranks"])
+
+
+@pytest.mark.trainer
+def test_param_offload_keeps_the_shards_in_host_memory_and_updates_the_same(workdir: Path) -> None:
+    on_device = update(workdir, "fp32", 2, "fsdp2", None, "fp32")
+    offloaded = update(workdir, "offloaded", 2, "fsdp2", None, "fp32", offload=True)
+    assert all(rank["offloaded"] for rank in offloaded["ranks"])
+    assert not any(rank["offloaded"] for rank in on_device["ranks"])
+    for name, tensor in on_device["weights"].items():
+        assert torch.allclose(offloaded["weights"][name], tensor, atol=1e-6), name
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -87,19 +87,34 @@ def shard_with_fsdp2(
     mesh: DeviceMesh,
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
+    offload: bool = False,
 ) -> nn.Module:
     """FSDP2 over `mesh`: each decoder layer its own unit, then the root. With `param_dtype`
     the gathered weights the forward and backward compute with are cast to it, while the
     sharded parameters the optimizer steps (the master weights) keep their own dtype, and
-    gradients are reduced in `reduce_dtype` (verl's FSDP mixed precision)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+    gradients are reduced in `reduce_dtype` (verl's FSDP mixed precision). With `offload` the
+    sharded parameters and gradients live in (pinned) host memory, and with them the optimizer
+    state and step."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard  # noqa: PLC0415
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    # Pinned host memory (faster copies) needs a GPU driver; the CPU tests run without one.
+    placement = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module, mesh=mesh, mp_policy=policy)
-    fully_shard(model, mesh=mesh, mp_policy=policy)
+            fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=placement)
+    fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=placement)
     return model
+
+
+def offloads_parameters(model: nn.Module) -> bool:
+    """Whether FSDP2 keeps this model's sharded parameters in host memory."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule  # noqa: PLC0415
+
+    if not isinstance(model, FSDPModule):
+        return False
+    group = model._get_fsdp_state()._fsdp_param_group
+    return group is not None and isinstance(group.offload_policy, CPUOffloadPolicy)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -76,7 +76,7 @@ class Actor(Trainable):
             device,
             config.actor.strategy,
             config.roles.actor.fsdp_size,
-            config.actor.fsdp_config.mixed_precision,
+            config.actor.fsdp_config,
         )
         super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)

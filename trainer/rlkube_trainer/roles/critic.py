@@ -21,7 +21,7 @@ class Critic(Trainable):
         critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
         fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
         self.model = distribute(  # type: ignore[assignment]
-            critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config.mixed_precision
+            critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config
         )
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size

@@ -20,7 +20,9 @@ class Reference:
         model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
         model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
         fsdp_size = config.roles.reference.fsdp_size if config.roles.reference is not None else None
-        self.model = distribute(model, device, config.actor.strategy, fsdp_size)
+        self.model = distribute(
+            model, device, config.actor.strategy, fsdp_size, config.ref.fsdp_config, mixed_precision=False
+        )
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:

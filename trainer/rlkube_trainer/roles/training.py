@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from rlkube_api.config import MixedPrecisionConfig, OptimConfig, Strategy
+from rlkube_api.config import FSDPConfig, OptimConfig, Strategy
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
 
@@ -40,15 +40,19 @@ def distribute(
     device: torch.device,
     strategy: Strategy,
     fsdp_size: int | None = None,
-    mixed_precision: MixedPrecisionConfig | None = None,
+    fsdp: FSDPConfig | None = None,
+    mixed_precision: bool = True,
 ) -> nn.Module:
-    """FSDP2 (HSDP with `fsdp_size`) or full replicas across the role group (fsdp.py)."""
+    """FSDP2 (HSDP with `fsdp_size`, offload and mixed precision as `fsdp` says) or full replicas
+    across the role group (fsdp.py)."""
     if not uses_fsdp2(device, strategy):
         return model
+    fsdp = fsdp or FSDPConfig()
     param_dtype = reduce_dtype = None
-    if mixed_precision is not None:
-        param_dtype, reduce_dtype = DTYPES[mixed_precision.param_dtype], DTYPES[mixed_precision.reduce_dtype]
-    return shard_with_fsdp2(model, device_mesh(device, fsdp_size), param_dtype, reduce_dtype)
+    if mixed_precision:
+        param_dtype = DTYPES[fsdp.mixed_precision.param_dtype]
+        reduce_dtype = DTYPES[fsdp.mixed_precision.reduce_dtype]
+    return shard_with_fsdp2(model, device_mesh(device, fsdp_size), param_dtype, reduce_dtype, fsdp.param_offload)
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
