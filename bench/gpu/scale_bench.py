@@ -67,7 +67,9 @@ def log(message: str) -> None:
     print(f"[scale {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def write_task(workdir: Path, arch: str, shape: dict[str, Any], steps: int, gpu_util: float, device: str) -> Path:
+def write_task(
+    workdir: Path, arch: str, shape: dict[str, Any], steps: int, gpu_util: float, device: str, offload: bool
+) -> Path:
     """Model, prompts (random bytes: one token each), reward file and trainer config."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -101,6 +103,7 @@ def write_task(workdir: Path, arch: str, shape: dict[str, Any], steps: int, gpu_
             "optim": {"lr": 1e-6},
             "ppo_mini_batch_size": shape["prompts"],
             "ppo_micro_batch_size_per_gpu": shape["micro"],
+            "fsdp_config": {"param_offload": offload},
         },
         "rollout": {
             "name": "vllm",
@@ -111,7 +114,12 @@ def write_task(workdir: Path, arch: str, shape: dict[str, Any], steps: int, gpu_
         },
         "reward": {"function": {"path": str(workdir / "reward.py")}},
         "trainer": {"total_training_steps": steps, "seed": 1, "device": device},
-        "checkpoint": {"dir": str(workdir / f"checkpoints-{arch}"), "export_hf": False, "resume": "disable"},
+        # A folder per run: metrics.jsonl appends across runs in one folder.
+        "checkpoint": {
+            "dir": str(workdir / f"checkpoints-{arch}-{time.time_ns()}"),
+            "export_hf": False,
+            "resume": "disable",
+        },
         "roles": {"actor": {"replicas": 1, "gpus_per_replica": 1 if device == "cuda" else 0}},
     }
     path = workdir / f"config-{arch}.json"
@@ -130,13 +138,18 @@ def one(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    task = write_task(workdir, args.arch[0], shape, args.steps, args.gpu_util, args.device)
+    task = write_task(workdir, args.arch[0], shape, args.steps, args.gpu_util, args.device, args.param_offload)
     config = parse_trainer_config(json.loads(task.read_text()))
     if torch.cuda.is_available():  # the model was built on the GPU: start the measurement clean
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     log(f"{args.arch[0]}: task written in {time.perf_counter() - started:.0f} s; training {args.steps} steps")
-    summary: dict[str, Any] = {"arch": args.arch[0], "shape": shape, "gpu_memory_utilization": args.gpu_util}
+    summary: dict[str, Any] = {
+        "arch": args.arch[0],
+        "shape": shape,
+        "gpu_memory_utilization": args.gpu_util,
+        "param_offload": args.param_offload,
+    }
     try:
         result = run_in_process(config, progress=False)
         rows = result.history[1:] or result.history  # the first step warms up
@@ -166,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out).with_name(f"scale-{arch}.json")
         command = [sys.executable, __file__, "one", "--arch", arch, "--out", str(out), "--workdir", args.workdir,
                    "--steps", str(args.steps), "--gpu-util", str(args.gpu_util), "--shape", args.shape,
-                   "--device", args.device]  # fmt: skip
+                   "--device", args.device] + (["--param-offload"] if args.param_offload else [])  # fmt: skip
         code = subprocess.run(command, check=False).returncode
         results.append(json.loads(out.read_text()) if out.exists() else {"arch": arch, "trains": False, "exit": code})
     Path(args.out).write_text(json.dumps(results, indent=1, default=str))
@@ -188,6 +201,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--gpu-util", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--param-offload", action="store_true", help="actor.fsdp_config.param_offload")
     parser.add_argument("--workdir", default="/tmp/rlkube-scale")
     parser.add_argument("--out", default="bench-out/scale.json")
     args = parser.parse_args()
