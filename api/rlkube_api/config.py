@@ -142,6 +142,12 @@ class FSDPConfig(ApiModel):
     mixed_precision: MixedPrecisionConfig = Field(
         default_factory=MixedPrecisionConfig, description="Compute and gradient-reduction dtypes."
     )
+    model_dtype: FSDPDtype = Field(
+        "fp32",
+        description="Dtype of the sharded parameters the optimizer steps (the master weights), and so of "
+        "their gradients and the optimizer state: bf16 halves all three (what TRL trains with by default), "
+        "at the precision of bf16 updates.",
+    )
     param_offload: bool = Field(
         False,
         description="Keep the sharded parameters, their gradients and the optimizer state in host memory; "

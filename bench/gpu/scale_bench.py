@@ -68,7 +68,14 @@ def log(message: str) -> None:
 
 
 def write_task(
-    workdir: Path, arch: str, shape: dict[str, Any], steps: int, gpu_util: float, device: str, offload: bool
+    workdir: Path,
+    arch: str,
+    shape: dict[str, Any],
+    steps: int,
+    gpu_util: float,
+    device: str,
+    offload: bool,
+    model_dtype: str,
 ) -> Path:
     """Model, prompts (random bytes: one token each), reward file and trainer config."""
     import pyarrow as pa
@@ -103,7 +110,7 @@ def write_task(
             "optim": {"lr": 1e-6},
             "ppo_mini_batch_size": shape["prompts"],
             "ppo_micro_batch_size_per_gpu": shape["micro"],
-            "fsdp_config": {"param_offload": offload},
+            "fsdp_config": {"param_offload": offload, "model_dtype": model_dtype},
         },
         "rollout": {
             "name": "vllm",
@@ -138,7 +145,9 @@ def one(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    task = write_task(workdir, args.arch[0], shape, args.steps, args.gpu_util, args.device, args.param_offload)
+    task = write_task(
+        workdir, args.arch[0], shape, args.steps, args.gpu_util, args.device, args.param_offload, args.model_dtype
+    )
     config = parse_trainer_config(json.loads(task.read_text()))
     if torch.cuda.is_available():  # the model was built on the GPU: start the measurement clean
         torch.cuda.empty_cache()
@@ -149,6 +158,7 @@ def one(args: argparse.Namespace) -> int:
         "shape": shape,
         "gpu_memory_utilization": args.gpu_util,
         "param_offload": args.param_offload,
+        "model_dtype": args.model_dtype,
     }
     try:
         result = run_in_process(config, progress=False)
@@ -179,7 +189,7 @@ def run(args: argparse.Namespace) -> int:
         out = Path(args.out).with_name(f"scale-{arch}.json")
         command = [sys.executable, __file__, "one", "--arch", arch, "--out", str(out), "--workdir", args.workdir,
                    "--steps", str(args.steps), "--gpu-util", str(args.gpu_util), "--shape", args.shape,
-                   "--device", args.device] + (["--param-offload"] if args.param_offload else [])  # fmt: skip
+                   "--device", args.device] + (["--param-offload"] if args.param_offload else []) + ["--model-dtype", args.model_dtype]  # fmt: skip
         code = subprocess.run(command, check=False).returncode
         results.append(json.loads(out.read_text()) if out.exists() else {"arch": arch, "trains": False, "exit": code})
     Path(args.out).write_text(json.dumps(results, indent=1, default=str))
@@ -202,6 +212,7 @@ def main() -> int:
     parser.add_argument("--gpu-util", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--param-offload", action="store_true", help="actor.fsdp_config.param_offload")
+    parser.add_argument("--model-dtype", default="fp32", choices=["fp32", "bf16"], help="actor.fsdp_config.model_dtype")
     parser.add_argument("--workdir", default="/tmp/rlkube-scale")
     parser.add_argument("--out", default="bench-out/scale.json")
     args = parser.parse_args()

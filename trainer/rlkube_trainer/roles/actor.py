@@ -10,9 +10,9 @@ import torch
 from rlkube_api.config import ActorConfig, TrainerConfig
 from rlkube_trainer.algos import PolicyLossFn, agg_loss, compute_entropy_loss, get_policy_loss_fn, kl_penalty
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.fsdp import full_tensors
+from rlkube_trainer.fsdp import DTYPES, full_tensors
 from rlkube_trainer.models import load_causal_lm, response_log_probs
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute, uses_fsdp2
 
 
 def actor_loss(
@@ -68,7 +68,9 @@ class Actor(Trainable):
         self.samples_per_mini_batch = config.actor.ppo_mini_batch_size * config.rollout.n
         self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
         self.shuffle = config.actor.shuffle
-        model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
+        fsdp = config.actor.fsdp_config
+        dtype = DTYPES[fsdp.model_dtype] if uses_fsdp2(device, config.actor.strategy) else torch.float32
+        model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
         if config.model.enable_gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.model = distribute(

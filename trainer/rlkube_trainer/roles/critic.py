@@ -7,8 +7,9 @@ import torch
 from rlkube_api.config import CriticConfig, TrainerConfig
 from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import CriticModel, response_values
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute, uses_fsdp2
 
 
 class Critic(Trainable):
@@ -18,7 +19,10 @@ class Critic(Trainable):
     def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
         self.config: CriticConfig = config.critic
         path = config.critic.model_path or config.model.path
-        critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
+        dtype = DTYPES[config.critic.fsdp_config.model_dtype] if uses_fsdp2(device, config.critic.strategy) else None
+        critic = CriticModel.from_pretrained(
+            path, dtype or torch.float32, trust_remote_code=config.model.trust_remote_code
+        ).to(device)
         fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
         self.model = distribute(  # type: ignore[assignment]
             critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config
