@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -46,6 +46,17 @@ CHILD_KINDS = (
 def _collection_path(api_version: str, kind: str, namespace: str) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     return f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+
+
+class Cluster(Protocol):
+    """The calls a reconcile pass makes (Kube, or a test's fake that records them)."""
+
+    def apply(self, manifest: dict[str, Any]) -> None: ...
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
+    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
+    def delete_children(self, namespace: str, job: str) -> None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class Kube:
@@ -102,17 +113,20 @@ class Kube:
                 if exc.status not in (404, 409):  # gone already, or already replaced
                     raise
 
-    def scale_to_zero(self, namespace: str, job: str) -> None:
-        """Stops a finished job's pods without recreating anything that was deleted."""
+    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
+        """Sets these StatefulSets' replicas to 0; a merge patch never recreates one that was deleted."""
         path = _collection_path("apps/v1", "StatefulSet", namespace)
-        for sts in self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")]).get("items", []):
-            if sts["spec"].get("replicas"):
+        for name in stateful_sets:
+            try:
                 self._call(
                     "PATCH",
-                    f"{path}/{sts['metadata']['name']}",
+                    f"{path}/{name}",
                     body={"spec": {"replicas": 0}},
                     content_type="application/merge-patch+json",
                 )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def delete_children(self, namespace: str, job: str) -> None:
         """Deletes every child (pods go with their StatefulSets). The Secret is deleted by its
