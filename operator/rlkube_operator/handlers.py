@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
-from kubernetes import client, config
 
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
-from rlkube_operator.kube import Kube
+from rlkube_operator.kube import Kube, connect
+from rlkube_operator.leader import Election
 from rlkube_operator.metrics import METRICS
 from rlkube_operator.observed import PodView, as_lost, slim_pod, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
@@ -51,6 +51,9 @@ class OperatorState:
     # of their own, so that a burst of new jobs does not wait behind the passes of running ones.
     new_spec_executor: concurrent.futures.ThreadPoolExecutor
     jobs: dict[JobKey, TrackedJob] = field(default_factory=dict)
+    # Set while this replica may reconcile: from the start, or, with leader election, once
+    # it holds the Lease. Until then the watches and indexes run, warm for a take-over.
+    leading: asyncio.Event = field(default_factory=asyncio.Event)
 
     def job(self, key: JobKey) -> TrackedJob:
         tracked = self.jobs.get(key)
@@ -64,17 +67,6 @@ class OperatorState:
 
 def _state(memo: Any) -> OperatorState:
     return cast(OperatorState, memo.rlkube)
-
-
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    configuration = client.Configuration.get_default_copy()
-    # One pooled connection per reconcile thread (the default, CPUs x 5, is 10 on 2 cores).
-    configuration.connection_pool_maxsize = RECONCILE_THREADS + NEW_SPEC_THREADS
-    return client.ApiClient(configuration)
 
 
 @kopf.on.startup()
@@ -98,10 +90,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(RECONCILE_THREADS, thread_name_prefix="reconcile")
     )
-    memo.rlkube = OperatorState(
-        Reconciler(Kube(_api_client())),
+    operator = memo.rlkube = OperatorState(
+        Reconciler(Kube(connect(pool_size=RECONCILE_THREADS + NEW_SPEC_THREADS))),
         concurrent.futures.ThreadPoolExecutor(NEW_SPEC_THREADS, thread_name_prefix="new-spec"),
     )
+    election: Election | None = memo.get("election")
+    if election is None:
+        operator.leading.set()
+    else:
+        loop = asyncio.get_running_loop()
+        election.start(on_leading=lambda: loop.call_soon_threadsafe(operator.leading.set))
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -212,6 +210,7 @@ async def _job_loop(
     pods_by_job: kopf.Index[JobKey, Any],
     sets_by_job: kopf.Index[JobKey, str],
 ) -> None:
+    await operator.leading.wait()
     while operator.jobs.get(tracked.key) is tracked:
         tracked.wakeup.clear()
         result = await _pass(operator, tracked, pods_by_job, sets_by_job)
