@@ -38,8 +38,9 @@ IDLE_JITTER = 0.1
 MIN_WAIT_SECONDS = 0.2
 RECONCILE_THREADS = 16
 # A first pass is a dozen API round trips; at 500 new jobs their latency, not CPU, sets the pace
-# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md run 9).
-NEW_SPEC_THREADS = 16
+# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md runs 8
+# and 10; 32 in run 11).
+NEW_SPEC_THREADS = 32
 
 
 @dataclass

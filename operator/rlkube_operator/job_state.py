@@ -58,6 +58,9 @@ class TrackedJob:
     uid: str = ""
     # Read from the job's Secret, or made, once: the children carry it.
     ray_token: str | None = None
+    # A token made without reading the Secret (a job's first pass): the Secret is then
+    # created, not applied, so that one an earlier operator made is never overwritten.
+    ray_token_made: bool = False
     # The children with their digests, built for (spec generation, attempt, pods wanted):
     # building validates and renders the trainer config (~15 ms), and most passes change nothing.
     built_for: tuple[int | None, int, bool] | None = None
@@ -108,6 +111,7 @@ class TrackedJob:
         if uid != self.uid:
             self.forget_children()
             self.ray_token = None
+            self.ray_token_made = False
             self.last_write = -math.inf
             self.apply_errors = {}
             self.uid = uid

@@ -64,6 +64,7 @@ class Cluster(Protocol):
     """The calls a reconcile pass makes (Kube, or a test's fake that records them)."""
 
     def apply(self, manifest: dict[str, Any]) -> None: ...
+    def create(self, manifest: dict[str, Any]) -> bool: ...
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
@@ -113,6 +114,17 @@ class Kube:
             query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             content_type="application/apply-patch+yaml",
         )
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Creates the object; False when one of that name exists already (left as it is)."""
+        meta = manifest["metadata"]
+        try:
+            self._call("POST", _collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         """Deletes (name, uid) pods. The UID precondition matters: a StatefulSet reuses a

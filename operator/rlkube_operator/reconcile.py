@@ -133,7 +133,17 @@ class Reconciler:
             if not (missing or tracked.needs_apply(child, child_digest, now)):
                 continue
             try:
-                self.kube.apply(child)
+                if kind == "Secret" and tracked.ray_token_made:
+                    if not self.kube.create(child):
+                        # An earlier operator made the Secret (and maybe pods with its token):
+                        # build and apply everything again with that token.
+                        existing = self.kube.read_secret_value(child["metadata"]["namespace"], name, TOKEN_KEY)
+                        tracked.ray_token = existing or tracked.ray_token
+                        tracked.ray_token_made, tracked.built_for = False, None
+                        return self.apply_children(tracked, job, attempt, pods_wanted, present_sets)
+                    tracked.ray_token_made = False
+                else:
+                    self.kube.apply(child)
                 tracked.applied[(kind, name)] = (child_digest, now)
             except ApiException as exc:
                 errors[f"{kind}/{name}"] = _api_error(exc)
@@ -151,11 +161,16 @@ class Reconciler:
         return tracked.children
 
     def ray_token(self, tracked: TrackedJob, job: RLJob) -> str:
-        """The job's Ray token: read from its Secret, or made once when there is none."""
+        """The job's Ray token: read from its Secret, or made once when there is none. On a
+        job's first pass (no status yet) its Secret almost never exists: the token is made
+        without a read, and the Secret created rather than applied (apply_children)."""
         if tracked.ray_token is None:
-            namespace = job.metadata.namespace or ""
-            existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
-            tracked.ray_token = existing or secrets.token_urlsafe(32)
+            if job.status is None:
+                tracked.ray_token, tracked.ray_token_made = secrets.token_urlsafe(32), True
+            else:
+                namespace = job.metadata.namespace or ""
+                existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
+                tracked.ray_token = existing or secrets.token_urlsafe(32)
         return tracked.ray_token
 
 

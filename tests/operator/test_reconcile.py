@@ -24,16 +24,27 @@ Call = tuple[Any, ...]
 class FakeKube:
     """Records every call; `refuse` holds 'Kind/name' the API server turns away."""
 
-    def __init__(self, refuse: Iterable[str] = ()) -> None:
+    def __init__(self, refuse: Iterable[str] = (), secret_exists: bool = False) -> None:
         self.calls: list[Call] = []
         self.refuse = set(refuse)
+        self.secret_exists = secret_exists
         self.version = 100
+        self.manifests: dict[str, dict[str, Any]] = {}
 
     def apply(self, manifest: dict[str, Any]) -> None:
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
         self.calls.append(("apply", key))
         if key in self.refuse:
             raise ApiException(status=403, reason="Forbidden")
+        self.manifests[key] = manifest
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        self.calls.append(("create", key))
+        if self.secret_exists:
+            return False
+        self.manifests[key] = manifest
+        return True
 
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         self.calls.append(("delete_pods", namespace, tuple(sorted(pods))))
@@ -46,7 +57,7 @@ class FakeKube:
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         self.calls.append(("read_secret_value", namespace, name))
-        return "token-from-the-secret"
+        return "token-from-the-secret" if self.secret_exists else None
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("patch_status", namespace, name, json.dumps(status, sort_keys=True)))
@@ -87,8 +98,9 @@ def test_a_new_job_applies_every_child_then_writes_its_status() -> None:
     applied = [c[1] for c in kube.calls if c[0] == "apply"]
     assert "ConfigMap/tiny-cpu-config" in applied
     assert {a for a in applied if a.startswith("StatefulSet/")} == {f"StatefulSet/{s}" for s in SETS}
-    # The Ray token is read once, before anything is built; the status goes last.
-    assert kube.kinds()[0] == "read_secret_value"
+    # A new job's Secret is created with a new token, not read first; the status goes last.
+    assert ("create", "Secret/tiny-cpu-ray") in kube.calls
+    assert "read_secret_value" not in kube.kinds()
     assert kube.kinds()[-1] == "patch_status"
     assert kube.written()["state"] == State.CREATED
     assert result.state == State.CREATED
@@ -165,14 +177,35 @@ def test_a_refused_child_is_reported_by_the_next_pass_without_a_false_created() 
     assert ("Warning", "CreateFailed") in [(e.type, e.reason) for e in second.events]
 
 
+def test_a_secret_an_earlier_operator_made_keeps_its_token() -> None:
+    """An operator that died in a job's first pass may have made the Secret, and pods with it."""
+    kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
+    result = reconcile(kube, tracked, body_of(), [], 0)
+    assert result.written is not None
+    created = kube.calls.index(("create", "Secret/tiny-cpu-ray"))
+    assert kube.calls[created + 1] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
+    assert tracked.ray_token == "token-from-the-secret"
+    # Everything applied carries the Secret's token, the Secret itself unchanged.
+    assert kube.manifests["Secret/tiny-cpu-ray"]["stringData"] == {"token": "token-from-the-secret"}
+
+
+def test_a_known_job_reads_its_token_back_after_an_operator_restart() -> None:
+    kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of({"state": "Running", "restartCount": 0}), [], 0)
+    assert kube.calls[0] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
+    assert "create" not in kube.kinds()
+
+
 def test_a_job_created_again_under_the_same_name_starts_afresh() -> None:
     kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
     reconcile(kube, tracked, body_of(), [], 0)
+    first_token = tracked.ray_token
     again = body_of()
     again["metadata"]["uid"] = "another-uid"
     kube.calls.clear()
     reconcile(kube, tracked, again, [], 5)
-    assert kube.kinds()[0] == "read_secret_value"  # its own Secret
+    assert ("create", "Secret/tiny-cpu-ray") in kube.calls  # its own Secret, its own token
+    assert tracked.ray_token != first_token
     assert kube.kinds().count("apply") > 3  # every child applied again, owned by the new uid
     assert tracked.uid == "another-uid"
 
