@@ -244,17 +244,22 @@ async def _pass(
     body = tracked.newest()
     pods = list(pods_by_job.get(tracked.key, []))
     seen = {p["metadata"]["uid"] for p in pods}
-    pods += [p for uid, p in tracked.take_lost_pods().items() if uid not in seen]
+    lost = tracked.take_lost_pods()
+    pods += [p for uid, p in lost.items() if uid not in seen]
     sets = set(sets_by_job.get(tracked.key, []))
     new_spec = (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation")
     executor = operator.new_spec_executor if new_spec else None
     with METRICS.reconcile_duration.time():
         METRICS.reconciles.labels(namespace=namespace).inc()
         try:
-            return await asyncio.get_running_loop().run_in_executor(
+            result = await asyncio.get_running_loop().run_in_executor(
                 executor, operator.reconciler.reconcile, tracked, body, pods, sets
             )
         except Exception:
             METRICS.reconcile_errors.labels(namespace=namespace).inc()
             log.exception("reconcile of %s/%s failed", namespace, name)
-            return None
+            result = None
+    if result is None or result.replan:
+        for uid, pod in lost.items():  # still to be seen by a pass that completes
+            tracked.lost_pods.setdefault(uid, pod)
+    return result

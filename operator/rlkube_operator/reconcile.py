@@ -57,6 +57,8 @@ class ReconcileResult:
     written: dict[str, Any] | None = None
     state: str | None = None
     requeue_after: float | None = None
+    # The pass stopped after applying, its plan out of date: nothing it saw has been used up.
+    replan: bool = False
 
 
 # After an apply whose refusals differ from what the plan assumed, the pass stops before
@@ -97,13 +99,11 @@ class Reconciler:
         for action in plan.actions:
             match action:
                 case ApplyChildren(attempt=attempt, pods_wanted=pods_wanted):
-                    errors = self.apply_children(tracked, job, attempt, pods_wanted, present_sets)
-                    refused_before = tracked.apply_errors.keys()
-                    tracked.apply_errors = errors
-                    if errors.keys() != refused_before:
+                    tracked.apply_errors = self.apply_children(tracked, job, attempt, pods_wanted, present_sets)
+                    if set(tracked.apply_errors) != set(observed.apply_errors):
                         # The plan's Created condition is out of date: stop before writing it;
                         # the next pass, at once, reports what was refused (or that all went in).
-                        return ReconcileResult(requeue_after=REPLAN_SECONDS)
+                        return ReconcileResult(requeue_after=REPLAN_SECONDS, replan=True)
                 case DeletePods(pods=stale):
                     self.kube.delete_pods(namespace, stale)
                 case ScaleToZero(stateful_sets=sets):

@@ -169,7 +169,7 @@ def test_a_refused_child_is_reported_by_the_next_pass_without_a_false_created() 
     first = reconcile(kube, tracked, body_of(), [], 0)
     # The plan assumed everything would go in: it is not written, and the next pass comes at once.
     assert "patch_status" not in kube.kinds()
-    assert (first.written, first.events, first.requeue_after) == (None, [], 0.0)
+    assert (first.written, first.events, first.requeue_after, first.replan) == (None, [], 0.0, True)
     second = reconcile(kube, tracked, body_of(), [], 0.2)
     created = next(c for c in kube.written()["conditions"] if c["type"] == "Created")
     assert (created["status"], created["reason"]) == ("False", "CreateFailed")
