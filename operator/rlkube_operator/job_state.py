@@ -61,10 +61,13 @@ class TrackedJob:
     # A token made without reading the Secret (a job's first pass): the Secret is then
     # created, not applied, so that one an earlier operator made is never overwritten.
     ray_token_made: bool = False
-    # The children with their digests, built for (spec generation, attempt, pods wanted):
-    # building validates and renders the trainer config (~15 ms), and most passes change nothing.
+    # What the children were last built for, (spec generation, attempt, pods wanted), and
+    # their (kind, name): they are the same until that changes. Building validates and
+    # renders the trainer config (~15 ms) and most passes change nothing, so a pass builds
+    # only when the key changed, a child is due for a resync or was refused, or a
+    # StatefulSet is missing. The manifests themselves are not kept (~70 KB a job).
     built_for: tuple[int | None, int, bool] | None = None
-    children: list[tuple[Manifest, str]] = field(default_factory=list)
+    child_keys: list[ChildKey] = field(default_factory=list)
     # (kind, name) -> (digest, time.monotonic()) of the last apply, so unchanged children are not re-sent.
     applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)
     # "Kind/name" -> error from the last apply, for the Created condition.
@@ -119,9 +122,22 @@ class TrackedJob:
     def forget_children(self) -> None:
         """Drops the built children and their digests (the job finished: none are applied again)."""
         self.built_for = None
-        self.children = []
+        self.child_keys = []
         self.applied = {}
 
     def needs_apply(self, manifest: Manifest, child_digest: str, now: float) -> bool:
         seen = self.applied.get((manifest["kind"], manifest["metadata"]["name"]))
         return seen is None or seen[0] != child_digest or now - seen[1] > RESYNC_SECONDS
+
+    def children_in_place(self, key: tuple[int | None, int, bool], present_sets: set[str], now: float) -> bool:
+        """Whether the children built for `key` were all applied, recently enough, and every
+        StatefulSet among them still exists: then nothing needs building or applying."""
+        if self.built_for != key or not self.child_keys:
+            return False
+        for kind, name in self.child_keys:
+            seen = self.applied.get((kind, name))
+            if seen is None or now - seen[1] > RESYNC_SECONDS:
+                return False
+            if kind == "StatefulSet" and name not in present_sets:
+                return False
+        return True

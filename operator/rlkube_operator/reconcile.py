@@ -125,9 +125,12 @@ class Reconciler:
         self, tracked: TrackedJob, job: RLJob, attempt: int, pods_wanted: bool, present_sets: set[str]
     ) -> dict[str, str]:
         """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals."""
-        errors: dict[str, str] = {}
         now = time.monotonic()
-        for child, child_digest in self.children(tracked, job, attempt, pods_wanted):
+        key = (job.metadata.generation, attempt, pods_wanted)
+        if tracked.children_in_place(key, present_sets, now):
+            return {}
+        errors: dict[str, str] = {}
+        for child, child_digest in self.build(tracked, job, key):
             kind, name = child["kind"], child["metadata"]["name"]
             missing = kind == "StatefulSet" and name not in present_sets
             if not (missing or tracked.needs_apply(child, child_digest, now)):
@@ -149,16 +152,14 @@ class Reconciler:
                 errors[f"{kind}/{name}"] = _api_error(exc)
         return errors
 
-    def children(self, tracked: TrackedJob, job: RLJob, attempt: int, pods_wanted: bool) -> list[tuple[Manifest, str]]:
-        """desired_children with their digests, built again only when what they depend on
-        changes: the spec generation (name and namespace are immutable, the Ray token is fixed
-        per uid), the attempt and whether pods are wanted."""
-        key = (job.metadata.generation, attempt, pods_wanted)
-        if tracked.built_for != key:
-            built = desired_children(job, tracked.uid, attempt, pods_wanted, self.ray_token(tracked, job))
-            tracked.children = [(child, digest(child)) for child in built]
-            tracked.built_for = key
-        return tracked.children
+    def build(self, tracked: TrackedJob, job: RLJob, key: tuple[int | None, int, bool]) -> list[tuple[Manifest, str]]:
+        """desired_children with their digests. They depend only on `key` (spec generation,
+        attempt, pods wanted): name and namespace are immutable, the Ray token fixed per uid."""
+        _, attempt, pods_wanted = key
+        built = desired_children(job, tracked.uid, attempt, pods_wanted, self.ray_token(tracked, job))
+        tracked.built_for = key
+        tracked.child_keys = [(child["kind"], child["metadata"]["name"]) for child in built]
+        return [(child, digest(child)) for child in built]
 
     def ray_token(self, tracked: TrackedJob, job: RLJob) -> str:
         """The job's Ray token: read from its Secret, or made once when there is none. On a

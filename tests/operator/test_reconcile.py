@@ -149,7 +149,7 @@ def test_finishing_scales_to_zero_without_applying() -> None:
     assert kube.calls[0] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
     assert result.state == State.FAILED
     # Finished: what was kept to apply children is dropped.
-    assert tracked.children == [] and tracked.applied == {}
+    assert tracked.child_keys == [] and tracked.applied == {}
 
 
 def test_the_ttl_deletes_the_children_of_a_finished_job() -> None:
