@@ -51,8 +51,6 @@ COUNTS_WRITE_INTERVAL = 1.0
 # Condition types that announce trouble when True.
 _WARNING_WHEN_TRUE = frozenset({ConditionType.FAILED, ConditionType.RESTARTING, ConditionType.UNSCHEDULABLE})
 
-__all__ = ["APPLY_RETRY_SECONDS", "Event", "Observed", "Plan", "compute_status", "pod_loss_breaks_gang"]
-
 
 @dataclass(frozen=True)
 class Observed:

@@ -123,7 +123,7 @@ def test_killing_the_active_replica_hands_the_running_job_to_the_other(
     jobs.wait_pods(JOB, TINY_PODS)
     children = jobs.child_uids(JOB)
     assert lease_holder(kube, namespace) == active.identity
-    assert "holding Lease" not in standby.log()  # the standby never reconciled
+    assert "holding Lease" not in standby.log()  # the standby never held it, so never reconciled
 
     active.kill()
     killed = time.monotonic()

@@ -10,10 +10,10 @@ import pytest
 
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
+from rlkube_operator.plan import Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
     Observed,
-    Plan,
     compute_status,
     is_transition,
     status_write_delay,
