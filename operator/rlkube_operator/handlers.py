@@ -1,6 +1,7 @@
 """kopf wiring: indexes of the pods and StatefulSets each job owns, one loop per
 RLJob that reconciles when something changes (or a deadline comes due), and
-start-up settings. The decisions live in reconcile/status; nothing here decides."""
+start-up settings. The decisions live in status; reconcile carries them out;
+nothing here decides."""
 
 from __future__ import annotations
 
@@ -10,40 +11,63 @@ import contextlib
 import logging
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import kopf
-from kubernetes import client, config
 
-from rlkube_api.names import ANNOTATION_ATTEMPT, LABEL_JOB
+from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
-from rlkube_operator.kube import Kube
+from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
+from rlkube_operator.kube import Kube, connect
+from rlkube_operator.leader import Election
 from rlkube_operator.metrics import METRICS
-from rlkube_operator.observed import as_lost, slim_pod, view_pod
+from rlkube_operator.observed import PodView, as_lost, slim_pod, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
+from rlkube_operator.status import pod_loss_breaks_gang
 
-JobKey = tuple[str, str]
+log = logging.getLogger(__name__)
+
 # With nothing happening, a job is still looked at about this often, to repair drift of
 # children nobody watches (Services, ConfigMap). Everything else wakes the loop: the
-# watches (the job, its pods and StatefulSets) and the status function's requeue_after
-# (deadlines, timeouts). Spread by +-10% so that jobs created together do not pass together.
+# watches (the job, its pods and StatefulSets) and the plan's requeue_after (deadlines,
+# timeouts). Spread by +-10% so that jobs created together do not pass together.
 IDLE_SECONDS = 300.0
 IDLE_JITTER = 0.1
+# The shortest wait between two passes over one job.
+MIN_WAIT_SECONDS = 0.2
 RECONCILE_THREADS = 16
 # A first pass is a dozen API round trips; at 500 new jobs their latency, not CPU, sets the pace
-# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md run 9).
-NEW_SPEC_THREADS = 16
+# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md runs 8
+# and 10; 32 in run 11).
+NEW_SPEC_THREADS = 32
 
 
-def _api_client() -> client.ApiClient:
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    configuration = client.Configuration.get_default_copy()
-    # One pooled connection per reconcile thread (the default, CPUs x 5, is 10 on 2 cores).
-    configuration.connection_pool_maxsize = RECONCILE_THREADS + NEW_SPEC_THREADS
-    return client.ApiClient(configuration)
+@dataclass
+class OperatorState:
+    """Everything the handlers share, kept in kopf's memo as `memo.rlkube`."""
+
+    reconciler: Reconciler
+    # Passes over a spec generation not reconciled yet (new jobs, edited specs) get threads
+    # of their own, so that a burst of new jobs does not wait behind the passes of running ones.
+    new_spec_executor: concurrent.futures.ThreadPoolExecutor
+    jobs: dict[JobKey, TrackedJob] = field(default_factory=dict)
+    # Set while this replica may reconcile: from the start, or, with leader election, once
+    # it holds the Lease. Until then the watches and indexes run, warm for a take-over.
+    leading: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def job(self, key: JobKey) -> TrackedJob:
+        tracked = self.jobs.get(key)
+        if tracked is None:
+            tracked = self.jobs[key] = TrackedJob(*key)
+        return tracked
+
+    def publish_states(self) -> None:
+        METRICS.set_job_states([j.state for j in self.jobs.values() if j.state is not None])
+
+
+def _state(memo: Any) -> OperatorState:
+    return cast(OperatorState, memo.rlkube)
 
 
 @kopf.on.startup()
@@ -67,22 +91,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     asyncio.get_running_loop().set_default_executor(
         concurrent.futures.ThreadPoolExecutor(RECONCILE_THREADS, thread_name_prefix="reconcile")
     )
-    # Passes over a spec generation not reconciled yet (new jobs, edited specs) get threads of
-    # their own, so that a burst of new jobs does not wait behind the passes of running ones.
-    memo.new_spec_executor = concurrent.futures.ThreadPoolExecutor(NEW_SPEC_THREADS, thread_name_prefix="new-spec")
-    memo.reconciler = Reconciler(Kube(_api_client()))
-    memo.wakeups = {}
-    memo.failed_pods = {}
-    memo.latest = {}
-    memo.states = {}
-    memo.bodies = {}
-    memo.tasks = {}
-
-
-def _wake(memo: kopf.Memo, key: JobKey) -> None:
-    event = memo.wakeups.get(key)
-    if event is not None:
-        event.set()
+    operator = memo.rlkube = OperatorState(
+        Reconciler(Kube(connect(pool_size=RECONCILE_THREADS + NEW_SPEC_THREADS))),
+        concurrent.futures.ThreadPoolExecutor(NEW_SPEC_THREADS, thread_name_prefix="new-spec"),
+    )
+    election: Election | None = memo.get("election")
+    if election is None:
+        operator.leading.set()
+    else:
+        loop = asyncio.get_running_loop()
+        election.start(on_leading=lambda: loop.call_soon_threadsafe(operator.leading.set))
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -113,76 +131,64 @@ def statefulset_changed(
     type: str | None, namespace: str | None, labels: Mapping[str, str], memo: Any, **_: Any
 ) -> None:
     # Only a deletion needs a pass (to recreate it); its status changes follow the pods' own events.
-    if type == "DELETED":
-        _wake(memo, (namespace or "", labels[LABEL_JOB]))
+    tracked = _state(memo).jobs.get((namespace or "", labels[LABEL_JOB]))
+    if type == "DELETED" and tracked is not None:
+        tracked.wake()
 
 
 @kopf.on.event("pods", labels={LABEL_JOB: kopf.PRESENT})
 def pod_changed(
     type: str | None, namespace: str | None, labels: Mapping[str, str], body: kopf.Body, memo: Any, **_: Any
 ) -> None:
-    key = (namespace or "", labels[LABEL_JOB])
-    pod = dict(body)
-    # A failed or deleted pod may be replaced by its StatefulSet before the loop looks;
-    # remember it so the failure is not missed.
-    if view_pod(pod).failed:
-        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], slim_pod(pod))
-    elif (type == "DELETED" or pod["metadata"].get("deletionTimestamp")) and _gang_lost(memo, key, pod):
-        lost = as_lost(slim_pod(pod), "the pod was deleted while the job ran")
-        memo.failed_pods.setdefault(key, {}).setdefault(pod["metadata"]["uid"], lost)
-    _wake(memo, key)
+    operator, key, pod = _state(memo), (namespace or "", labels[LABEL_JOB]), dict(body)
+    view = view_pod(pod)
+    if view.failed:
+        # Kept even before the job's own first event (watches start in any order).
+        operator.job(key).lost_pods.setdefault(view.uid, slim_pod(pod))
+    tracked = operator.jobs.get(key)
+    if tracked is not None:
+        if type == "DELETED" or view.deleting:
+            _keep_if_lost(tracked, view, pod)
+        tracked.wake()
 
 
-def _gang_lost(memo: Any, key: JobKey, pod: dict[str, Any]) -> bool:
-    """A pod of the current attempt deleted while the job wants pods: the operator never
-    deletes those (it deletes older attempts, or scales to zero when suspended or done)."""
-    job = memo.latest.get(key) or memo.bodies.get(key)
-    if job is None:
-        return False
+def _keep_if_lost(tracked: TrackedJob, view: PodView, pod: Manifest) -> None:
+    """A deleted pod may be replaced by its StatefulSet before the loop looks: remember it,
+    when its loss breaks the gang, so the failure is not missed."""
+    if view.failed:
+        return  # kept already
+    job = tracked.newest()
     status = job.get("status") or {}
-    if job.get("spec", {}).get("suspend") or status.get("state") in ("Succeeded", "Failed", "Suspended", None):
-        return False
-    attempt = int((pod["metadata"].get("annotations") or {}).get(ANNOTATION_ATTEMPT, "0"))
-    return attempt == int(status.get("restartCount", 0))
+    suspended = bool((job.get("spec") or {}).get("suspend"))
+    if pod_loss_breaks_gang(status.get("state"), int(status.get("restartCount", 0)), suspended, view.attempt):
+        tracked.lost_pods.setdefault(view.uid, as_lost(slim_pod(pod), "the pod was deleted while the job ran"))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def job_changed(
-    type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: Any, **indices: Any
+    type: str | None, namespace: str | None, name: str, body: kopf.Body, memo: Any, **ix: Any
 ) -> None:
     """Keeps one reconcile loop per RLJob. A loop of our own rather than a kopf daemon:
     daemons put a finalizer on the job, which would leave RLJobs undeletable whenever
     the operator is not running; the children need no cleanup beyond their ownerReferences."""
+    operator = _state(memo)
     key = (namespace or "", name)
     if type == "DELETED":
-        task = memo.tasks.pop(key, None)
-        if task is not None:
-            task.cancel()
-        memo.reconciler.forget(body.get("metadata", {}).get("uid", ""))
+        gone = operator.jobs.pop(key, None)
+        if gone is not None and gone.task is not None:
+            gone.task.cancel()
+        operator.publish_states()
         return
-    live = _without_managed_fields(body)
-    memo.bodies[key] = live
-    written = memo.latest.get(key)
-    if written is not None and _version(live) >= _version(written):
-        # The watch caught up with the loop's own status patch: one copy is enough.
-        memo.latest.pop(key, None)
-        if _version(live) == _version(written):
-            return  # the echo of that patch: nothing new to look at
-    task = memo.tasks.get(key)
-    if task is None or task.done():
-        memo.tasks[key] = asyncio.create_task(_job_loop(key, memo, indices["pods_by_job"], indices["sets_by_job"]))
+    tracked = operator.job(key)
+    if not tracked.delivered(_without_managed_fields(body)):
+        return  # the echo of our own status patch
+    if tracked.task is None or tracked.task.done():
+        tracked.task = asyncio.create_task(_job_loop(operator, tracked, ix["pods_by_job"], ix["sets_by_job"]))
     else:
-        _wake(memo, key)
+        tracked.wake()
 
 
-def _version(body: Mapping[str, Any]) -> int:
-    try:
-        return int(body["metadata"]["resourceVersion"])
-    except (KeyError, TypeError, ValueError):
-        return -1
-
-
-def _without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+def _without_managed_fields(body: Mapping[str, Any]) -> Manifest:
     """The RLJob without metadata.managedFields (about half of a stored body; never read)."""
     job = dict(body)
     job["metadata"] = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
@@ -191,65 +197,69 @@ def _without_managed_fields(body: Mapping[str, Any]) -> dict[str, Any]:
 
 @kopf.on.cleanup()
 async def stop_loops(memo: Any, **_: Any) -> None:
-    for task in memo.tasks.values():
+    operator = _state(memo)
+    tasks = [j.task for j in operator.jobs.values() if j.task is not None]
+    for task in tasks:
         task.cancel()
-    await asyncio.gather(*memo.tasks.values(), return_exceptions=True)
-    memo.new_spec_executor.shutdown(wait=True)
-
-
-def _newest(live: Mapping[str, Any], written: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The live body, unless our own last status patch is newer than what the watch delivered."""
-    if written is not None and _version(written) > _version(live):
-        return dict(written)
-    return dict(live)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    operator.new_spec_executor.shutdown(wait=True)
 
 
 async def _job_loop(
-    key: JobKey, memo: Any, pods_by_job: kopf.Index[JobKey, Any], sets_by_job: kopf.Index[JobKey, str]
+    operator: OperatorState,
+    tracked: TrackedJob,
+    pods_by_job: kopf.Index[JobKey, Any],
+    sets_by_job: kopf.Index[JobKey, str],
 ) -> None:
-    namespace, name = key
-    wakeup = memo.wakeups.setdefault(key, asyncio.Event())
-    reconciler: Reconciler = memo.reconciler
-    try:
-        while True:
-            wakeup.clear()
-            current = _newest(memo.bodies[key], memo.latest.get(key))
-            pods = list(pods_by_job.get(key, []))
-            seen = {p["metadata"]["uid"] for p in pods}
-            failed = memo.failed_pods.pop(key, {})
-            pods += [p for uid, p in failed.items() if uid not in seen]
-            with METRICS.reconcile_duration.time():
-                METRICS.reconciles.labels(namespace=namespace).inc()
-                new_spec = (current.get("status") or {}).get("observedGeneration") != current["metadata"].get(
-                    "generation"
-                )
-                executor = memo.new_spec_executor if new_spec else None
-                try:
-                    result: ReconcileResult = await asyncio.get_running_loop().run_in_executor(
-                        executor, reconciler.reconcile, current, pods, set(sets_by_job.get(key, []))
-                    )
-                except Exception:
-                    METRICS.reconcile_errors.labels(namespace=namespace).inc()
-                    logging.getLogger(__name__).exception("reconcile of %s/%s failed", namespace, name)
-                    await asyncio.sleep(5)
-                    continue
-            # Kept until the watch delivers it (or something newer), unless it already has.
-            if result.written is not None and _version(result.written) > _version(memo.bodies[key]):
-                memo.latest[key] = _without_managed_fields(result.written)
-            for event in result.events:
-                kopf.event(
-                    kopf.Body(cast(kopf.RawBody, current)), type=event.type, reason=event.reason, message=event.message
-                )
-            if result.state:
-                memo.states[key] = result.state
-                METRICS.set_job_states(list(memo.states.values()))
-            idle = IDLE_SECONDS * random.uniform(1 - IDLE_JITTER, 1 + IDLE_JITTER)
-            timeout = min(result.requeue_after or idle, idle)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), timeout=max(timeout, 0.2))
-    finally:
-        memo.wakeups.pop(key, None)
-        memo.latest.pop(key, None)
-        memo.bodies.pop(key, None)
-        memo.states.pop(key, None)
-        METRICS.set_job_states(list(memo.states.values()))
+    await operator.leading.wait()
+    while operator.jobs.get(tracked.key) is tracked:
+        tracked.wakeup.clear()
+        result = await _pass(operator, tracked, pods_by_job, sets_by_job)
+        if result is None:
+            await asyncio.sleep(5)  # the pass raised; logged and counted
+            continue
+        if result.written is not None:
+            tracked.remember_written(result.written)
+        for event in result.events:
+            kopf.event(
+                kopf.Body(cast(kopf.RawBody, tracked.body)), type=event.type, reason=event.reason, message=event.message
+            )
+        if result.state:
+            tracked.state = result.state
+            operator.publish_states()
+        idle = IDLE_SECONDS * random.uniform(1 - IDLE_JITTER, 1 + IDLE_JITTER)
+        timeout = idle if result.requeue_after is None else min(result.requeue_after, idle)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(tracked.wakeup.wait(), timeout=max(timeout, MIN_WAIT_SECONDS))
+
+
+async def _pass(
+    operator: OperatorState,
+    tracked: TrackedJob,
+    pods_by_job: kopf.Index[JobKey, Any],
+    sets_by_job: kopf.Index[JobKey, str],
+) -> ReconcileResult | None:
+    """One reconcile pass in a worker thread, over the job's newest body and pods."""
+    namespace, name = tracked.key
+    body = tracked.newest()
+    pods = list(pods_by_job.get(tracked.key, []))
+    seen = {p["metadata"]["uid"] for p in pods}
+    lost = tracked.take_lost_pods()
+    pods += [p for uid, p in lost.items() if uid not in seen]
+    sets = set(sets_by_job.get(tracked.key, []))
+    new_spec = (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation")
+    executor = operator.new_spec_executor if new_spec else None
+    with METRICS.reconcile_duration.time():
+        METRICS.reconciles.labels(namespace=namespace).inc()
+        try:
+            result = await asyncio.get_running_loop().run_in_executor(
+                executor, operator.reconciler.reconcile, tracked, body, pods, sets
+            )
+        except Exception:
+            METRICS.reconcile_errors.labels(namespace=namespace).inc()
+            log.exception("reconcile of %s/%s failed", namespace, name)
+            result = None
+    if result is None or result.replan:
+        for uid, pod in lost.items():  # still to be seen by a pass that completes
+            tracked.lost_pods.setdefault(uid, pod)
+    return result

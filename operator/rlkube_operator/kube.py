@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_api.names import LABEL_JOB
@@ -43,9 +43,33 @@ CHILD_KINDS = (
 )
 
 
+def connect(pool_size: int) -> client.ApiClient:
+    """A client for the cluster the operator runs in (or the kubeconfig's, outside one)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    configuration = client.Configuration.get_default_copy()
+    # One pooled connection per thread that calls the API (the default, CPUs x 5, is 10 on 2 cores).
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
 def _collection_path(api_version: str, kind: str, namespace: str) -> str:
     base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
     return f"{base}/namespaces/{namespace}/{PLURALS[kind]}"
+
+
+class Cluster(Protocol):
+    """The calls a reconcile pass makes (Kube, or a test's fake that records them)."""
+
+    def apply(self, manifest: dict[str, Any]) -> None: ...
+    def create(self, manifest: dict[str, Any]) -> bool: ...
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
+    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
+    def delete_children(self, namespace: str, job: str) -> None: ...
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
 
 
 class Kube:
@@ -91,6 +115,17 @@ class Kube:
             content_type="application/apply-patch+yaml",
         )
 
+    def create(self, manifest: dict[str, Any]) -> bool:
+        """Creates the object; False when one of that name exists already (left as it is)."""
+        meta = manifest["metadata"]
+        try:
+            self._call("POST", _collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), manifest)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         """Deletes (name, uid) pods. The UID precondition matters: a StatefulSet reuses a
         pod's name at once, and only the object we saw may go, never its successor."""
@@ -102,17 +137,20 @@ class Kube:
                 if exc.status not in (404, 409):  # gone already, or already replaced
                     raise
 
-    def scale_to_zero(self, namespace: str, job: str) -> None:
-        """Stops a finished job's pods without recreating anything that was deleted."""
+    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
+        """Sets these StatefulSets' replicas to 0; a merge patch never recreates one that was deleted."""
         path = _collection_path("apps/v1", "StatefulSet", namespace)
-        for sts in self._call("GET", path, query=[("labelSelector", f"{LABEL_JOB}={job}")]).get("items", []):
-            if sts["spec"].get("replicas"):
+        for name in stateful_sets:
+            try:
                 self._call(
                     "PATCH",
-                    f"{path}/{sts['metadata']['name']}",
+                    f"{path}/{name}",
                     body={"spec": {"replicas": 0}},
                     content_type="application/merge-patch+json",
                 )
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
 
     def delete_children(self, namespace: str, job: str) -> None:
         """Deletes every child (pods go with their StatefulSets). The Secret is deleted by its

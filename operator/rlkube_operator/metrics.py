@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rlkube_api.rljob import JobState
-
-STATES: tuple[JobState, ...] = ("Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+from rlkube_api.conditions import State
 
 
 @dataclass
@@ -37,7 +35,7 @@ class OperatorMetrics:
         )
 
     def set_job_states(self, states: list[str]) -> None:
-        for state in STATES:
+        for state in State:
             self.jobs.labels(state=state).set(sum(1 for s in states if s == state))
 
 

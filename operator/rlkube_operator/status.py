@@ -1,32 +1,55 @@
 """The status function: from the job and what is observed of its children to the
-new status, the Events to emit and what to do next. Pure: no I/O, time passed in.
+plan of one pass: the new status, the Events to emit and the actions, in order.
+Pure: no I/O, time passed in.
 
-Lifecycle decided here:
-- a pod of the current attempt fails (or its container restarts) → the gang
-  restarts (restartCount + 1) until backoffLimit, then Failed/BackoffLimitExceeded;
-- the controller pod's container exits 0 → Succeeded;
-- activeDeadlineSeconds → Failed/DeadlineExceeded;
-- pods Pending with no node that fits for pendingTimeoutSeconds → Unschedulable
-  (naming the role); a bad image for that long → Failed;
-- spec.suspend → Suspended, pods gone; a terminal job never gets pods again.
+The decision is a chain of small rules, tried in a fixed order; the first that
+settles the job's fate ends it (RULES below):
+- suspended: spec.suspend → Suspended, StatefulSets at zero;
+- past deadline: activeDeadlineSeconds → Failed/DeadlineExceeded;
+- driver succeeded: the controller pod's container exits 0 → Succeeded;
+- gang failed: a pod of the current attempt fails (or is replaced) → the gang restarts
+  (restartCount + 1) until backoffLimit, then Failed/BackoffLimitExceeded;
+- bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
+- unschedulable: pods Pending with no node that fits for that long → the Unschedulable
+  condition, naming the role;
+- readiness: Running once every pod is ready.
+A terminal job never gets pods again; its children go after ttlSecondsAfterFinished.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from enum import Enum, auto
 from typing import Literal
 
-from rlkube_api.names import CONTROLLER_ROLE
-from rlkube_api.rljob import Condition, JobState, Progress, RLJob, RLJobStatus, RoleStatus
+from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
+from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
+from rlkube_operator.plan import (
+    Action,
+    ApplyChildren,
+    CountRestart,
+    DeleteChildren,
+    DeletePods,
+    Event,
+    ObserveTimeToRunning,
+    Plan,
+    ScaleToZero,
+    WriteStatus,
+)
 
-TERMINAL = ("Succeeded", "Failed")
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
+# A status change that is only counts and messages (not a transition) waits at most this
+# long after the job's previous status write, collecting what happens meanwhile.
+COUNTS_WRITE_INTERVAL = 1.0
 # Condition types that announce trouble when True.
-_WARNING_WHEN_TRUE = frozenset({"Failed", "Restarting", "Unschedulable"})
+_WARNING_WHEN_TRUE = frozenset({ConditionType.FAILED, ConditionType.RESTARTING, ConditionType.UNSCHEDULABLE})
 
 
 @dataclass(frozen=True)
@@ -35,29 +58,12 @@ class Observed:
 
     pods: list[PodView]
     now: datetime
-    # "Kind/name" -> error, for children the API server refused.
+    # "Kind/name" -> error, for children the API server refused on the last apply.
     apply_errors: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: Literal["Normal", "Warning"]
-    reason: str
-    message: str
-
-
-@dataclass
-class Decision:
-    status: RLJobStatus
-    events: list[Event]
-    # Whether the StatefulSets should have their replicas (False: suspended or finished).
-    pods_wanted: bool
-    # Delete the pods of every earlier attempt (set after a failure bumped the attempt).
-    restart_gang: bool = False
-    # ttlSecondsAfterFinished elapsed: delete the children.
-    delete_children: bool = False
-    # Come back after this many seconds even if nothing changes (deadlines, timeouts).
-    requeue_after: float | None = None
+    # Seconds since this operator last wrote the job's status (inf: not since it started).
+    since_last_write: float = math.inf
+    # The job's metadata.creationTimestamp, for the time-to-running metric.
+    job_created: datetime | None = None
 
 
 def _iso(t: datetime) -> str:
@@ -74,19 +80,21 @@ class _Conditions:
         self.generation = generation
         self.events: list[Event] = []
 
-    def is_true(self, type_: str) -> bool:
+    def is_true(self, type_: ConditionType) -> bool:
         c = self.by_type.get(type_)
         return c is not None and c.status == "True"
 
-    def set(self, type_: str, status: Literal["True", "False"], reason: str, message: str) -> None:
+    def set(self, type_: ConditionType, status: Literal["True", "False"], reason: str, message: str) -> None:
         old = self.by_type.get(type_)
         changed = old is None or old.status != status or old.reason != reason
-        warning = (status == "True" and type_ in _WARNING_WHEN_TRUE) or (type_ == "Created" and status == "False")
+        warning = (status == "True" and type_ in _WARNING_WHEN_TRUE) or (
+            type_ == ConditionType.CREATED and status == "False"
+        )
         if old is None and status == "False" and not warning:
             changed = False  # a condition that never held needs no Event, unless it reports trouble
         transition = self.now if old is None or old.status != status else parse_time(old.last_transition_time)
         self.by_type[type_] = Condition(
-            type=type_,
+            type=type_.value,
             status=status,
             reason=reason,
             message=message,
@@ -97,7 +105,7 @@ class _Conditions:
         if changed and not any(e.reason == reason and e.message == message for e in self.events):
             self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
-    def clear(self, type_: str, reason: str, message: str) -> None:
+    def clear(self, type_: ConditionType, reason: str, message: str) -> None:
         """Sets False only if the condition exists (never adds a False condition)."""
         if type_ in self.by_type:
             self.set(type_, "False", reason, message)
@@ -155,143 +163,283 @@ def _restarting_message(ready: int, wanted: int) -> str:
     return f"the gang is restarting from its last checkpoint: {ready}/{wanted} pods are ready"
 
 
-def compute_status(job: RLJob, observed: Observed) -> Decision:
-    prev = job.status or RLJobStatus()
-    now = observed.now
-    policy = job.spec.run_policy
-    conds = _Conditions(prev.conditions, now, job.metadata.generation)
-    status = prev.model_copy(deep=True)
-    status.observed_generation = job.metadata.generation
-    current = [p for p in observed.pods if p.attempt == prev.restart_count and not p.deleting]
-    status.roles = _role_counts(job, current)
-    status.progress = _progress(observed.pods, prev.progress)
+# --- one pass -------------------------------------------------------------------------------------
 
-    def finish(state: JobState, cond: str, reason: str, message: str) -> Decision:
-        conds.set(cond, "True", reason, message)
-        conds.clear("Running", reason, message)
-        conds.clear("Restarting", reason, message)
-        status.state = state
-        status.completion_time = _iso(now)
-        status.conditions = conds.as_list()
-        return Decision(status, conds.events, pods_wanted=False, requeue_after=policy.ttl_seconds_after_finished)
 
-    if prev.state in TERMINAL:
-        decision = Decision(status, [], pods_wanted=False)
-        ttl = policy.ttl_seconds_after_finished
-        done = parse_time(prev.completion_time)
-        if ttl is not None and done is not None:
-            left = ttl - (now - done).total_seconds()
-            decision.delete_children = left <= 0
-            decision.requeue_after = None if left <= 0 else left
-        return decision
+class Fate(Enum):
+    """What a rule decided for the job's pods in this pass."""
 
-    if observed.apply_errors:
-        detail = "; ".join(f"{k}: {v}" for k, v in sorted(observed.apply_errors.items()))
-        conds.set("Created", "False", "CreateFailed", detail)
+    ACTIVE = auto()  # the gang runs (or starts) at its current attempt
+    RESTART = auto()  # a new attempt: new templates, the old gang's pods deleted
+    SUSPENDED = auto()  # StatefulSets kept, at zero replicas
+    FINISHING = auto()  # the job ends now: its StatefulSets scale to zero
+
+
+@dataclass
+class _Pass:
+    """The state one compute_status call builds up while its rules run."""
+
+    job: RLJob
+    observed: Observed
+    prev: RLJobStatus
+    status: RLJobStatus
+    conds: _Conditions
+    # Pods of the current attempt that are not being deleted.
+    current: list[PodView]
+    requeue: list[float] = field(default_factory=list)
+
+    @property
+    def now(self) -> datetime:
+        return self.observed.now
+
+    def finish(self, state: State, cond: ConditionType, reason: str, message: str) -> Fate:
+        self.conds.set(cond, "True", reason, message)
+        self.conds.clear(ConditionType.RUNNING, reason, message)
+        self.conds.clear(ConditionType.RESTARTING, reason, message)
+        self.status.state = state.value
+        self.status.completion_time = _iso(self.now)
+        self.requeue = []
+        ttl = self.job.spec.run_policy.ttl_seconds_after_finished
+        if ttl is not None:
+            self.requeue.append(ttl)
+        return Fate.FINISHING
+
+
+Rule = Callable[[_Pass], Fate | None]
+
+
+def children_created(p: _Pass) -> None:
+    """The Created condition reports the last apply: a refused child names itself."""
+    if p.observed.apply_errors:
+        detail = "; ".join(f"{k}: {v}" for k, v in sorted(p.observed.apply_errors.items()))
+        p.conds.set(ConditionType.CREATED, "False", "CreateFailed", detail)
     else:
-        conds.set("Created", "True", "ChildrenCreated", "StatefulSets, Services and ConfigMap are in place")
+        p.conds.set(
+            ConditionType.CREATED, "True", "ChildrenCreated", "StatefulSets, Services and ConfigMap are in place"
+        )
 
-    if job.spec.suspend:
-        conds.set("Suspended", "True", "Suspended", "spec.suspend is true: the job's pods are deleted")
-        conds.clear("Running", "Suspended", "the job is suspended")
-        status.state = "Suspended"
-        status.start_time = None  # activeDeadlineSeconds counts from the next start, as for Jobs
-        status.gang_pod_uids = None  # the pods are gone on purpose; the resumed gang is a new one
-        status.conditions = conds.as_list()
-        return Decision(status, conds.events, pods_wanted=False)
-    conds.clear("Suspended", "Resumed", "spec.suspend is false: pods are recreated")
 
-    requeue: list[float] = []
-    if observed.apply_errors:
-        requeue.append(APPLY_RETRY_SECONDS)  # e.g. a PodGroup CRD installed after the job
+def suspended(p: _Pass) -> Fate | None:
+    if not p.job.spec.suspend:
+        p.conds.clear(ConditionType.SUSPENDED, "Resumed", "spec.suspend is false: pods are recreated")
+        if p.observed.apply_errors:
+            p.requeue.append(APPLY_RETRY_SECONDS)  # e.g. a PodGroup CRD installed after the job
+        return None
+    p.conds.set(ConditionType.SUSPENDED, "True", "Suspended", "spec.suspend is true: the job's pods are deleted")
+    p.conds.clear(ConditionType.RUNNING, "Suspended", "the job is suspended")
+    p.status.state = State.SUSPENDED.value
+    p.status.start_time = None  # activeDeadlineSeconds counts from the next start, as for Jobs
+    p.status.gang_pod_uids = None  # the pods are gone on purpose; the resumed gang is a new one
+    return Fate.SUSPENDED
+
+
+def past_deadline(p: _Pass) -> Fate | None:
     # As for Jobs, the deadline counts from when the job first wanted pods, running or not.
-    status.start_time = status.start_time or _iso(now)
-    deadline = policy.active_deadline_seconds
-    started = parse_time(status.start_time)
-    if deadline is not None and started is not None:
-        left = deadline - (now - started).total_seconds()
-        if left <= 0:
-            return finish(
-                "Failed", "Failed", "DeadlineExceeded", f"the job ran longer than activeDeadlineSeconds={deadline}"
-            )
-        requeue.append(left)
+    p.status.start_time = p.status.start_time or _iso(p.now)
+    deadline = p.job.spec.run_policy.active_deadline_seconds
+    started = parse_time(p.status.start_time)
+    if deadline is None or started is None:
+        return None
+    left = deadline - (p.now - started).total_seconds()
+    if left > 0:
+        p.requeue.append(left)
+        return None
+    return p.finish(
+        State.FAILED,
+        ConditionType.FAILED,
+        "DeadlineExceeded",
+        f"the job ran longer than activeDeadlineSeconds={deadline}",
+    )
 
-    if any(p.succeeded for p in current if p.role == CONTROLLER_ROLE):
-        return finish("Succeeded", "Succeeded", "DriverSucceeded", "the driver finished training")
 
+def driver_succeeded(p: _Pass) -> Fate | None:
+    if not any(pod.succeeded for pod in p.current if pod.role == CONTROLLER_ROLE):
+        return None
+    return p.finish(State.SUCCEEDED, ConditionType.SUCCEEDED, "DriverSucceeded", "the driver finished training")
+
+
+def gang_failed(p: _Pass) -> Fate | None:
+    prev, policy = p.prev, p.job.spec.run_policy
     # A failed pod counts even while its StatefulSet deletes it.
-    failed = [p for p in observed.pods if p.attempt == prev.restart_count and p.failed]
-    replaced = _replaced_pods(current, prev.gang_pod_uids)
-    if failed or replaced:
-        pod = (failed or replaced)[0]
-        cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
-        what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
-        if prev.restart_count >= policy.backoff_limit:
-            return finish(
-                "Failed",
-                "Failed",
-                "BackoffLimitExceeded",
-                f"{what}; {prev.restart_count} restarts reached backoffLimit={policy.backoff_limit}",
-            )
-        status.restart_count = prev.restart_count + 1
-        status.gang_pod_uids = None
-        # Counted for the new attempt, as the next pass will: the decision is a fixed point,
-        # so the loop needs no further pass (nor the watch's echo of this write) to settle.
-        status.roles = _role_counts(job, [p for p in observed.pods if p.attempt == status.restart_count])
-        ready = sum(r.ready for r in status.roles.values())
-        conds.set("Restarting", "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})")
-        conds.set("Running", "False", "Restarting", _restarting_message(ready, _wanted(status)))
-        status.state = "Restarting"
-        status.conditions = conds.as_list()
-        return Decision(status, conds.events, pods_wanted=True, restart_gang=True, requeue_after=1.0)
+    failed = [pod for pod in p.observed.pods if pod.attempt == prev.restart_count and pod.failed]
+    replaced = _replaced_pods(p.current, prev.gang_pod_uids)
+    if not (failed or replaced):
+        return None
+    pod = (failed or replaced)[0]
+    cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
+    what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
+    if prev.restart_count >= policy.backoff_limit:
+        return p.finish(
+            State.FAILED,
+            ConditionType.FAILED,
+            "BackoffLimitExceeded",
+            f"{what}; {prev.restart_count} restarts reached backoffLimit={policy.backoff_limit}",
+        )
+    status = p.status
+    status.restart_count = prev.restart_count + 1
+    status.gang_pod_uids = None
+    # Counted for the new attempt, as the next pass will: the decision is a fixed point,
+    # so the loop needs no further pass (nor the watch's echo of this write) to settle.
+    status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == status.restart_count])
+    ready = sum(r.ready for r in status.roles.values())
+    p.conds.set(
+        ConditionType.RESTARTING, "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})"
+    )
+    p.conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, _wanted(status)))
+    status.state = State.RESTARTING.value
+    p.requeue = [1.0]
+    return Fate.RESTART
 
-    pending_timeout = policy.pending_timeout_seconds
-    bad_image = [p for p in current if p.waiting_reason in BAD_IMAGE_REASONS]
-    for pod in bad_image:
-        if _age(pod, now) >= pending_timeout:
-            return finish(
-                "Failed",
-                "Failed",
+
+def bad_image(p: _Pass) -> Fate | None:
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    for pod in p.current:
+        if pod.waiting_reason not in BAD_IMAGE_REASONS:
+            continue
+        if _age(pod, p.now) >= timeout:
+            return p.finish(
+                State.FAILED,
+                ConditionType.FAILED,
                 pod.waiting_reason or "ImagePullFailed",
-                f"pod {pod.name} (role {pod.role}) cannot start its container for {pending_timeout}s: "
+                f"pod {pod.name} (role {pod.role}) cannot start its container for {timeout}s: "
                 f"{pod.waiting_message or pod.waiting_reason}",
             )
-        requeue.append(pending_timeout - _age(pod, now))
+        p.requeue.append(timeout - _age(pod, p.now))
+    return None
 
-    stuck = [p for p in current if p.unschedulable_message is not None]
-    overdue = [p for p in stuck if _age(p, now) >= pending_timeout]
+
+def unschedulable(p: _Pass) -> Fate | None:
+    """Only a condition: the job waits for a node (the deadline, if any, ends it)."""
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    stuck = [pod for pod in p.current if pod.unschedulable_message is not None]
+    overdue = [pod for pod in stuck if _age(pod, p.now) >= timeout]
     if overdue:
         pod = overdue[0]
-        conds.set(
-            "Unschedulable",
+        p.conds.set(
+            ConditionType.UNSCHEDULABLE,
             "True",
             "Unschedulable",
-            f"role {pod.role}: pod {pod.name} has been Pending for over {pending_timeout}s: {pod.unschedulable_message}",
+            f"role {pod.role}: pod {pod.name} has been Pending for over {timeout}s: {pod.unschedulable_message}",
         )
-    else:
-        requeue += [pending_timeout - _age(p, now) for p in stuck]
-        if not stuck:
-            conds.clear("Unschedulable", "Scheduled", "every pod has a node")
+        return None
+    p.requeue += [timeout - _age(pod, p.now) for pod in stuck]
+    if not stuck:
+        p.conds.clear(ConditionType.UNSCHEDULABLE, "Scheduled", "every pod has a node")
+    return None
 
+
+def readiness(p: _Pass) -> Fate:
+    status, conds = p.status, p.conds
     ready = sum(r.ready for r in status.roles.values())
     wanted = _wanted(status)
     if ready == wanted and wanted > 0:
-        conds.set("Running", "True", "AllPodsReady", f"all {wanted} pods are ready")
-        status.gang_pod_uids = sorted(p.uid for p in current if p.uid)
-        conds.clear("Restarting", "Resumed", "the gang is running again")
-        status.state = "Running"
+        conds.set(ConditionType.RUNNING, "True", "AllPodsReady", f"all {wanted} pods are ready")
+        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        conds.clear(ConditionType.RESTARTING, "Resumed", "the gang is running again")
+        status.state = State.RUNNING.value
+    elif conds.is_true(ConditionType.RESTARTING):
+        conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, wanted))
+        status.state = State.RESTARTING.value
     else:
-        was_running = conds.is_true("Running")
-        if conds.is_true("Restarting"):
-            conds.set("Running", "False", "Restarting", _restarting_message(ready, wanted))
-            status.state = "Restarting"
+        was_running = conds.is_true(ConditionType.RUNNING)
+        waiting = [pod.waiting_reason for pod in p.current if pod.waiting_reason in BAD_IMAGE_REASONS]
+        reason = waiting[0] if waiting else "PodsNotReady"
+        conds.set(ConditionType.RUNNING, "False", reason or "PodsNotReady", f"{ready}/{wanted} pods are ready")
+        # A running gang with a pod briefly not ready is still running; the condition says why.
+        running = was_running or state_of(p.prev.state) is State.RUNNING
+        status.state = State.RUNNING.value if running else State.CREATED.value
+    return Fate.ACTIVE
+
+
+# The rules, in the order they are tried; the first to return a Fate decides the pass.
+RULES: tuple[Rule, ...] = (
+    suspended,
+    past_deadline,
+    driver_succeeded,
+    gang_failed,
+    bad_image,
+    unschedulable,
+    readiness,
+)
+
+
+def compute_status(job: RLJob, observed: Observed) -> Plan:
+    prev = job.status or RLJobStatus()
+    status = prev.model_copy(deep=True)
+    status.observed_generation = job.metadata.generation
+    current = [pod for pod in observed.pods if pod.attempt == prev.restart_count and not pod.deleting]
+    status.roles = _role_counts(job, current)
+    status.progress = _progress(observed.pods, prev.progress)
+    p = _Pass(job, observed, prev, status, _Conditions(prev.conditions, observed.now, job.metadata.generation), current)
+
+    if is_terminal(prev.state):
+        return _finished(p)
+    children_created(p)
+    fate = Fate.ACTIVE
+    for rule in RULES:
+        if (decided := rule(p)) is not None:
+            fate = decided
+            break
+    status.conditions = p.conds.as_list()
+
+    actions: list[Action] = []
+    if fate is Fate.FINISHING:
+        actions.append(ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job))))
+    else:
+        # For a restart: the new templates first (the attempt annotation), then the old gang goes.
+        actions.append(ApplyChildren(status.restart_count, pods_wanted=fate is not Fate.SUSPENDED))
+    actions += _stale_pods(observed, status)
+    return _with_write(p, actions, fate)
+
+
+def _finished(p: _Pass) -> Plan:
+    """A terminal job: no children applied; they are deleted once the TTL elapses."""
+    actions: list[Action] = list(_stale_pods(p.observed, p.status))
+    ttl = p.job.spec.run_policy.ttl_seconds_after_finished
+    done = parse_time(p.prev.completion_time)
+    if ttl is not None and done is not None:
+        left = ttl - (p.now - done).total_seconds()
+        if left <= 0:
+            actions.append(DeleteChildren())
         else:
-            reason = bad_image[0].waiting_reason if bad_image else "PodsNotReady"
-            conds.set("Running", "False", reason or "PodsNotReady", f"{ready}/{wanted} pods are ready")
-            # A running gang with a pod briefly not ready is still running; the condition says why.
-            status.state = "Running" if was_running or prev.state == "Running" else "Created"
-    status.conditions = conds.as_list()
-    return Decision(status, conds.events, pods_wanted=True, requeue_after=min(requeue) if requeue else None)
+            p.requeue.append(left)
+    return _with_write(p, actions, None)
+
+
+def _stale_pods(observed: Observed, status: RLJobStatus) -> list[Action]:
+    """Pods of an earlier attempt still around (a restart's old gang)."""
+    stale = tuple(
+        (pod.name, pod.uid) for pod in observed.pods if pod.attempt < status.restart_count and not pod.deleting
+    )
+    return [DeletePods(stale)] if stale else []
+
+
+def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:
+    """Adds the status write (now, or a requeue for when it is due) and the metrics."""
+    events = p.conds.events if fate is not None else []
+    requeue = list(p.requeue)
+    delay = status_write_delay(p.prev, p.status, p.observed.since_last_write, COUNTS_WRITE_INTERVAL)
+    if delay == 0:
+        actions.append(WriteStatus(p.status))
+    elif delay is not None:
+        # Nothing is lost: the next pass computes the status afresh from the pods.
+        requeue.append(delay)
+    if fate is Fate.RESTART:
+        actions.append(CountRestart())
+    first_run = state_of(p.prev.state) in (None, State.PENDING, State.CREATED) and p.status.restart_count == 0
+    if state_of(p.status.state) is State.RUNNING and first_run and p.observed.job_created is not None:
+        actions.append(ObserveTimeToRunning((p.now - p.observed.job_created).total_seconds()))
+    return Plan(p.status, events, actions, min(requeue) if requeue else None)
+
+
+def pod_loss_breaks_gang(job_state: str | None, restart_count: int, suspended: bool, pod_attempt: int) -> bool:
+    """Whether a pod being deleted means the gang lost a member: a pod of the current attempt
+    while the job wants pods. The operator never deletes those itself (it deletes older
+    attempts, or scales to zero when suspended or done), so someone else did."""
+    state = state_of(job_state)
+    if suspended or state is None or state.terminal or state is State.SUSPENDED:
+        return False
+    return pod_attempt == restart_count
 
 
 def is_transition(prev: RLJobStatus, new: RLJobStatus) -> bool:

@@ -42,7 +42,9 @@ def test_crds_directory_holds_only_the_generated_rljob_crd() -> None:
 @pytest.mark.parametrize(
     ("value", "field"),
     [
-        ("replicaCount=2", "/replicaCount"),
+        # Two standalone operators would both reconcile every RLJob.
+        ("leaderElection.enabled=false,replicaCount=2", "/replicaCount"),
+        ("leaderElection.leaseDurationSeconds=1", "/leaderElection/leaseDurationSeconds"),
         ("metrics.port=http", "/metrics/port"),
         ("health.port=70000", "/health/port"),
         ("logLevel=trace", "/logLevel"),
@@ -69,11 +71,36 @@ def test_the_schema_refuses_an_unknown_key(helm: Helm, key: str) -> None:
 # --- the Deployment --------------------------------------------------------------------------------
 
 
-def test_one_replica_recreated_never_rolled(helm: Helm) -> None:
-    spec = one(helm.template(), "Deployment")["spec"]
+def test_two_replicas_one_active_through_a_lease_rolled_one_at_a_time(helm: Helm) -> None:
+    objects = helm.template()
+    spec = one(objects, "Deployment")["spec"]
+    assert spec["replicas"] == 2
+    # Only the Lease holder reconciles, so pods may overlap: the new one stands by first.
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    operator = container(objects)
+    args = parse_args(operator["args"])
+    assert args.leader_elect is True
+    assert args.lease_name == "rlkube-leader"
+    assert (args.lease_duration, args.renew_every, args.retry_every) == (10, 2, 1)
+    # The Lease lives in the release namespace; each replica is named after its pod.
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in operator["env"] if "valueFrom" in e}
+    assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
+
+
+def test_without_leader_election_one_replica_recreated_never_rolled(helm: Helm) -> None:
+    objects = helm.template("leaderElection.enabled=false", "replicaCount=1")
+    spec = one(objects, "Deployment")["spec"]
     assert spec["replicas"] == 1
     # A rolling update would run two standalone kopf operators side by side.
     assert spec["strategy"] == {"type": "Recreate"}
+    operator = container(objects)
+    assert parse_args(operator["args"]).leader_elect is False
+    assert "env" not in operator
+
+
+def test_user_env_follows_the_charts_own(helm: Helm) -> None:
+    operator = container(helm.template("env[0].name=EXTRA", "env[0].value=on"))
+    assert [e["name"] for e in operator["env"]] == ["POD_NAME", "POD_NAMESPACE", "EXTRA"]
 
 
 def test_the_operator_runs_non_root_with_a_read_only_root_and_no_capabilities(helm: Helm) -> None:
@@ -141,7 +168,7 @@ def test_scheduling_and_image_values_reach_the_pod(helm: Helm) -> None:
     operator = container(objects)
     assert operator["image"] == "registry.example/rlkube-operator:1.2.3"
     assert operator["imagePullPolicy"] == "Always"
-    assert operator["env"] == [{"name": "EXTRA", "value": "enabled"}]
+    assert operator["env"][-1] == {"name": "EXTRA", "value": "enabled"}  # after the chart's own
     assert spec["imagePullSecrets"] == [{"name": "regcred"}]
     assert spec["priorityClassName"] == "system-cluster-critical"
     assert spec["nodeSelector"] == {"pool": "system"}

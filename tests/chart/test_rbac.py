@@ -38,11 +38,18 @@ RBAC_KINDS = ("ClusterRole", "Role")
 NAMESPACED = "watchNamespaces={team-a,team-b}"
 
 
+def _leader_election(obj: Obj) -> bool:
+    """The Role (and binding) for the Lease, checked on its own: its rules name the Lease."""
+    return str(obj["metadata"]["name"]).endswith("-leader-election")
+
+
 def _rules_bound_to(objects: list[Obj], account: Obj) -> dict[tuple[str, str | None], list[Obj]]:
-    """(kind, namespace) of each bound (Cluster)Role -> its rules, for bindings naming the account."""
+    """(kind, namespace) of each bound (Cluster)Role -> its rules, for bindings naming the
+    account; the leader election Role aside."""
     roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o for o in objects}
     bound: dict[tuple[str, str | None], list[Obj]] = {}
-    for binding in of_kind(objects, "RoleBinding") + of_kind(objects, "ClusterRoleBinding"):
+    bindings = of_kind(objects, "RoleBinding") + of_kind(objects, "ClusterRoleBinding")
+    for binding in [b for b in bindings if not _leader_election(b)]:
         subjects = binding["subjects"]
         assert subjects == [
             {
@@ -69,7 +76,7 @@ def test_no_rule_has_a_wildcard(helm: Helm, sets: tuple[str, ...]) -> None:
 
 def test_cluster_wide_grants_exactly_the_contract(helm: Helm) -> None:
     objects = helm.template()
-    assert not of_kind(objects, "Role")
+    assert not [r for r in of_kind(objects, "Role") if not _leader_election(r)]
     bound = _rules_bound_to(objects, one(objects, "ServiceAccount"))
     assert set(bound) == {("ClusterRole", None)}
     assert permissions_of(bound[("ClusterRole", None)]) == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS
@@ -93,7 +100,36 @@ def test_namespaced_mode_without_observation_has_no_cluster_scoped_object(helm: 
     objects = helm.template(NAMESPACED, "rbac.kopfObservation=false")
     assert not of_kind(objects, "ClusterRole")
     assert not of_kind(objects, "ClusterRoleBinding")
-    assert sorted(r["metadata"]["namespace"] for r in of_kind(objects, "Role")) == ["team-a", "team-b"]
+    job_roles = [r for r in of_kind(objects, "Role") if not _leader_election(r)]
+    assert sorted(r["metadata"]["namespace"] for r in job_roles) == ["team-a", "team-b"]
+
+
+LEASE_RULES = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": ["rlkube-leader"],
+        "verbs": ["get", "update"],
+    },
+]
+
+
+@pytest.mark.parametrize("sets", [(), (NAMESPACED,)])
+def test_leader_election_may_touch_only_its_lease_in_the_release_namespace(helm: Helm, sets: tuple[str, ...]) -> None:
+    objects = helm.template(*sets)
+    role = one([r for r in of_kind(objects, "Role") if _leader_election(r)], "Role")
+    assert role["metadata"]["namespace"] == "rlkube-system"
+    assert role["rules"] == LEASE_RULES
+    binding = one([b for b in of_kind(objects, "RoleBinding") if _leader_election(b)], "RoleBinding")
+    assert binding["metadata"]["namespace"] == "rlkube-system"
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == one(objects, "ServiceAccount")["metadata"]["name"]
+
+
+def test_no_lease_permission_without_leader_election(helm: Helm) -> None:
+    objects = helm.template("leaderElection.enabled=false", "replicaCount=1")
+    assert not [o for o in objects if _leader_election(o)]
 
 
 def test_rbac_can_be_left_to_the_cluster_admin(helm: Helm) -> None:
@@ -250,3 +286,31 @@ def test_namespaced_sa_may_do_nothing_elsewhere(
         beyond += granted(kube, release, JOB_PERMISSIONS, namespace)
     beyond += granted(kube, release, DENIED_CLUSTER_SCOPED, None)
     assert not beyond, f"granted beyond the contract: {beyond}"
+
+
+def _may_on_lease(api: ApiClient, release: Release, verb: str, namespace: str, name: str | None) -> bool:
+    review = V1SubjectAccessReview(
+        spec=V1SubjectAccessReviewSpec(
+            user=release.user,
+            groups=["system:serviceaccounts", f"system:serviceaccounts:{release.namespace}", "system:authenticated"],
+            resource_attributes=V1ResourceAttributes(
+                group="coordination.k8s.io", resource="leases", verb=verb, namespace=namespace, name=name
+            ),
+        )
+    )
+    status = AuthorizationV1Api(api).create_subject_access_review(review).status
+    assert status is not None
+    return bool(status.allowed)
+
+
+@pytest.mark.cluster
+def test_the_sa_may_renew_its_own_lease_and_no_other(kube: ApiClient, cluster_wide: tuple[Release, str]) -> None:
+    release, jobs = cluster_wide
+    lease = f"{release.service_account}-leader"  # the release's full name + "-leader"
+    assert _may_on_lease(kube, release, "create", release.namespace, None)
+    for verb in ("get", "update"):
+        assert _may_on_lease(kube, release, verb, release.namespace, lease), verb
+        assert not _may_on_lease(kube, release, verb, release.namespace, "someone-elses-lease"), verb
+        assert not _may_on_lease(kube, release, verb, jobs, lease), verb
+    assert not _may_on_lease(kube, release, "delete", release.namespace, lease)
+    assert not _may_on_lease(kube, release, "list", release.namespace, None)

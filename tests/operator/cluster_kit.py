@@ -78,7 +78,7 @@ class InProcessOperator:
             if InProcessOperator._active is not None:
                 raise RuntimeError("an operator is already running against the test cluster")
             InProcessOperator._active = self
-        # kopf's login and the operator's own client (handlers._api_client) call
+        # kopf's login and the operator's own client (kube.connect) call
         # load_kube_config(), which reads KUBECONFIG as it was when the kubernetes
         # package was first imported (earlier in this process): set both.
         os.environ["KUBECONFIG"] = str(self.kubeconfig)

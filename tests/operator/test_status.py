@@ -10,9 +10,9 @@ import pytest
 
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
+from rlkube_operator.plan import Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
-    Decision,
     Observed,
     compute_status,
     is_transition,
@@ -26,11 +26,11 @@ PODS = gang_pods(JOB)
 UNSCHEDULABLE = "0/2 nodes are available: 2 Insufficient cpu."
 
 
-def run(job: RLJob, pods: list[Obj], seconds: float, apply_errors: dict[str, str] | None = None) -> Decision:
+def run(job: RLJob, pods: list[Obj], seconds: float, apply_errors: dict[str, str] | None = None) -> Plan:
     return compute_status(job, Observed([view_pod(p) for p in pods], at(seconds), apply_errors or {}))
 
 
-def after(job: RLJob, decision: Decision) -> RLJob:
+def after(job: RLJob, decision: Plan) -> RLJob:
     """The job as the next reconcile sees it: the decided status written back."""
     return job.model_copy(update={"status": decision.status})
 
@@ -49,7 +49,7 @@ def has_cond(status: RLJobStatus, type_: str) -> bool:
     return any(c.type == type_ for c in status.conditions)
 
 
-def events(decision: Decision) -> list[tuple[str, str]]:
+def events(decision: Plan) -> list[tuple[str, str]]:
     return [(e.type, e.reason) for e in decision.events]
 
 

@@ -58,6 +58,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The Lease the replicas elect their leader with, in the release namespace. */}}
+{{- define "rlkube.leaseName" -}}
+{{- printf "%s-leader" (include "rlkube.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/*
 The operator's command line (rlkube_operator/__main__.py): its scope, ports and log level.
 */}}
@@ -71,6 +76,15 @@ The operator's command line (rlkube_operator/__main__.py): its scope, ports and 
 {{- end }}
 - --metrics-port={{ .Values.metrics.port }}
 - --health-port={{ .Values.health.port }}
+{{- with .Values.leaderElection }}
+{{- if .enabled }}
+- --leader-elect
+- --lease-name={{ include "rlkube.leaseName" $ }}
+- --lease-duration={{ .leaseDurationSeconds }}
+- --renew-every={{ .renewPeriodSeconds }}
+- --retry-every={{ .retryPeriodSeconds }}
+{{- end }}
+{{- end }}
 {{- if eq .Values.logLevel "debug" }}
 - --verbose
 {{- end }}
@@ -146,7 +160,7 @@ kopf's runtime observation (rbac.kopfObservation): it watches CRDs to notice
 resources appear, change or go; when it watches a list of namespaces, it also
 lists and watches Namespaces to notice them appear or go. Cluster-wide it never
 looks at Namespaces. kopf's peering objects are not needed: the operator runs
-standalone.
+standalone (leader election uses a Lease, rlkube.leaderElectionRules).
 */}}
 {{- define "rlkube.observationRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
@@ -157,4 +171,18 @@ standalone.
   resources: ["namespaces"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- end }}
+
+{{/*
+Leader election (leaderElection.enabled), in the release namespace only: create the
+Lease once, then read and renew only that one (resourceNames cannot narrow create).
+*/}}
+{{- define "rlkube.leaderElectionRules" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["create"]
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  resourceNames: [{{ include "rlkube.leaseName" . | quote }}]
+  verbs: ["get", "update"]
 {{- end }}

@@ -1,0 +1,213 @@
+"""Leader election over a coordination.k8s.io Lease, as client-go's leaderelection does it:
+several replicas run, one holds the Lease and reconciles, the others wait to take it over.
+
+kopf's peering is not leader election (replicas of equal priority all pause). Every replica
+runs kopf, so its watches and indexes are warm, but the per-job loops reconcile only while
+the replica holds the Lease (handlers.OperatorState.leading): a standby that takes over acts
+at once instead of first starting up. The holder renews the
+Lease every `renew_every` seconds; a standby takes it once it has seen the same record for
+`duration` seconds. Expiry is judged by the standby's own clock (how long the record stayed
+unchanged), never by comparing its clock with the holder's renewTime, so clock skew between
+nodes does not matter. A holder that cannot renew within `duration` stops (the pod restarts
+and becomes a standby); one that stops normally hands the Lease back at once."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Timings:
+    # A Lease not renewed for this long may be taken over.
+    duration: float = 10.0
+    # The holder renews this often.
+    renew_every: float = 2.0
+    # A standby looks this often.
+    retry_every: float = 1.0
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The parts of a Lease's spec the election reads."""
+
+    holder: str | None
+    duration_seconds: int | None
+    renew_time: datetime | None
+    transitions: int
+
+
+def may_take(record: LeaseRecord | None, me: str, unchanged_for: float) -> bool:
+    """Whether `me` may take (or keep) the Lease: nobody holds it, we do, or the holder has
+    not renewed it for its duration, as seen by our own clock."""
+    if record is None or not record.holder or record.holder == me:
+        return True
+    return unchanged_for >= (record.duration_seconds or 0)
+
+
+def holding(record: LeaseRecord, me: str, timings: Timings, now: datetime) -> LeaseRecord:
+    """The record `me` writes to take or renew the Lease."""
+    taken_over = record.holder != me
+    return LeaseRecord(
+        holder=me,
+        duration_seconds=max(1, round(timings.duration)),
+        renew_time=now,
+        transitions=record.transitions + (1 if taken_over and record.holder else 0),
+    )
+
+
+def _record(lease: client.V1Lease | None) -> LeaseRecord | None:
+    if lease is None or lease.spec is None:
+        return None
+    spec = lease.spec
+    return LeaseRecord(
+        holder=spec.holder_identity,
+        duration_seconds=spec.lease_duration_seconds,
+        renew_time=spec.renew_time,
+        transitions=spec.lease_transitions or 0,
+    )
+
+
+class LeaderElector:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str,
+        identity: str,
+        timings: Timings = Timings(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.leases = client.CoordinationV1Api(api)
+        self.namespace, self.name, self.identity = namespace, name, identity
+        self.timings = timings
+        self.clock = clock
+        # The record last seen and when it was first seen (our clock): expiry is measured from there.
+        self._seen: tuple[LeaseRecord | None, float] = (None, clock())
+
+    def try_acquire_or_renew(self) -> bool:
+        """One attempt; True while we hold the Lease. Conflicts (another replica wrote in
+        between) and API errors count as not holding it."""
+        try:
+            lease = self.leases.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                log.warning("reading Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
+                return False
+            return self._create()
+        record = _record(lease) or LeaseRecord(None, None, None, 0)
+        if record != self._seen[0]:
+            self._seen = (record, self.clock())
+        if not may_take(record, self.identity, self.clock() - self._seen[1]):
+            return False
+        mine = holding(record, self.identity, self.timings, datetime.now(UTC))
+        assert lease.spec is not None
+        if record.holder != self.identity:
+            lease.spec.acquire_time = mine.renew_time
+            log.info("taking Lease %s/%s over from %s", self.namespace, self.name, record.holder or "nobody")
+        lease.spec.holder_identity = mine.holder
+        lease.spec.lease_duration_seconds = mine.duration_seconds
+        lease.spec.renew_time = mine.renew_time
+        lease.spec.lease_transitions = mine.transitions
+        try:
+            # The resourceVersion read above makes this a compare-and-swap: of two replicas
+            # taking an expired Lease at once, one gets 409.
+            self.leases.replace_namespaced_lease(self.name, self.namespace, lease)
+        except ApiException as exc:
+            if exc.status != 409:
+                log.warning("writing Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
+            return False
+        self._seen = (mine, self.clock())
+        return True
+
+    def _create(self) -> bool:
+        now = datetime.now(UTC)
+        lease = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
+            spec=client.V1LeaseSpec(
+                holder_identity=self.identity,
+                lease_duration_seconds=max(1, round(self.timings.duration)),
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=0,
+            ),
+        )
+        try:
+            self.leases.create_namespaced_lease(self.namespace, lease)
+        except ApiException as exc:
+            if exc.status != 409:  # another replica created it first
+                log.warning("creating Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
+            return False
+        log.info("created Lease %s/%s", self.namespace, self.name)
+        return True
+
+    def wait_until_leader(self, stop: threading.Event) -> bool:
+        """Blocks until we hold the Lease (True) or `stop` is set (False)."""
+        log.info("waiting for Lease %s/%s as %s", self.namespace, self.name, self.identity)
+        while not stop.is_set():
+            if self.try_acquire_or_renew():
+                log.info("holding Lease %s/%s as %s", self.namespace, self.name, self.identity)
+                return True
+            stop.wait(self.timings.retry_every)
+        return False
+
+    def keep_renewing(self, lost: threading.Event, stop: threading.Event) -> None:
+        """Renews until `stop`; sets `lost` once a renewal has not succeeded for the Lease's
+        duration, by which time a standby may already hold it."""
+        last_renewed = self.clock()
+        while not stop.wait(self.timings.renew_every):
+            if self.try_acquire_or_renew():
+                last_renewed = self.clock()
+            elif self.clock() - last_renewed >= self.timings.duration - self.timings.renew_every:
+                log.error("lost Lease %s/%s: not renewed in time", self.namespace, self.name)
+                lost.set()
+                return
+
+    def release(self) -> None:
+        """Hands the Lease back (a standby takes it at its next look), if we still hold it."""
+        try:
+            lease = self.leases.read_namespaced_lease(self.name, self.namespace)
+            if lease.spec is None or lease.spec.holder_identity != self.identity:
+                return
+            lease.spec.holder_identity = None
+            lease.spec.lease_duration_seconds = 1
+            self.leases.replace_namespaced_lease(self.name, self.namespace, lease)
+            log.info("released Lease %s/%s", self.namespace, self.name)
+        except ApiException as exc:
+            log.warning("releasing Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
+
+
+class Election:
+    """Runs the elector in a thread of its own: `on_leading` is called once the Lease is held;
+    `lost` is set when it is lost (the operator then stops: the caller passes it to kopf as
+    the stop flag)."""
+
+    def __init__(self, elector: LeaderElector) -> None:
+        self.elector = elector
+        self.lost = threading.Event()
+        self.leading = threading.Event()
+        self._done = threading.Event()
+
+    def start(self, on_leading: Callable[[], object]) -> None:
+        threading.Thread(target=self._run, args=(on_leading,), name="lease", daemon=True).start()
+
+    def _run(self, on_leading: Callable[[], object]) -> None:
+        if self.elector.wait_until_leader(self._done):
+            self.leading.set()
+            on_leading()
+            self.elector.keep_renewing(self.lost, self._done)
+
+    def stop(self) -> None:
+        """Stops standing by or renewing; a Lease still held is handed back."""
+        self._done.set()
+        if self.leading.is_set() and not self.lost.is_set():
+            self.elector.release()

@@ -1,0 +1,220 @@
+"""reconcile(): carries the plan out, in order, against a fake Kube that records the calls.
+No cluster: the pods and the RLJob body are dicts as the API server returns them."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from rlkube_api.conditions import State
+from rlkube_operator.job_state import TrackedJob
+from rlkube_operator.reconcile import Reconciler, ReconcileResult
+from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
+
+JOB = load_job(CPU)
+NAME = "tiny-cpu"
+SETS = {"tiny-cpu-controller", "tiny-cpu-actor", "tiny-cpu-rollout"}
+Call = tuple[Any, ...]
+
+
+class FakeKube:
+    """Records every call; `refuse` holds 'Kind/name' the API server turns away."""
+
+    def __init__(self, refuse: Iterable[str] = (), secret_exists: bool = False) -> None:
+        self.calls: list[Call] = []
+        self.refuse = set(refuse)
+        self.secret_exists = secret_exists
+        self.version = 100
+        self.manifests: dict[str, dict[str, Any]] = {}
+
+    def apply(self, manifest: dict[str, Any]) -> None:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        self.calls.append(("apply", key))
+        if key in self.refuse:
+            raise ApiException(status=403, reason="Forbidden")
+        self.manifests[key] = manifest
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        key = f"{manifest['kind']}/{manifest['metadata']['name']}"
+        self.calls.append(("create", key))
+        if self.secret_exists:
+            return False
+        self.manifests[key] = manifest
+        return True
+
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        self.calls.append(("delete_pods", namespace, tuple(sorted(pods))))
+
+    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
+        self.calls.append(("scale_to_zero", namespace, tuple(sorted(stateful_sets))))
+
+    def delete_children(self, namespace: str, job: str) -> None:
+        self.calls.append(("delete_children", namespace, job))
+
+    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        self.calls.append(("read_secret_value", namespace, name))
+        return "token-from-the-secret" if self.secret_exists else None
+
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        self.calls.append(("patch_status", namespace, name, json.dumps(status, sort_keys=True)))
+        self.version += 1
+        body = body_of()
+        body["metadata"]["resourceVersion"] = str(self.version)
+        body["status"] = status
+        return body
+
+    def kinds(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def written(self) -> dict[str, Any]:
+        patches = [c for c in self.calls if c[0] == "patch_status"]
+        assert patches, self.calls
+        status: dict[str, Any] = json.loads(patches[-1][3])
+        return status
+
+
+def body_of(status: dict[str, Any] | None = None, **spec: Any) -> Obj:
+    body = example(CPU)
+    body["metadata"].update(namespace=NAMESPACE, uid=UID, generation=1, resourceVersion="1", creationTimestamp=iso(T0))
+    body["spec"].update(spec)
+    if status is not None:
+        body["status"] = copy.deepcopy(status)
+    return body
+
+
+def reconcile(
+    kube: FakeKube, tracked: TrackedJob, body: Obj, pods: list[Obj], seconds: float, sets: set[str] = SETS
+) -> ReconcileResult:
+    return Reconciler(kube).reconcile(tracked, body, pods, sets, now=at(seconds))
+
+
+def test_a_new_job_applies_every_child_then_writes_its_status() -> None:
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    result = reconcile(kube, tracked, body_of(), [], 0, sets=set())
+    applied = [c[1] for c in kube.calls if c[0] == "apply"]
+    assert "ConfigMap/tiny-cpu-config" in applied
+    assert {a for a in applied if a.startswith("StatefulSet/")} == {f"StatefulSet/{s}" for s in SETS}
+    # A new job's Secret is created with a new token, not read first; the status goes last.
+    assert ("create", "Secret/tiny-cpu-ray") in kube.calls
+    assert "read_secret_value" not in kube.kinds()
+    assert kube.kinds()[-1] == "patch_status"
+    assert kube.written()["state"] == State.CREATED
+    assert result.state == State.CREATED
+    assert result.written is not None
+    assert [e.reason for e in result.events] == ["ChildrenCreated"]
+
+
+def test_an_unchanged_pass_sends_nothing() -> None:
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0)
+    assert first.written is not None
+    kube.calls.clear()
+    second = reconcile(kube, tracked, first.written, [], 0.5)
+    assert kube.calls == []
+    assert second.written is None
+
+
+def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0)
+    assert first.written is not None
+    up = reconcile(kube, tracked, first.written, gang_pods(JOB), 10)
+    assert up.state == State.RUNNING and up.written is not None
+    kube.calls.clear()
+    failed = pod(NAME, "actor", 1, phase="Failed", ready=False, terminated=(137, "OOMKilled"))
+    pods = replace_pod(gang_pods(JOB), failed)
+    result = reconcile(kube, tracked, up.written, pods, 100)
+
+    kinds = kube.kinds()
+    # The StatefulSets get the new attempt, then the old gang goes (each pod by its UID), then the status.
+    assert kinds == ["apply"] * kinds.count("apply") + ["delete_pods", "patch_status"]
+    assert {c[1] for c in kube.calls if c[0] == "apply"} >= {f"StatefulSet/{s}" for s in SETS}
+    deleted = next(c for c in kube.calls if c[0] == "delete_pods")
+    assert deleted[2] == tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods))
+    assert kube.written()["restartCount"] == 1
+    assert result.state == State.RESTARTING
+
+
+def test_finishing_scales_to_zero_without_applying() -> None:
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0)
+    assert first.written is not None
+    kube.calls.clear()
+    result = reconcile(kube, tracked, first.written, gang_pods(JOB), 1800)  # activeDeadlineSeconds
+    assert kube.kinds() == ["scale_to_zero", "patch_status"]
+    assert kube.calls[0] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
+    assert result.state == State.FAILED
+    # Finished: what was kept to apply children is dropped.
+    assert tracked.child_keys == [] and tracked.applied == {}
+
+
+def test_the_ttl_deletes_the_children_of_a_finished_job() -> None:
+    status = {"state": "Succeeded", "completionTime": iso(T0), "restartCount": 0}
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    body = body_of(status, runPolicy={**example(CPU)["spec"]["runPolicy"], "ttlSecondsAfterFinished": 60})
+    early = reconcile(kube, tracked, body, [], 30)
+    assert "delete_children" not in kube.kinds()
+    assert early.requeue_after == 30
+    reconcile(kube, tracked, body, [], 61)
+    assert ("delete_children", NAMESPACE, NAME) in kube.calls
+    assert "apply" not in kube.kinds()
+
+
+def test_a_refused_child_is_reported_by_the_next_pass_without_a_false_created() -> None:
+    kube, tracked = FakeKube(refuse={"ConfigMap/tiny-cpu-config"}), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0)
+    # The plan assumed everything would go in: it is not written, and the next pass comes at once.
+    assert "patch_status" not in kube.kinds()
+    assert (first.written, first.events, first.requeue_after, first.replan) == (None, [], 0.0, True)
+    second = reconcile(kube, tracked, body_of(), [], 0.2)
+    created = next(c for c in kube.written()["conditions"] if c["type"] == "Created")
+    assert (created["status"], created["reason"]) == ("False", "CreateFailed")
+    assert "ConfigMap/tiny-cpu-config" in created["message"]
+    assert ("Warning", "CreateFailed") in [(e.type, e.reason) for e in second.events]
+
+
+def test_a_secret_an_earlier_operator_made_keeps_its_token() -> None:
+    """An operator that died in a job's first pass may have made the Secret, and pods with it."""
+    kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
+    result = reconcile(kube, tracked, body_of(), [], 0)
+    assert result.written is not None
+    created = kube.calls.index(("create", "Secret/tiny-cpu-ray"))
+    assert kube.calls[created + 1] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
+    assert tracked.ray_token == "token-from-the-secret"
+    # Everything applied carries the Secret's token, the Secret itself unchanged.
+    assert kube.manifests["Secret/tiny-cpu-ray"]["stringData"] == {"token": "token-from-the-secret"}
+
+
+def test_a_known_job_reads_its_token_back_after_an_operator_restart() -> None:
+    kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of({"state": "Running", "restartCount": 0}), [], 0)
+    assert kube.calls[0] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
+    assert "create" not in kube.kinds()
+
+
+def test_a_job_created_again_under_the_same_name_starts_afresh() -> None:
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of(), [], 0)
+    first_token = tracked.ray_token
+    again = body_of()
+    again["metadata"]["uid"] = "another-uid"
+    kube.calls.clear()
+    reconcile(kube, tracked, again, [], 5)
+    assert ("create", "Secret/tiny-cpu-ray") in kube.calls  # its own Secret, its own token
+    assert tracked.ray_token != first_token
+    assert kube.kinds().count("apply") > 3  # every child applied again, owned by the new uid
+    assert tracked.uid == "another-uid"
+
+
+def test_time_flows_only_through_now() -> None:
+    """Two reconcilers over the same inputs plan the same (no clock read inside the plan)."""
+    outcomes = []
+    for _ in range(2):
+        kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+        reconcile(kube, tracked, body_of(), [], 0)
+        outcomes.append(kube.calls)
+    assert outcomes[0] == outcomes[1]
