@@ -30,11 +30,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 COLOCATED_ROLLOUT = set_path("spec.roles.rollout", {"placement": "colocated", "tensorParallelSize": 2})
 SEPARATE_CRITIC_AND_REFERENCE = [
+    set_path("spec.algorithm.advEstimator", "gae"),  # only gae uses a critic
     set_path("spec.roles.critic", {"replicas": 1, "gpusPerReplica": 8}),
     set_path("spec.roles.reference", {"replicas": 2, "gpusPerReplica": 4}),
 ]
 COLOCATED_CRITIC = set_path("spec.roles.critic", {"colocateWith": "actor"})
-SEPARATE_REWARD = set_path("spec.roles.reward", {"replicas": 1, "gpusPerReplica": 0})
+SEPARATE_REWARD = [  # the reward role runs a reward model
+    set_path("spec.reward", {"model": {"path": "/rlkube/reward-model"}}),
+    set_path("spec.roles.reward", {"replicas": 1, "gpusPerReplica": 0}),
+]
 
 
 def by_kind(children: list[Obj], kind: str) -> dict[str, Obj]:
@@ -94,7 +98,7 @@ CHILD_SETS = [
         id="gpu-separate-critic-and-reference",
     ),
     pytest.param(GPU, [COLOCATED_CRITIC], ["controller", "actor", "rollout"], id="gpu-colocated-critic"),
-    pytest.param(CPU, [SEPARATE_REWARD], ["controller", "actor", "reward", "rollout"], id="cpu-separate-reward"),
+    pytest.param(CPU, SEPARATE_REWARD, ["controller", "actor", "reward", "rollout"], id="cpu-separate-reward"),
 ]
 
 
