@@ -112,6 +112,19 @@ class RunPolicy(ApiModel):
     gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
 
 
+class NetworkPolicySpec(ApiModel):
+    """An optional NetworkPolicy around the job's pods: only the job's own pods reach them,
+    and the monitoring namespace only the driver's metrics port."""
+
+    # The operator applies its children and never prunes one the spec stops asking for.
+    cel_rules = (CelRule("self.enabled == oldSelf.enabled", "enabled is immutable", ".enabled", transition=True),)
+
+    enabled: bool = Field(False, description="Create the NetworkPolicy (needs a network plugin that enforces them).")
+    metrics_namespace: Annotated[str, SHORT_NAME] = Field(
+        "monitoring", max_length=63, description="Namespace whose pods (Prometheus) may scrape the driver's metrics."
+    )
+
+
 class ControllerSpec(ApiModel):
     """The CPU pod running the driver (Ray head, data loader, PPO loop)."""
 
@@ -235,6 +248,9 @@ class RLJobSpec(TrainerConfig):
     )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Isolate the job's pods with a NetworkPolicy (off by default)."
+    )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
 
     def trainer_config(self) -> TrainerConfig:

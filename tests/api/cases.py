@@ -327,6 +327,11 @@ INVALID = [
         ),
         ("spec.critic.ppoMicroBatchSizePerGpu", "multiple of critic.ppoMicroBatchSizePerGpu"),
     ),
+    Case(
+        "network-policy-metrics-namespace",
+        _set("spec.networkPolicy", {"enabled": True, "metricsNamespace": "Monitoring"}),
+        ("spec.networkPolicy.metricsNamespace",),
+    ),
     Case("train-batch-size-too-large", _set("spec.data.trainBatchSize", 2**40), ("spec.data.trainBatchSize",)),
 ]
 
@@ -382,6 +387,11 @@ IMMUTABLE = [
     Case("model-path-changes", _set("spec.model.path", "/models/other"), ("spec.model",)),
     Case("actor-gpus-change", _set("spec.roles.actor.gpusPerReplica", 16), ("spec.roles.actor.gpusPerReplica",)),
     Case("actor-replicas-change", _set("spec.roles.actor.replicas", 4), ("spec.roles.actor.replicas",)),
+    Case(
+        "network-policy-switched-on",
+        _set("spec.networkPolicy", {"enabled": True}),
+        ("spec.networkPolicy.enabled", "enabled is immutable"),
+    ),
     Case(
         "rollout-placement-changes",
         _set("spec.roles.rollout", {"placement": "colocated"}),

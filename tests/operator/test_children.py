@@ -376,6 +376,22 @@ def test_role_pods_have_a_liveness_probe_on_their_health_port() -> None:
         assert {"name": port, "containerPort": NODE_HEALTH_PORT} in container(sts)["ports"], role
 
 
+@pytest.mark.parametrize(("example", "mutations", "roles"), CHILD_SETS)
+def test_every_pod_meets_the_restricted_pod_security_standard(
+    example: str, mutations: list[Mutation], roles: list[str]
+) -> None:
+    """The fields "restricted" requires (tests/operator/test_security.py has the API server judge)."""
+    for role, sts in by_kind(children_of(load_job(example, *mutations)), "StatefulSet").items():
+        pod = sts["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, role
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, role
+        context = container(sts)["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False, role
+        assert context["capabilities"] == {"drop": ["ALL"]}, role
+        assert not any(key in pod for key in ("hostNetwork", "hostPID", "hostIPC")), role
+        assert all("hostPort" not in port for port in container(sts)["ports"]), role
+
+
 def test_user_volumes_are_mounted_in_every_pod() -> None:
     job = load_job(GPU)
     assert job.spec.volumes is not None
