@@ -219,12 +219,6 @@ class RLJobSpec(TrainerConfig):
             ".volumes",
         ),
         *_PATH_RULES,
-        # In pods, a reward model runs only in the reward role's worker group.
-        CelRule(
-            "!has(self.reward.model) || has(self.roles.reward)",
-            "reward.model needs roles.reward (the worker group that runs the reward model)",
-            ".roles",
-        ),
     )
 
     image: Annotated[str, IMAGE] = Field(

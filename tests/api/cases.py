@@ -286,11 +286,6 @@ INVALID = [
         _set("spec.roles.reward", {"replicas": 1, "gpusPerReplica": 1}),
         ("spec.roles.reward", "sit idle"),
     ),
-    Case(
-        "reward-model-without-its-role",
-        _set("spec.reward", {"model": {"path": "/models/rm"}}),
-        ("spec.roles", "reward.model needs roles.reward"),
-    ),
     # --- batch arithmetic across ranks (16 actor ranks, 8 samples per prompt) ---------------------------
     Case(
         "actor-mini-batch-does-not-split-over-ranks",
@@ -331,6 +326,12 @@ INVALID = [
         "network-policy-metrics-namespace",
         _set("spec.networkPolicy", {"enabled": True, "metricsNamespace": "Monitoring"}),
         ("spec.networkPolicy.metricsNamespace",),
+    ),
+    # Found by the fuzz: the models coerced strings to numbers, the API server does not.
+    Case("save-freq-a-string", _set("spec.trainer.saveFreq", "5"), ("spec.trainer.saveFreq",)),
+    Case("kl-loss-a-string", _set("spec.actor.useKlLoss", "true"), ("spec.actor.useKlLoss",)),
+    Case(
+        "samples-per-prompt-a-boolean", _set("spec.rollout.samplesPerPrompt", True), ("spec.rollout.samplesPerPrompt",)
     ),
     Case("train-batch-size-too-large", _set("spec.data.trainBatchSize", 2**40), ("spec.data.trainBatchSize",)),
 ]
