@@ -24,8 +24,6 @@ from pydantic_core import PydanticCustomError, core_schema
 # --- names (OpenAPI formats the API server knows since Kubernetes 1.34) ---------------------------
 
 _DNS_LABEL: Final = "[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-SHORT_NAME_RE: Final = re.compile(f"^{_DNS_LABEL}$")
-LONG_NAME_RE: Final = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
 
 
 @dataclass(frozen=True)
@@ -41,7 +39,8 @@ class KubeString:
     format: str | None = None
 
     def check(self, value: str) -> str:
-        if len(value) > self.max_length or not re.match(self.regex, value):
+        # fullmatch: in Python `$` also matches before a final newline, in RE2 (the server's) not.
+        if len(value) > self.max_length or not re.fullmatch(self.regex, value):
             raise PydanticCustomError("syntax", "must be {what}", {"what": self.what})
         return value
 
@@ -67,14 +66,14 @@ class KubeString:
 # strfmt/kubernetes-extensions.go: a DNS-1123 subdomain without the 63-character label bound).
 LONG_NAME: Final = KubeString(
     "a DNS-1123 subdomain (lower-case a-z, 0-9, '-', '.', starting and ending alphanumeric)",
-    LONG_NAME_RE.pattern,
+    rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$",
     253,
     "k8s-long-name",
 )
 # A DNS-1123 label: volume names.
 SHORT_NAME: Final = KubeString(
     "a DNS-1123 label (lower-case a-z, 0-9, '-', starting and ending alphanumeric)",
-    SHORT_NAME_RE.pattern,
+    f"^{_DNS_LABEL}$",
     63,
     "k8s-short-name",
 )
@@ -175,6 +174,14 @@ def _quantity(value: celtypes.StringType) -> Quantity:
     return parsed
 
 
+def _matches(value: celtypes.StringType, pattern: celtypes.StringType) -> celtypes.BoolType:
+    """CEL's matches() with RE2's `$` (the end of the text, never before a final newline)."""
+    regex = str(pattern)
+    if regex.endswith("$") and not regex.endswith("\\$"):
+        regex = regex[:-1] + r"\Z"
+    return celtypes.BoolType(re.search(regex, str(value)) is not None)
+
+
 def _is_greater_than(left: Quantity, right: Quantity) -> celtypes.BoolType:
     return celtypes.BoolType(left.value > right.value)
 
@@ -182,6 +189,7 @@ def _is_greater_than(left: Quantity, right: Quantity) -> celtypes.BoolType:
 # The functions of Kubernetes' CEL libraries that CelRules may use, for cel-python; a rule
 # calling anything else fails in pydantic with "undeclared reference", never silently.
 CEL_FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
+    "matches": _matches,
     "isQuantity": _is_quantity,
     "quantity": _quantity,
     "isGreaterThan": _is_greater_than,

@@ -333,6 +333,16 @@ INVALID = [
     Case(
         "samples-per-prompt-a-boolean", _set("spec.rollout.samplesPerPrompt", True), ("spec.rollout.samplesPerPrompt",)
     ),
+    # In Python `$` also matches before a final newline; in RE2 (the server's) it does not.
+    Case(
+        "node-selector-key-ends-in-a-newline",
+        _set("spec.roles.actor.pool.nodeSelector", {"pool\n": "h100-train"}),
+        ("spec.roles.actor.pool.nodeSelector",),
+    ),
+    Case("image-ends-in-a-newline", _set("spec.image", "rlkube-trainer:0.1.0\n"), ("spec.image",)),
+    Case(
+        "service-account-ends-in-a-newline", _set("spec.serviceAccountName", "trainer\n"), ("spec.serviceAccountName",)
+    ),
     Case("train-batch-size-too-large", _set("spec.data.trainBatchSize", 2**40), ("spec.data.trainBatchSize",)),
 ]
 
