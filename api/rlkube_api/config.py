@@ -126,9 +126,30 @@ class OptimConfig(ApiModel):
 
 
 # How a role's ranks share a model: FSDP2 shards parameters, gradients and optimizer state
-# (`fully_shard` per decoder layer); replicate keeps a full copy per rank and all-reduces
-# gradients. auto = fsdp2 on GPU with 2+ ranks, replicate otherwise.
+# (`fully_shard` per decoder layer; HSDP with roles.<role>.fsdpSize); replicate keeps a full
+# copy per rank and all-reduces gradients. auto = fsdp2 on GPU (one rank too: its mixed
+# precision is how the weights compute in bf16), replicate on CPU.
 Strategy = Literal["auto", "fsdp2", "replicate"]
+FSDPDtype = Literal["bf16", "fp32"]
+
+
+class MixedPrecisionConfig(ApiModel):
+    """FSDP2 mixed precision (verl's fsdp_config.mixed_precision); applies where the role is
+    sharded with FSDP2 (strategy fsdp2, or auto on GPU)."""
+
+    param_dtype: FSDPDtype = Field(
+        "bf16",
+        description="Dtype the forward and backward compute in; the master weights and the optimizer state stay fp32.",
+    )
+    reduce_dtype: FSDPDtype = Field("fp32", description="Dtype gradients are reduced in across ranks.")
+
+
+class FSDPConfig(ApiModel):
+    """How a trainable role is sharded (verl's fsdp_config)."""
+
+    mixed_precision: MixedPrecisionConfig = Field(
+        default_factory=MixedPrecisionConfig, description="Compute and gradient-reduction dtypes."
+    )
 
 
 class ActorConfig(ApiModel):
@@ -174,6 +195,7 @@ class ActorConfig(ApiModel):
     strategy: Strategy = Field(
         "auto", description="Data parallelism across the actor's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
     )
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 settings of the actor.")
 
 
 class CriticConfig(ApiModel):
@@ -192,6 +214,7 @@ class CriticConfig(ApiModel):
     strategy: Strategy = Field(
         "auto", description="Data parallelism across the critic's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
     )
+    fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 settings of the critic.")
 
 
 class RolloutConfig(ApiModel):

@@ -55,18 +55,14 @@ SHM_DIR: Final = "/dev/shm"
 class Env:
     """Environment variables the operator injects and the trainer reads."""
 
-    # torch.distributed rendezvous of the pod's own role group, as PyTorchJob sets it:
-    # RANK is the pod's index (node rank), WORLD_SIZE the role's total processes.
+    # torch.distributed rendezvous of the pod's own role group: WORLD_SIZE is the role's
+    # total processes; torchrun's PET_NODE_RANK (the pod's index) and PET_NPROC_PER_NODE
+    # give each process its rank. Every variable here is read by the trainer.
     MASTER_ADDR: Final = "MASTER_ADDR"
     MASTER_PORT: Final = "MASTER_PORT"
     WORLD_SIZE: Final = "WORLD_SIZE"
-    RANK: Final = "RANK"
-    # torchrun's names for the same facts.
-    PET_NNODES: Final = "PET_NNODES"
     PET_NODE_RANK: Final = "PET_NODE_RANK"
     PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
-    PET_MASTER_ADDR: Final = "PET_MASTER_ADDR"
-    PET_MASTER_PORT: Final = "PET_MASTER_PORT"
     # rlkube's own.
     JOB_NAME: Final = "RLKUBE_JOB_NAME"
     NAMESPACE: Final = "RLKUBE_NAMESPACE"

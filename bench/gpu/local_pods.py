@@ -102,9 +102,8 @@ def pods_of(job_file: Path, out: Path, gpus: dict[str, list[str]]) -> list[tuple
             pod = f"{sts['metadata']['name']}-{index}"
             env = resolve_env(sts, index, namespace, objects)
             env[Env.CONFIG] = str(config)
-            for key in (Env.MASTER_PORT, Env.PET_MASTER_PORT):
-                if key in env:
-                    env[key] = str(int(env[key]) + 10 * role_index)
+            if Env.MASTER_PORT in env:
+                env[Env.MASTER_PORT] = str(int(env[Env.MASTER_PORT]) + 10 * role_index)
             node = len(pods)
             env[RAY_START_ARGS_ENV] = (
                 f"--dashboard-agent-listen-port={52400 + node} --dashboard-agent-grpc-port={52500 + node} "

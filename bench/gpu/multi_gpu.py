@@ -170,14 +170,14 @@ def _broadcast_rank(rank: int, model_dir: str, port: int, repeats: int, bucket_m
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlkube_trainer.weight_sync import WeightSyncGroup, manifest_of
+    from rlkube_trainer.weight_sync import BroadcastGroup, manifest_of
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).to(device)
     named = [(k, v.detach()) for k, v in model.state_dict().items()]
     manifest = manifest_of(named)
-    group = WeightSyncGroup("127.0.0.1", port, 2, rank, device)
+    group = BroadcastGroup("127.0.0.1", port, 2, rank, device)
     times = []
     total = 0
     for _ in range(repeats):

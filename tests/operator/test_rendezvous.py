@@ -1,6 +1,7 @@
 """The environment of the trainer container: torch.distributed rendezvous per role
-(PyTorchJob's names and torchrun's PET_*), the Ray head, the actor → rollout
-weight-sync group, and NCCL defaults the user can override."""
+(MASTER_ADDR/PORT, WORLD_SIZE, torchrun's node rank and processes per node), the Ray
+head, the actor → rollout weight-sync group (from rlkube_api.placement), and NCCL
+defaults the user can override."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ def field_refs(container: Obj) -> dict[str, str]:
     }
 
 
-# example, role, MASTER_ADDR, WORLD_SIZE, PET_NNODES, PET_NPROC_PER_NODE
+# example, role, MASTER_ADDR, WORLD_SIZE, pods, PET_NPROC_PER_NODE
 RENDEZVOUS = [
     pytest.param(
         GPU, "controller", f"{GPU_JOB}-controller-0.{GPU_JOB}-controller.ml.svc", 1, 1, 1, id="gpu-controller"
@@ -70,17 +71,16 @@ def test_rendezvous_env(example: str, role: str, master: str, world_size: int, n
     container = containers_by_role(example=example)[role]
     env = env_values(container)
     job = GPU_JOB if example == GPU else "tiny-cpu"
-    assert env[Env.MASTER_ADDR] == env[Env.PET_MASTER_ADDR] == master
-    assert env[Env.MASTER_PORT] == env[Env.PET_MASTER_PORT] == "29500"
+    assert env[Env.MASTER_ADDR] == master
+    assert env[Env.MASTER_PORT] == "29500"
     assert env[Env.WORLD_SIZE] == str(world_size)
-    assert env[Env.PET_NNODES] == str(nnodes)
     assert env[Env.PET_NPROC_PER_NODE] == str(nproc)
-    assert int(env[Env.PET_NNODES]) * int(env[Env.PET_NPROC_PER_NODE]) == int(env[Env.WORLD_SIZE])
+    assert nnodes * int(env[Env.PET_NPROC_PER_NODE]) == int(env[Env.WORLD_SIZE])
     # The node rank is the StatefulSet pod's ordinal, read through the downward API.
     refs = field_refs(container)
     pod_index = f"metadata.labels['{LABEL_POD_INDEX}']"
     assert LABEL_POD_INDEX == "apps.kubernetes.io/pod-index"
-    assert refs[Env.RANK] == refs[Env.PET_NODE_RANK] == pod_index
+    assert refs[Env.PET_NODE_RANK] == pod_index
     assert refs[Env.POD_NAME] == "metadata.name"
     assert refs[Env.NAMESPACE] == "metadata.namespace"
     assert refs[Env.POD_IP] == "status.podIP"
@@ -162,3 +162,21 @@ def test_spec_env_naming_an_operator_variable_is_refused(name: str) -> None:
     job["spec"]["env"] = [{"name": name, "value": "x"}]
     with pytest.raises(InvalidSpec, match=rf"spec\.env: .*{name}"):
         parse_rljob(job)
+
+
+def test_every_variable_the_operator_injects_is_read_by_the_trainer() -> None:
+    """No env variable is injected that nothing reads: each of rlkube's names the pods get
+    is used (as `Env.<NAME>`) by the trainer's code, or by Ray itself (its token auth)."""
+    read_by_ray = {Env.RAY_AUTH_MODE, Env.RAY_AUTH_TOKEN}
+    trainer = Path(__file__).parents[2] / "trainer" / "rlkube_trainer"
+    code = "\n".join(p.read_text() for p in trainer.rglob("*.py"))
+    attribute = {value: name for name, value in vars(Env).items() if name.isupper()}
+    injected = {
+        e["name"]
+        for mutations in ([], [COLOCATED_ROLLOUT])
+        for container in containers_by_role(*mutations).values()
+        for e in env_list(container)
+        if e["name"] in attribute and e["name"] not in read_by_ray
+    }
+    unread = sorted(name for name in injected if f"Env.{attribute[name]}" not in code)
+    assert not unread, f"injected but read nowhere in the trainer: {unread}"

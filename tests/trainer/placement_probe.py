@@ -11,12 +11,14 @@ from pathlib import Path
 
 import ray
 
+from rlkube_api.placement import placement_of
 from rlkube_api.validation import load_trainer_config
 from rlkube_trainer.data import PromptDataset, PromptLoader
-from rlkube_trainer.distributed import Cluster, start_local_ray
-from rlkube_trainer.driver import seed_everything, total_steps_of
+from rlkube_trainer.driver import build_roles, seed_everything, start_groups, total_steps_of
 from rlkube_trainer.models import load_tokenizer
 from rlkube_trainer.ppo import PPOTrainer
+from rlkube_trainer.ray_cluster import start_local_ray
+from rlkube_trainer.ray_group import launch_ray_group
 from rlkube_trainer.reward import build_reward_scorer
 from rlkube_trainer.rollout import SamplingConfig
 
@@ -24,11 +26,12 @@ from rlkube_trainer.rollout import SamplingConfig
 def main(config_path: str, out: str, steps: int) -> None:
     config = load_trainer_config(Path(config_path))
     seed_everything(config.trainer.seed)
-    start_local_ray(config)
+    placement = placement_of(config)
+    start_local_ray(placement)
     tokenizer = load_tokenizer(config.model.path)
     loader = PromptLoader.from_config(PromptDataset(config.data.train_files, tokenizer, config.data), config.data)
-    cluster = Cluster(config, total_steps_of(config, loader))
-    roles = cluster.roles(build_reward_scorer(config.reward))
+    groups = start_groups(config, placement, launch_ray_group, total_steps_of(config, loader))
+    roles = build_roles(config, placement, groups, build_reward_scorer(config.reward))
     ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id)
     batches = iter(loader)
     for step in range(1, steps + 1):

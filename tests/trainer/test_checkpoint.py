@@ -13,18 +13,15 @@ import pytest
 import torch
 from torch import nn
 
-from rlkube_trainer.checkpoint import (
+from rlkube_trainer.checkpoint.export import export_hf
+from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
+from rlkube_trainer.checkpoint.store import (
     COMPLETE,
     LATEST,
     MANIFEST,
     Checkpoint,
     CheckpointError,
     CheckpointManager,
-    capture_rng,
-    export_hf,
-    load_torch,
-    restore_rng,
-    save_torch,
 )
 
 

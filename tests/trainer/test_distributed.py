@@ -167,6 +167,8 @@ def _fsdp_config(workdir: Path, steps: int, strategy: str, placement: str) -> Pa
     if placement == "separate":
         raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
     raw["actor"]["strategy"] = strategy
+    # fp32 compute, as the replicas: mixed precision is test_fsdp.py's business.
+    raw["actor"]["fsdp_config"] = {"mixed_precision": {"param_dtype": "fp32"}}
     raw["trainer"].update({"save_freq": 2})
     path.write_text(yaml.safe_dump(raw))
     return path

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from rlkube_trainer import models
 from rlkube_trainer.models import (
     CriticModel,
     load_causal_lm,
@@ -185,3 +187,67 @@ def test_the_lm_head_runs_on_the_response_positions_only() -> None:
         response_log_probs(model, input_ids, attention_mask, RESPONSE_WIDTH)
     # The response positions plus the last one (it predicts past the sequence; dropped).
     assert rows_seen == [RESPONSE_WIDTH + 1]
+
+
+@pytest.fixture
+def two_token_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of two positions' logits: the batches below span several chunks."""
+    monkeypatch.setattr(models, "LOGITS_CHUNK_ELEMENTS", 2 * 512)
+
+
+@pytest.mark.usefixtures("two_token_chunks")
+def test_chunked_scores_and_their_gradients_match_the_full_logits_reference() -> None:
+    model = random_qwen2()
+    input_ids, attention_mask = padded_batch(512)
+    response_mask = attention_mask[:, -RESPONSE_WIDTH:].double()
+    model.zero_grad(set_to_none=True)
+    log_probs, entropy = response_log_probs(model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, True)
+    assert entropy is not None
+    ((log_probs.double() - 0.01 * entropy.double()) * response_mask).sum().backward()
+    got = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    want_log_probs, want_entropy = full_logits_reference(model, input_ids, attention_mask, 0.7)
+    torch.testing.assert_close(log_probs.double(), want_log_probs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy.double(), want_entropy, atol=1e-5, rtol=1e-5)
+    ((want_log_probs - 0.01 * want_entropy) * response_mask).sum().backward()
+    want = [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in model.parameters()]
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-4)
+
+
+class LargestLogits(TorchDispatchMode):
+    """Records the largest float32 tensor over the vocabulary ([..., vocab]) any operation makes
+    (views, such as the LM head weight's transpose, are no new memory)."""
+
+    def __init__(self, vocab: int) -> None:
+        super().__init__()
+        self.vocab = vocab
+        self.largest = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func.is_view:
+            return out
+        for tensor in out if isinstance(out, tuple | list) else (out,):
+            if (
+                isinstance(tensor, torch.Tensor)
+                and tensor.dtype == torch.float32
+                and tensor.shape[-1:] == (self.vocab,)
+            ):
+                self.largest = max(self.largest, tensor.numel())
+        return out
+
+
+@pytest.mark.usefixtures("two_token_chunks")
+def test_no_batch_by_response_by_vocab_logits_are_made() -> None:
+    """Forward and backward of the response log-probs and entropy: no fp32 tensor as large as the
+    logits of the response positions ([batch, response, vocab]) ever exists, only chunks."""
+    model = random_qwen2()
+    input_ids, attention_mask = padded_batch(512)
+    batch = input_ids.shape[0]
+    with LargestLogits(512) as seen:
+        log_probs, entropy = response_log_probs(model, input_ids, attention_mask, RESPONSE_WIDTH, 1.0, True)
+        assert entropy is not None
+        (log_probs.sum() + entropy.sum()).backward()
+    assert seen.largest < batch * RESPONSE_WIDTH * 512
+    assert seen.largest == 2 * 512  # one chunk of two positions

@@ -21,19 +21,17 @@ from rlkube_api.names import ANNOTATION_PROGRESS, Env
 from rlkube_api.rljob import Progress
 from rlkube_e2e.pki import ensure_pki
 from rlkube_e2e.testing import ClusterInfo, Kubectl
-from rlkube_trainer.reporting import (
-    ApiServer,
-    DriverMetrics,
-    HealthServer,
+from rlkube_trainer.health import HealthServer
+from rlkube_trainer.progress import (
     NullReporter,
     PodAnnotationReporter,
-    metrics_port_from_env,
+    kubeconfig_api,
     progress_payload,
-    prometheus_name,
     reporter_from_env,
 )
+from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env, prometheus_name
 
-LOGGER = "rlkube.trainer.reporting"
+LOGGER = "rlkube.trainer.progress"
 
 STEP_METRICS = {
     "critic/score/mean": 0.5,
@@ -211,7 +209,7 @@ class FakeClock:
 
 def unreachable_reporter(tmp_path: Path, clock: FakeClock) -> PodAnnotationReporter:
     # Nothing listens on port 1: connection refused at once, a network failure without waiting.
-    api = ApiServer.from_kubeconfig(write_kubeconfig(tmp_path, "https://127.0.0.1:1", token="t"))
+    api = kubeconfig_api(write_kubeconfig(tmp_path, "https://127.0.0.1:1", token="t"))
     return PodAnnotationReporter(api, "ns", "pod", min_interval=5, max_backoff=40, clock=clock)
 
 
@@ -254,14 +252,21 @@ def test_reporter_from_env(tmp_path: Path) -> None:
     reporter = reporter_from_env(env, sa_dir)
     assert isinstance(reporter, PodAnnotationReporter)
     assert (reporter.namespace, reporter.pod) == ("from-sa", "job-controller-0")
-    assert reporter.pod_url.startswith("https://10.0.0.1:443/api/v1/namespaces/from-sa/pods/job-controller-0?")
-    assert reporter.api.bearer_token() == "token-1"
+    assert reporter.api.configuration.host == "https://10.0.0.1:443"
+    assert bearer_token(reporter) == "bearer token-1"
     (sa_dir / "token").write_text("token-2\n")  # kubelet rotated it
-    assert reporter.api.bearer_token() == "token-2"
+    assert bearer_token(reporter) == "bearer token-2"
 
     v6 = reporter_from_env({**env, "KUBERNETES_SERVICE_HOST": "fd00::1", Env.NAMESPACE: "ns"}, sa_dir)
     assert isinstance(v6, PodAnnotationReporter)
-    assert v6.pod_url.startswith("https://[fd00::1]:443/api/v1/namespaces/ns/pods/")
+    assert v6.api.configuration.host == "https://[fd00::1]:443"
+
+
+def bearer_token(reporter: PodAnnotationReporter) -> str:
+    """The Authorization header the client sends with its next request."""
+    token = reporter.api.configuration.get_api_key_with_prefix("BearerToken")
+    assert isinstance(token, str)
+    return token
 
 
 def fake_service_account_dir(tmp_path: Path, ca: bytes, token: str, namespace: str = "from-sa") -> Path:
@@ -296,7 +301,7 @@ def annotation(kubectl: Kubectl, namespace: str, pod: str) -> dict[str, object] 
 @pytest.mark.cluster
 def test_progress_lands_on_the_pod(cluster: ClusterInfo, kubectl: Kubectl, namespace: str) -> None:
     create_pod(kubectl, namespace, "job-controller-0")
-    reporter = PodAnnotationReporter.from_kubeconfig(cluster.kubeconfig, namespace, "job-controller-0")
+    reporter = PodAnnotationReporter(kubeconfig_api(cluster.kubeconfig), namespace, "job-controller-0")
     payload = progress_payload(3, 30, STEP_METRICS, 0)
     reporter.report(payload)
     assert reporter.successes == 1
@@ -306,7 +311,7 @@ def test_progress_lands_on_the_pod(cluster: ClusterInfo, kubectl: Kubectl, names
 @pytest.mark.cluster
 def test_reports_are_throttled_unless_forced(cluster: ClusterInfo, kubectl: Kubectl, namespace: str) -> None:
     create_pod(kubectl, namespace, "driver")
-    reporter = PodAnnotationReporter.from_kubeconfig(cluster.kubeconfig, namespace, "driver", min_interval=60)
+    reporter = PodAnnotationReporter(kubeconfig_api(cluster.kubeconfig), namespace, "driver", min_interval=60)
     first, second, third = (progress_payload(step, 3, STEP_METRICS, None) for step in (1, 2, 3))
     reporter.report(first)
     reporter.report(second)
@@ -326,7 +331,7 @@ def test_missing_pod_is_logged_not_raised(
     cluster: ClusterInfo, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, LOGGER)
-    reporter = PodAnnotationReporter.from_kubeconfig(cluster.kubeconfig, namespace, "no-such-pod", min_interval=0)
+    reporter = PodAnnotationReporter(kubeconfig_api(cluster.kubeconfig), namespace, "no-such-pod", min_interval=0)
     for step in (1, 2, 3):
         reporter.report(progress_payload(step, 3, {}, None))
     assert (reporter.attempts, reporter.successes) == (3, 0)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -103,6 +103,40 @@ def build_tiny_model(
                 param.normal_(0.0, 0.2)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+# A sequence-classification reward model with a byte-level tokenizer and a chat template.
+RM_SPECIALS = ["[PAD]", "</s>", "<|user|>", "<|assistant|>"]
+RM_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} </s> {% endfor %}"
+
+
+def save_reward_model(path: Path, causal_lm: bool = False) -> Path:
+    # Byte-level BPE without merges (one token per byte): transformers 5 loads a qwen2 checkpoint's
+    # tokenizer as Qwen2Tokenizer, which keeps the vocabulary but imposes byte-level pre-tokenization.
+    vocab = {token: i for i, token in enumerate([*RM_SPECIALS, *sorted(pre_tokenizers.ByteLevel.alphabet())])}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(RM_SPECIALS)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="[PAD]")
+    tokenizer.chat_template = RM_TEMPLATE
+    config = Qwen2Config(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        num_labels=1,
+        pad_token_id=vocab["[PAD]"],
+        eos_token_id=vocab["</s>"],
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config) if causal_lm else Qwen2ForSequenceClassification(config)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -46,32 +46,33 @@ def _finish(result: object) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    from rlkube_trainer import distributed  # noqa: PLC0415  (torch, Ray: only when running)
-    from rlkube_trainer.worker_group import WorkerLost  # noqa: PLC0415
+    # torch and Ray: imported only when running.
+    from rlkube_api.placement import placement_of  # noqa: PLC0415
+    from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
+    from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
     if args.in_process:
-        from rlkube_trainer.driver import run_in_process  # noqa: PLC0415
-
-        return _finish(run_in_process(config, args.steps, not args.no_progress))  # type: ignore[arg-type]
-    distributed.start_local_ray(config)  # type: ignore[arg-type]
+        return _finish(driver.run_in_process(config, args.steps, not args.no_progress))  # type: ignore[arg-type]
+    ray_cluster.start_local_ray(placement_of(config))  # type: ignore[arg-type]
     try:
-        return _finish(distributed.run_distributed(config, None, args.steps, not args.no_progress))  # type: ignore[arg-type]
-    except WorkerLost as lost:
+        return _finish(driver.run_distributed(config, None, args.steps, not args.no_progress))  # type: ignore[arg-type]
+    except RankLost as lost:
         print(f"error: {lost}", file=sys.stderr)
         return 3
 
 
 def _driver(args: argparse.Namespace) -> int:
     config = _load(Path(os.environ.get(Env.CONFIG, args.config)))
-    from rlkube_trainer import distributed  # noqa: PLC0415
-    from rlkube_trainer.reporting import reporter_from_env  # noqa: PLC0415
-    from rlkube_trainer.worker_group import WorkerLost  # noqa: PLC0415
+    from rlkube_api.placement import placement_of  # noqa: PLC0415
+    from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
+    from rlkube_trainer.progress import reporter_from_env  # noqa: PLC0415
+    from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
-    distributed.start_ray_head()
+    ray_cluster.start_ray_head()
     try:
-        distributed.wait_for_nodes(config, NODES_TIMEOUT)  # type: ignore[arg-type]
-        return _finish(distributed.run_distributed(config, reporter_from_env(), None, False))  # type: ignore[arg-type]
-    except WorkerLost as lost:
+        ray_cluster.wait_for_nodes(placement_of(config), NODES_TIMEOUT)  # type: ignore[arg-type]
+        return _finish(driver.run_distributed(config, reporter_from_env(), None, False))  # type: ignore[arg-type]
+    except RankLost as lost:
         # Non-zero: the operator restarts the gang, which resumes from the last checkpoint.
         print(f"error: {lost}", file=sys.stderr)
         return 3
@@ -81,15 +82,19 @@ def _driver(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from rlkube_trainer import distributed  # noqa: PLC0415
-    from rlkube_trainer.reporting import HealthServer  # noqa: PLC0415
+    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+    from rlkube_trainer.health import HealthServer  # noqa: PLC0415
 
+    role = args.role or os.environ.get(Env.ROLE)
+    if not role:
+        print(f"error: --role is required (or {Env.ROLE} in the environment)", file=sys.stderr)
+        return 2
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
     health = HealthServer(args.health_port, lambda: True)
     health.start()
     try:
-        return distributed.join_as_node(args.role, gpus)
+        return ray_cluster.join_as_node(role, gpus)
     finally:
         health.stop()
 
@@ -120,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     driver.add_argument("--config", type=Path, default=Path("/etc/rlkube/config.yaml"))
     driver.set_defaults(handler=_driver)
     node = sub.add_parser("node", help="a role pod: join the Ray head as ROLE")
-    node.add_argument("--role", required=True, choices=["actor", "critic", "reference", "reward", "rollout"])
+    node.add_argument(
+        "--role", choices=["actor", "critic", "reference", "reward", "rollout"], help=f"default: ${Env.ROLE}"
+    )
     node.add_argument("--gpus", type=int, default=None, help="GPUs to advertise (default: PET_NPROC_PER_NODE)")
     node.add_argument("--health-port", type=int, default=NODE_HEALTH_PORT)
     node.set_defaults(handler=_node)

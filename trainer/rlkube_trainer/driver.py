@@ -1,9 +1,12 @@
-"""The driver: owns the data, the loop, checkpoints and reporting, and steers the
-roles. Two ways to get the roles, one loop (`TrainingRun.fit`):
+"""The driver: owns the data, the loop, checkpoints and reporting, and steers the roles
+through their groups' ranks. One path, whatever runs the ranks:
 
-- `run_in_process`: every role in this process (CPU or one GPU) — tests, benchmarks;
-- `run_distributed` (distributed.py): one Ray worker group per role — what
-  `rlkube-trainer run` does locally and `rlkube-trainer driver` does in a pod.
+    placement (rlkube_api.placement) → a RankGroup per group (Ray actors, or ranks in this
+    process) → the roles the loop sees (dispatch.py) → PPOTrainer.step in TrainingRun.fit
+
+`run_distributed` launches the ranks as Ray actors (`rlkube-trainer run`, and `driver` in
+the controller pod); `run_in_process` runs every role on one rank in this process
+(`--in-process`, tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -11,44 +14,51 @@ from __future__ import annotations
 import logging
 import os
 import random
-from collections.abc import Iterator
+import socket
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
 from rlkube_api.config import TrainerConfig
-from rlkube_trainer.checkpoint import CheckpointManager, capture_rng, load_torch, restore_rng, save_torch
+from rlkube_api.names import Env
+from rlkube_api.placement import Group, Placement, Role, placement_of
+from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
+from rlkube_trainer.checkpoint.store import CheckpointManager
 from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
+from rlkube_trainer.dispatch import (
+    ColocatedRollout,
+    DataParallelActor,
+    DataParallelCritic,
+    DataParallelReference,
+    DataParallelRewardModel,
+    SeparateRollout,
+)
+from rlkube_trainer.fsdp import Rendezvous
 from rlkube_trainer.models import load_tokenizer
-from rlkube_trainer.ppo import PPOTrainer, Roles
-from rlkube_trainer.reporting import DriverMetrics, NullReporter, ProgressReporter, progress_payload
-from rlkube_trainer.reward import build_reward_scorer
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_engine
+from rlkube_trainer.ppo import PPOTrainer, Roles, Rollout
+from rlkube_trainer.progress import NullReporter, ProgressReporter, progress_payload
+from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env
+from rlkube_trainer.rank import Rank, RankSpec
+from rlkube_trainer.rank_group import LocalRankGroup, RankGroup
+from rlkube_trainer.reward import RewardScorer, build_reward_scorer
 from rlkube_trainer.tracking import Tracker
-from rlkube_trainer.workers import ActorWorker, CriticWorker, ReferenceWorker
 
 log = logging.getLogger("rlkube.trainer")
+
+# Starts a group's ranks (already described by their specs) and returns its handle.
+Launch = Callable[[Group, list[RankSpec], dict[str, Any]], RankGroup]
+Groups = dict[Role, RankGroup]
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def pick_device(config: TrainerConfig) -> torch.device:
-    wanted = config.trainer.device
-    if wanted == "auto":
-        wanted = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(wanted)
-
-
-def uses_reference(config: TrainerConfig) -> bool:
-    return config.actor.use_kl_loss or config.algorithm.use_kl_in_reward
 
 
 def total_steps_of(config: TrainerConfig, loader: PromptLoader) -> int:
@@ -60,12 +70,105 @@ def order_checksum(prompts: list[Prompt]) -> int:
     return sum((i + 1) * p.index for i, p in enumerate(prompts)) % 1_000_003
 
 
-class RoleState(Protocol):
-    """The roles' side of checkpoints: each writes and reads its own parts."""
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
-    def save(self, staging: Path) -> list[str]: ...
-    def load(self, checkpoint: Path) -> None: ...
-    def export_hf(self, path: Path) -> None: ...
+
+# --- the groups and the roles over them --------------------------------------------------------
+
+
+def rank_specs(placement: Placement, group: Group, total_steps: int) -> list[RankSpec]:
+    """What each rank of `group` is told. The rendezvous given here is the local fallback;
+    in pods the operator's env (from the same placement) names the real address."""
+    port = free_port()
+    sync = placement.weight_sync
+    return [
+        RankSpec(
+            group=group.name,
+            rank=rank,
+            rendezvous=Rendezvous("127.0.0.1", port, group.world_size, rank),
+            hosts=group.hosts,
+            total_steps=total_steps,
+            weight_sync_rank=sync.rank_of(group.name, rank) if sync else None,
+            weight_sync_world_size=sync.world_size if sync else 0,
+        )
+        for rank in range(group.world_size)
+    ]
+
+
+def launch_local(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RankGroup:
+    """The group's ranks as objects in this process."""
+    return LocalRankGroup(group.name, [Rank(config, spec) for spec in specs])
+
+
+def start_groups(config: TrainerConfig, placement: Placement, launch: Launch, total_steps: int) -> Groups:
+    config_dict = config.model_dump(mode="json")
+    groups = {g.name: launch(g, rank_specs(placement, g, total_steps), config_dict) for g in placement.groups}
+    # Ranks of a group must start together: their process group forms across them.
+    pending = {role: group.submit("setup", [()] * len(group)) for role, group in groups.items()}
+    for role, started in pending.items():
+        for where in groups[role].wait(started):
+            log.info("ready: %s", where)
+    return groups
+
+
+def build_roles(config: TrainerConfig, placement: Placement, groups: Groups, function_reward: Any) -> Roles:
+    """The roles the loop calls, each over the group placement puts it on."""
+
+    def host(role: Role) -> RankGroup | None:
+        group = placement.host_of(role)
+        return groups[group.name] if group is not None else None
+
+    actor = groups[Role.ACTOR]
+    rollout: Rollout
+    if placement.weight_sync is not None:
+        rollout_group = groups[Role.ROLLOUT]
+        # All ranks: gathering a sharded policy's full shapes is a collective.
+        manifest = actor.call_all("weight_manifest")[0]
+        port = free_port()
+        joins = [g.submit("join_weight_sync", [("127.0.0.1", port)] * len(g)) for g in (actor, rollout_group)]
+        for group, joined in zip((actor, rollout_group), joins, strict=True):
+            group.wait(joined)
+        bucket = config.rollout.update_weights_bucket_megabytes * 2**20
+        rollout = SeparateRollout(actor, rollout_group, manifest, bucket)
+    else:
+        rollout = ColocatedRollout(actor)
+    reference, critic, reward_model = host(Role.REFERENCE), host(Role.CRITIC), host(Role.REWARD)
+    return Roles(
+        actor=DataParallelActor(actor),
+        rollout=rollout,
+        # Function rewards run in the driver; a reward model on the ranks that host it.
+        reward=DataParallelRewardModel(reward_model) if reward_model is not None else function_reward,
+        reference=DataParallelReference(reference) if reference is not None else None,
+        critic=DataParallelCritic(critic) if critic is not None else None,
+    )
+
+
+class GroupState:
+    """Checkpoints: the ranks of every group hosting a trainable role write their own parts
+    into the shared checkpoint folder; the actor's ranks export the final model."""
+
+    def __init__(self, placement: Placement, groups: Groups) -> None:
+        trainable = {Role.ACTOR, Role.CRITIC}
+        self.trainable = [groups[g.name] for g in placement.groups if g.hosts & trainable]
+        self.actor = groups[Role.ACTOR]
+
+    def save(self, staging: Path) -> list[str]:
+        return [
+            file for group in self.trainable for written in group.call_all("save", str(staging)) for file in written
+        ]
+
+    def load(self, checkpoint: Path) -> None:
+        for group in self.trainable:
+            group.call_all("load", str(checkpoint))
+
+    def export_hf(self, path: Path) -> None:
+        self.actor.call_all("export_hf", str(path))
+
+
+# --- the loop -----------------------------------------------------------------------------------
 
 
 @dataclass
@@ -85,7 +188,7 @@ class TrainingRun:
         config: TrainerConfig,
         ppo: PPOTrainer,
         loader: PromptLoader,
-        state: RoleState,
+        state: GroupState,
         reporter: ProgressReporter | None = None,
         metrics: DriverMetrics | None = None,
     ) -> None:
@@ -137,7 +240,6 @@ class TrainingRun:
         while True:
             yield from self.loader
 
-    # --- the loop ---------------------------------------------------------------------------------
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config
         if max_steps is not None:
@@ -175,82 +277,65 @@ class TrainingRun:
         return RunResult(self.step, tracker.history(), Path(config.checkpoint.dir), curves, last_path)
 
 
-# --- every role in this process ------------------------------------------------------------------
+def train(
+    config: TrainerConfig,
+    placement: Placement,
+    launch: Launch,
+    reporter: ProgressReporter | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+    metrics_port: int = 0,
+) -> RunResult:
+    """Set-up, then the loop: the same for every way of running the ranks."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    seed_everything(config.trainer.seed)
+    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
+    loader = PromptLoader.from_config(PromptDataset(config.data.train_files, tokenizer, config.data), config.data)
+    groups = start_groups(config, placement, launch, total_steps_of(config, loader))
+    try:
+        function_reward: RewardScorer | None = None
+        if config.reward.function is not None:
+            function_reward = build_reward_scorer(config.reward)
+        roles = build_roles(config, placement, groups, function_reward)
+        ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=max(placement.num_gpus, 1))
+        metrics = DriverMetrics()
+        metrics.serve(metrics_port)
+        try:
+            run = TrainingRun(config, ppo, loader, GroupState(placement, groups), reporter, metrics)
+            return run.fit(max_steps, progress)
+        finally:
+            metrics.close()
+    finally:
+        close(groups)
 
 
-class ColocatedRollout:
-    """The rollout engine in the actor's process (hybrid engine): weights move in
-    memory; the engine sleeps while the actor trains, where the backend allows."""
-
-    def __init__(self, engine: RolloutEngine, actor: ActorWorker, free_cache_engine: bool) -> None:
-        self.engine = engine
-        self.actor = actor
-        self.free_cache_engine = free_cache_engine
-
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
-        batch = self.engine.generate(prompt_token_ids, sampling)
-        if self.free_cache_engine:
-            self.engine.sleep()
-        return batch
-
-    def sync_weights(self) -> int:
-        if self.free_cache_engine:
-            self.engine.wake_up()
-        weights = list(self.actor.named_weights())
-        self.engine.update_weights(weights)
-        return sum(t.numel() * t.element_size() for _, t in weights)
+def close(groups: Groups) -> None:
+    """Engines closed where the ranks still answer; a lost rank was reported already."""
+    for group in groups.values():
+        try:
+            group.call_all("close")
+        except Exception as error:  # the run's own error (if any) is the one to raise
+            log.debug("closing %s: %s", group.role, error)
 
 
-class InProcessState:
-    def __init__(self, actor: ActorWorker, critic: CriticWorker | None, tokenizer: Any) -> None:
-        self.parts = {"actor": actor, "critic": critic}
-        self.tokenizer = tokenizer
+def run_distributed(
+    config: TrainerConfig,
+    reporter: ProgressReporter | None = None,
+    max_steps: int | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """The ranks as Ray actors on the connected Ray cluster (ray.init already called)."""
+    from rlkube_trainer.ray_group import launch_ray_group  # noqa: PLC0415  (Ray only where it runs)
 
-    def save(self, staging: Path) -> list[str]:
-        files = []
-        for name, part in self.parts.items():
-            if part is not None:
-                save_torch(staging / name / "rank_0.pt", {"state": part.state_dict()})
-                files.append(f"{name}/rank_0.pt")
-        return files
-
-    def load(self, checkpoint: Path) -> None:
-        for name, part in self.parts.items():
-            if part is not None:
-                part.load_state_dict(load_torch(checkpoint / name / "rank_0.pt")["state"])
-
-    def export_hf(self, path: Path) -> None:
-        from rlkube_trainer.checkpoint import export_hf  # noqa: PLC0415
-
-        actor = self.parts["actor"]
-        assert actor is not None
-        export_hf(actor.model, self.tokenizer, path)
+    log.info(
+        "job %s/%s, attempt %s",
+        os.environ.get(Env.NAMESPACE, "-"),
+        os.environ.get(Env.JOB_NAME, "local"),
+        os.environ.get(Env.ATTEMPT, "0"),
+    )
+    return train(config, placement_of(config), launch_ray_group, reporter, max_steps, progress, metrics_port_from_env())
 
 
 def run_in_process(config: TrainerConfig, max_steps: int | None = None, progress: bool = True) -> RunResult:
-    """Every role in this process; the loop to the configured number of steps."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    seed_everything(config.trainer.seed)
-    device = pick_device(config)
-    tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
-    dataset = PromptDataset(config.data.train_files, tokenizer, config.data)
-    loader = PromptLoader.from_config(dataset, config.data)
-    total_steps = total_steps_of(config, loader)
-
-    actor = ActorWorker(config, device, total_steps)
-    reference = ReferenceWorker(config, device) if uses_reference(config) else None
-    critic = CriticWorker(config, device, total_steps) if config.roles.critic is not None else None
-    engine = build_engine(config, device)
-    try:
-        roles = Roles(
-            actor=actor,
-            rollout=ColocatedRollout(engine, actor, config.rollout.free_cache_engine),
-            reward=build_reward_scorer(config.reward, str(device)),
-            reference=reference,
-            critic=critic,
-        )
-        ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)
-        run = TrainingRun(config, ppo, loader, InProcessState(actor, critic, tokenizer))
-        return run.fit(max_steps, progress)
-    finally:
-        engine.close()
+    """Every role on one rank in this process (CPU or one GPU)."""
+    return train(config, placement_of(config).in_one_process(), launch_local, None, max_steps, progress)

@@ -9,10 +9,13 @@ whether it is padded on the left or on the right.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -128,6 +131,77 @@ def _logits_to_keep_argument(model: nn.Module) -> str | None:
     return next((name for name in ("logits_to_keep", "num_logits_to_keep") if name in parameters), None)
 
 
+# One chunk of fp32 logits is at most this many elements ([tokens, vocab]; 512 MiB): the LM
+# head's output for a whole batch ([batch, tokens, vocab] in fp32) is never made.
+LOGITS_CHUNK_ELEMENTS = 2**27
+# Models whose forward returns the LM head's output as is (no soft-capping or scaling of the
+# logits), so the head may be swapped for one that returns the scores directly.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe"})
+
+
+def _chunk_scores(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+) -> torch.Tensor:
+    """[tokens, 2]: log-prob of each target and the entropy (0 unless asked for), from one chunk
+    of hidden states through the LM head."""
+    log_probs, entropy = _taken_token_log_probs(
+        nn.functional.linear(hidden, weight, bias), targets, temperature, with_entropy
+    )
+    return torch.stack([log_probs, entropy if entropy is not None else torch.zeros_like(log_probs)], dim=-1)
+
+
+def chunked_scores(
+    hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> torch.Tensor:
+    """[batch, positions, 2] (log-prob, entropy) of `targets` [batch, positions] from hidden states
+    [batch, positions, hidden], chunk by chunk. With gradients each chunk is recomputed in the
+    backward (activation checkpointing), so at most one chunk of logits is alive at a time."""
+    batch, positions, width = hidden.shape
+    per_chunk = max(1, LOGITS_CHUNK_ELEMENTS // head.out_features)
+    parts = []
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    hidden_chunks = torch.split(hidden.reshape(-1, width), per_chunk)
+    for h, t in zip(hidden_chunks, torch.split(targets.reshape(-1), per_chunk), strict=True):
+        args = (h, head.weight, head.bias, t, temperature, with_entropy)
+        parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if needs_grad else _chunk_scores(*args))
+    return torch.cat(parts).view(batch, positions, 2)
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The model's LM head when its forward returns the head's output unchanged, else None."""
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return head if isinstance(head, nn.Linear) else None
+
+
+@contextmanager
+def _head_returns_scores(
+    head: nn.Linear, input_ids: torch.Tensor, temperature: float, with_entropy: bool
+) -> Iterator[None]:
+    """Within the block the LM head returns the (log-prob, entropy) of each kept position's next
+    token instead of its logits. It still runs inside the model's own forward, where FSDP2 has
+    gathered the root's parameters (the head among them)."""
+    # Position t scores token t + 1; the last position predicts past the sequence (target 0).
+    targets = torch.cat([input_ids[:, 1:], input_ids.new_zeros(input_ids.shape[0], 1)], dim=1)
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        return chunked_scores(hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy)
+
+    head.forward = forward  # type: ignore[method-assign,assignment]  # this instance only, for this block
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def response_log_probs(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -141,7 +215,9 @@ def response_log_probs(
 
     The LM head runs on the last response_length + 1 positions only: the [batch, seq, vocab]
     logits of the prompt are never made (with a 32-150 k vocabulary they dominate the memory
-    and the non-matmul time of an actor update).
+    and the non-matmul time of an actor update). Where the model allows, the head computes the
+    scores chunk by chunk (`chunked_scores`), so no [batch, response, vocab] fp32 logits are
+    made either.
     """
     # Through the model's own forward rather than its backbone and head separately: under
     # FSDP2 the root module's pre-forward hook is what gathers the root's own parameters
@@ -151,12 +227,14 @@ def response_log_probs(
     # past the sequence and are dropped below (1/(response_length+1) extra head work).
     keep = _logits_to_keep_argument(model)
     extra = {keep: response_length + 1} if keep is not None else {}
-    logits = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids_from_mask(attention_mask),
-        **extra,
-    ).logits
+    position_ids = position_ids_from_mask(attention_mask)
+    head = _plain_head(model)
+    if head is not None:
+        with _head_returns_scores(head, input_ids, temperature, with_entropy):
+            scores = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
+        scores = scores.logits[:, -response_length - 1 : -1, :]
+        return scores[..., 0], scores[..., 1] if with_entropy else None
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
     # Position t predicts token t+1: the response tokens [-R:] are scored at [-R-1:-1]. The
     # same slice is right whether the model kept R+1 positions or (ignoring the argument) all.
     logits = logits[:, -response_length - 1 : -1, :]

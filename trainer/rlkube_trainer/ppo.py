@@ -141,7 +141,9 @@ class PPOTrainer:
         for sample in rollout.samples:
             prompt = prompts[sample.prompt_index]
             text = str(self.decode(sample.token_ids, skip_special_tokens=True))
-            rows.append(RewardInput(prompt.data_source, text, prompt.ground_truth, prompt.extra_info))
+            rows.append(
+                RewardInput(prompt.data_source, text, prompt.ground_truth, prompt.extra_info, prompt.raw_prompt)
+            )
         scores, extra = self.roles.reward.score(rows)
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in extra.items() if v}
         return scores, metrics

@@ -1,8 +1,12 @@
-"""Separate placement: after each update, actor rank 0 broadcasts the full weights
-to every rollout worker over a group of their own (rank 0 = the actor, rollout
-ranks from 1), in buckets of about `bucket_bytes`, one flat tensor per bucket.
+"""Where the actor's new weights reach the rollout engines, after each update.
 
-The group is stateless (a TCPStore plus a process group object) rather than
+- `load_into_engine` is the one place weights enter an engine, whatever the placement.
+- Colocated: each actor rank loads its own (gathered) weights into its own engine, in memory.
+- Separate: actor rank 0 broadcasts the full weights to every rollout rank over a group of
+  their own (`BroadcastGroup`; ranks from `rlkube_api.placement.WeightSync`), in buckets of
+  about `bucket_bytes`, one flat tensor per bucket; each rollout rank loads what arrives.
+
+The broadcast group is stateless (a TCPStore plus a process group object) rather than
 torch.distributed's default group, which each side already uses for its own role.
 gloo on CPU; NCCL on GPU.
 """
@@ -13,11 +17,14 @@ import datetime
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import TCPStore
+
+if TYPE_CHECKING:
+    from rlkube_trainer.rollout import RolloutEngine
 
 log = logging.getLogger("rlkube.trainer")
 TIMEOUT = datetime.timedelta(seconds=300)
@@ -61,7 +68,14 @@ def buckets(manifest: Manifest, bucket_bytes: int) -> list[list[TensorSpec]]:
     return out
 
 
-class WeightSyncGroup:
+def load_into_engine(engine: RolloutEngine, named: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """New weights into a running engine (which drops its prefix cache); returns the bytes."""
+    weights = list(named)
+    engine.update_weights(weights)
+    return sum(t.numel() * t.element_size() for _, t in weights)
+
+
+class BroadcastGroup:
     def __init__(self, addr: str, port: int, world_size: int, rank: int, device: torch.device) -> None:
         self.rank = rank
         self.device = device

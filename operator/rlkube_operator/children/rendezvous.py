@@ -1,6 +1,7 @@
 """The environment that lets a role's pods find each other: the role group's
-torch.distributed rendezvous (PyTorchJob's names and torchrun's PET_*), the Ray
-head in the controller pod, and the actor → rollout weight-sync group."""
+torch.distributed rendezvous (MASTER_ADDR/PORT, WORLD_SIZE, and torchrun's node
+rank and processes per node), the Ray head in the controller pod, and the
+actor → rollout weight-sync group, all from `rlkube_api.placement`."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from rlkube_api.names import (
     Env,
     pod_dns_name,
 )
+from rlkube_api.placement import Role, placement_of
 from rlkube_api.rljob import RLJob
-from rlkube_operator.children.topology import PodRole, pod_roles
+from rlkube_operator.children.topology import PodRole
 
 EnvList = list[dict[str, Any]]
 
@@ -45,10 +47,6 @@ def rendezvous_env(job: RLJob, role: PodRole, attempt: int) -> EnvList:
         _value(Env.MASTER_ADDR, master),
         _value(Env.MASTER_PORT, RENDEZVOUS_PORT),
         _value(Env.WORLD_SIZE, role.world_size),
-        _field(Env.RANK, pod_index),
-        _value(Env.PET_MASTER_ADDR, master),
-        _value(Env.PET_MASTER_PORT, RENDEZVOUS_PORT),
-        _value(Env.PET_NNODES, role.replicas),
         _field(Env.PET_NODE_RANK, pod_index),
         _value(Env.PET_NPROC_PER_NODE, role.procs_per_pod),
     ]
@@ -56,18 +54,19 @@ def rendezvous_env(job: RLJob, role: PodRole, attempt: int) -> EnvList:
 
 
 def weight_sync_env(job: RLJob, role: str) -> EnvList:
-    """Actor rank 0 broadcasts to every rollout worker; rollout ranks start at 1.
-    Every pod gets the group's address so the driver can tell workers where it is."""
-    rollout = next((r for r in pod_roles(job) if r.name == "rollout"), None)
-    if rollout is None:
+    """Separate rollout: where the weight-sync group meets, its size, and the first rank of
+    this pod's group in it (placement decides all three). Every pod learns the address, so
+    the driver can tell workers where it is."""
+    sync = placement_of(job.spec).weight_sync
+    if sync is None:
         return []
     namespace = job.metadata.namespace or "default"
-    offsets = {"actor": 0, "rollout": 1}
     env = [
-        _value(Env.WEIGHT_SYNC_ADDR, pod_dns_name(job.metadata.name or "", "actor", 0, namespace)),
+        _value(Env.WEIGHT_SYNC_ADDR, pod_dns_name(job.metadata.name or "", Role.ACTOR, 0, namespace)),
         _value(Env.WEIGHT_SYNC_PORT, WEIGHT_SYNC_PORT),
-        _value(Env.WEIGHT_SYNC_WORLD_SIZE, 1 + rollout.world_size),
+        _value(Env.WEIGHT_SYNC_WORLD_SIZE, sync.world_size),
     ]
-    if role in offsets:
-        env.append(_value(Env.WEIGHT_SYNC_RANK_OFFSET, offsets[role]))
+    offset = sync.rank_offset(Role(role)) if role in tuple(Role) else None
+    if offset is not None:
+        env.append(_value(Env.WEIGHT_SYNC_RANK_OFFSET, offset))
     return env

@@ -1,10 +1,12 @@
-"""Data parallelism inside a role's worker group.
+"""torch.distributed inside a role's group: the group itself (one per role with pods,
+NCCL on GPU, gloo on CPU), and data parallelism over it.
 
-On GPU the role's model is sharded with FSDP2 (`fully_shard` per decoder layer,
-then the root; NCCL). On CPU torch's FSDP2 has no gloo reduce-scatter support
-worth relying on, so every rank keeps the full model and gradients are averaged
-with an all-reduce over gloo (what DDP does, without its wrapper changing the
-module's parameter names).
+On GPU the role's model is sharded with FSDP2 by default (`fully_shard` per decoder
+layer, then the root; NCCL; HSDP when the role's fsdpSize is smaller than its group),
+with bf16 compute weights over fp32 master weights. On CPU every rank keeps the full
+model by default and gradients are averaged with an all-reduce over gloo (what DDP
+does, without its wrapper changing the module's parameter names); FSDP2 over gloo
+runs when asked for (strategy fsdp2), which is how the CPU tests cover the GPU path.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import datetime
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 log = logging.getLogger("rlkube.trainer")
 
@@ -59,14 +65,40 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def shard_with_fsdp2(model: nn.Module) -> nn.Module:
-    """FSDP2 over the whole role group: each decoder layer its own unit, then the root."""
-    from torch.distributed.fsdp import fully_shard  # noqa: PLC0415  (GPU path only)
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
+
+def device_mesh(device: torch.device, fsdp_size: int | None) -> DeviceMesh:
+    """The role group as a mesh: 1-D (shard over every rank), or with `fsdp_size` smaller than
+    the group, 2-D (replicate, shard): HSDP shards within groups of fsdp_size consecutive ranks
+    and replicates across them."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    world = world_size()
+    if fsdp_size is None or fsdp_size >= world:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    if world % fsdp_size:
+        raise ValueError(f"fsdpSize {fsdp_size} does not divide the role's {world} ranks")
+    return init_device_mesh(device.type, (world // fsdp_size, fsdp_size), mesh_dim_names=("replicate", "shard"))
+
+
+def shard_with_fsdp2(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+) -> nn.Module:
+    """FSDP2 over `mesh`: each decoder layer its own unit, then the root. With `param_dtype`
+    the gathered weights the forward and backward compute with are cast to it, while the
+    sharded parameters the optimizer steps (the master weights) keep their own dtype, and
+    gradients are reduced in `reduce_dtype` (verl's FSDP mixed precision)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # noqa: PLC0415
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module)
-    fully_shard(model)
+            fully_shard(module, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
 
 

@@ -41,7 +41,6 @@ import errno
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import time
@@ -51,9 +50,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
-
-import numpy as np
-import torch
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +114,7 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _fsync_tree(root: Path) -> None:
+def fsync_tree(root: Path) -> None:
     # Files written by other code (save_pretrained, another process that skipped fsync) are made
     # durable before COMPLETE claims they are there; fsync of an already clean file is cheap.
     for dirpath, _dirnames, filenames in os.walk(root):
@@ -133,7 +129,7 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _atomic_file(path: Path) -> Iterator[BinaryIO]:
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """A file opened for writing that appears at `path` only once the block ends without an
     error, durably: readers see either the old file or the whole new one, never a part."""
     tmp = _tmp_sibling(path)
@@ -150,11 +146,11 @@ def _atomic_file(path: Path) -> Iterator[BinaryIO]:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    with _atomic_file(path) as f:
+    with atomic_file(path) as f:
         f.write(data)
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
+def replace_dir(src: Path, dst: Path) -> None:
     """Rename directory `src` to `dst`, replacing an existing `dst`.
 
     rename(2) cannot replace a non-empty directory, so an old `dst` is first renamed aside and
@@ -280,11 +276,11 @@ class CheckpointManager:
         # Serialise before touching anything, so a non-JSON manifest fails without side effects.
         data = json.dumps(content, indent=2, sort_keys=True).encode()
         _write_atomic(staging / MANIFEST, data)
-        _fsync_tree(staging)
+        fsync_tree(staging)
         # COMPLETE last inside the dir: whoever sees it sees the manifest and the parts too.
         _write_atomic(staging / COMPLETE, b"")
         final = self.root / step_dir_name(step)
-        _replace_dir(staging, final)
+        replace_dir(staging, final)
         # The marker only after the rename, so it never names a dir that is not there yet.
         _write_atomic(self.root / LATEST, (final.name + "\n").encode())
         self._prune(keep=final, step=step)
@@ -364,134 +360,3 @@ class CheckpointManager:
             if (path / LATEST).exists() or any(_STEP_DIR.match(p.name) for p in path.glob("step_*")):
                 hint = f" (it looks like a checkpoint root; name one of its step_* dirs, e.g. {path}/step_000100)"
             raise CheckpointError(f"resume path {path} is not a complete checkpoint: {error}{hint}") from error
-
-
-# --- torch objects and RNG --------------------------------------------------------------------
-
-
-def save_torch(path: Path, obj: Any) -> None:
-    """torch.save `obj` to `path` atomically and durably (tmp file, fsync, os.replace).
-
-    Keep `obj` to what `load_torch` reads back with weights_only=True: tensors (full or local,
-    not DTensors), dicts, lists, tuples, str, int, float, bool and None. State dicts of models,
-    optimizers, LR schedulers and data loaders, torch.Generator states and `capture_rng()` are.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
-    with _atomic_file(path) as f:
-        torch.save(obj, f)
-
-
-def save_sharded(directory: Path, state: dict[str, Any]) -> None:
-    """A sharded (FSDP2) state dict with torch.distributed.checkpoint: every rank of the default
-    group writes its own shards into `directory`, rank 0 the metadata. A collective."""
-    from torch.distributed.checkpoint.state_dict_saver import save  # noqa: PLC0415  (sharded roles only)
-
-    save(state, checkpoint_id=str(directory))
-
-
-def load_sharded(directory: Path, state: dict[str, Any]) -> None:
-    """Fills `state` (already holding this rank's shards, e.g. from get_state_dict) in place
-    from `directory`, resharding if needed. A collective."""
-    from torch.distributed.checkpoint.state_dict_loader import load  # noqa: PLC0415
-
-    if not (directory / ".metadata").is_file():
-        raise CheckpointError(f"{directory} holds no sharded checkpoint (no .metadata)")
-    load(state, checkpoint_id=str(directory))
-
-
-def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
-    """Load what `save_torch` wrote, with weights_only=True.
-
-    weights_only refuses arbitrary pickled objects, so a tampered or foreign file cannot run
-    code; everything the trainer checkpoints is plain containers and tensors (see save_torch).
-    Loaded to the CPU by default: load_state_dict copies onto the model's device anyway, and a
-    checkpoint written on GPU then loads on a CPU-only machine too.
-    """
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:
-        raise CheckpointError(f"cannot load {path}: {error}") from error
-
-
-def capture_rng() -> dict[str, Any]:
-    """The global RNG states of this process: Python `random`, NumPy, torch CPU and CUDA.
-
-    NumPy's key array becomes an int64 tensor so the result loads with weights_only=True. CUDA:
-    the current device's generator only (one device per rank in SPMD), and only if CUDA is
-    already initialised in this process — querying it would otherwise create a CUDA context
-    (memory on the GPU) in processes that never use it, like the driver.
-    """
-    np_state = np.random.get_state(legacy=False)
-    assert isinstance(np_state, dict)  # legacy=False always returns the dict form
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {
-            "bit_generator": np_state["bit_generator"],
-            "key": torch.from_numpy(np.asarray(np_state["state"]["key"], dtype=np.int64)),
-            "pos": int(np_state["state"]["pos"]),
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        },
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # untyped in torch
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Restore what `capture_rng` captured; a CUDA state is skipped where there is no GPU."""
-    python_state = state["python"]
-    # weights_only loading returns the tuples as saved, but JSON-ish round trips give lists.
-    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
-    np_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": np_state["bit_generator"],
-            "state": {"key": np.asarray(np_state["key"], dtype=np.uint32), "pos": int(np_state["pos"])},
-            "has_gauss": int(np_state["has_gauss"]),
-            "gauss": float(np_state["gauss"]),
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state:
-        if torch.cuda.is_available():
-            torch.cuda.set_rng_state(state["cuda"])
-        else:
-            log.warning("checkpoint has a CUDA RNG state but there is no GPU here; CUDA sampling is not restored")
-
-
-# --- Hugging Face export ----------------------------------------------------------------------
-
-
-def export_hf(
-    model: Any,
-    tokenizer: Any | None,
-    path: Path,
-    state_dict: Mapping[str, torch.Tensor] | None = None,
-) -> Path:
-    """`save_pretrained` the model (and tokenizer) into `path`, atomically.
-
-    Everything is written into a staging dir next to `path` and renamed into place, so `path`
-    is either the previous export or the whole new one, loadable with
-    `AutoModelForCausalLM.from_pretrained(path)`. `state_dict` is for sharded (FSDP) models:
-    the full state dict gathered on the exporting rank, saved with the unsharded model's config.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_name(f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        staging.mkdir()
-        kwargs: dict[str, Any] = {"safe_serialization": True}
-        if state_dict is not None:
-            kwargs["state_dict"] = dict(state_dict)
-        model.save_pretrained(staging, **kwargs)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        _fsync_tree(staging)
-        _replace_dir(staging, path)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return path

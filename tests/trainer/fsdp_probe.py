@@ -1,0 +1,87 @@
+"""Run as a script by test_fsdp: one actor update on N gloo ranks (processes), with the
+actor's strategy, fsdpSize and compute dtype given on the command line; writes each
+rank's local parameter shapes, the update's metrics and (rank 0) the weights after it.
+
+Every rank builds the same global batch and takes its contiguous share, as the driver's
+data-parallel dispatch does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import yaml
+
+from rlkube_api.validation import parse_trainer_config
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.rank_group import split
+from rlkube_trainer.roles.actor import Actor
+
+SAMPLES, PROMPT, RESPONSE = 16, 4, 3
+
+
+def global_batch(vocab: int) -> TrainBatch:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(3, vocab, (SAMPLES, PROMPT + RESPONSE), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[::3, 0] = 0  # some left padding
+    response_mask = torch.ones(SAMPLES, RESPONSE)
+    response_mask[1::4, -1] = 0  # and some responses ending early
+    batch = TrainBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        responses=input_ids[:, -RESPONSE:],
+        response_mask=response_mask,
+        group_index=torch.arange(SAMPLES) // 4,
+        prompt_lengths=attention_mask[:, :PROMPT].sum(-1),
+    )
+    batch.advantages = torch.randn(SAMPLES, RESPONSE, generator=generator) * response_mask
+    return batch
+
+
+def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
+    actor = Actor(config, torch.device("cpu"), total_steps=10)
+    shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in actor.model.named_parameters()}
+    vocab = int(actor.model.config.vocab_size)  # type: ignore[union-attr]
+    batch = global_batch(vocab).select(torch.arange(SAMPLES)[split(SAMPLES, world)[rank]])
+    batch.old_log_probs = actor.compute_log_prob(batch)
+    metrics = actor.update(batch)
+    weights = {name: t.clone() for name, t in actor.named_weights()}
+    Path(out, f"rank_{rank}.json").write_text(json.dumps({"shapes": shapes, "metrics": metrics}))
+    if rank == 0:
+        torch.save(weights, Path(out, "weights.pt"))
+    dist.destroy_process_group()
+
+
+def main(world: int, port: int, config_path: str, out: str) -> None:
+    mp.spawn(rank_main, args=(world, port, config_path, out), nprocs=world, join=True)
+
+
+def config_for(workdir: Path, world: int, strategy: str, fsdp_size: int | None, param_dtype: str) -> dict[str, Any]:
+    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+
+    raw = trainer_config(workdir)
+    raw["roles"] = {"actor": {"replicas": world, "gpus_per_replica": 0}}
+    if fsdp_size is not None:
+        raw["roles"]["actor"]["fsdp_size"] = fsdp_size
+    raw["data"]["train_batch_size"] = SAMPLES // 8
+    raw["actor"].update(
+        {
+            "strategy": strategy,
+            "ppo_mini_batch_size": SAMPLES // 8,
+            "ppo_micro_batch_size_per_gpu": 2,
+            "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}},
+        }
+    )
+    return raw
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])

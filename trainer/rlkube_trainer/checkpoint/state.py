@@ -1,0 +1,154 @@
+"""Checkpoint state I/O: torch objects written atomically, sharded (FSDP2) state through
+torch.distributed.checkpoint, and the process RNG states. Which rank writes which file is
+the rank's business (rlkube_trainer.rank); the folder protocol is store.py's."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from rlkube_trainer.checkpoint.store import CheckpointError, atomic_file
+
+if TYPE_CHECKING:
+    from rlkube_trainer.roles.training import Trainable
+
+log = logging.getLogger(__name__)
+
+
+def save_torch(path: Path, obj: Any) -> None:
+    """torch.save `obj` to `path` atomically and durably (tmp file, fsync, os.replace).
+
+    Keep `obj` to what `load_torch` reads back with weights_only=True: tensors (full or local,
+    not DTensors), dicts, lists, tuples, str, int, float, bool and None. State dicts of models,
+    optimizers, LR schedulers and data loaders, torch.Generator states and `capture_rng()` are.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
+    with atomic_file(path) as f:
+        torch.save(obj, f)
+
+
+def save_sharded(directory: Path, state: dict[str, Any]) -> None:
+    """A sharded (FSDP2) state dict with torch.distributed.checkpoint: every rank of the default
+    group writes its own shards into `directory`, rank 0 the metadata. A collective."""
+    from torch.distributed.checkpoint.state_dict_saver import save  # noqa: PLC0415  (sharded roles only)
+
+    save(state, checkpoint_id=str(directory))
+
+
+def load_sharded(directory: Path, state: dict[str, Any]) -> None:
+    """Fills `state` (already holding this rank's shards, e.g. from get_state_dict) in place
+    from `directory`, resharding if needed. A collective."""
+    from torch.distributed.checkpoint.state_dict_loader import load  # noqa: PLC0415
+
+    if not (directory / ".metadata").is_file():
+        raise CheckpointError(f"{directory} holds no sharded checkpoint (no .metadata)")
+    load(state, checkpoint_id=str(directory))
+
+
+def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
+    """Load what `save_torch` wrote, with weights_only=True.
+
+    weights_only refuses arbitrary pickled objects, so a tampered or foreign file cannot run
+    code; everything the trainer checkpoints is plain containers and tensors (see save_torch).
+    Loaded to the CPU by default: load_state_dict copies onto the model's device anyway, and a
+    checkpoint written on GPU then loads on a CPU-only machine too.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as error:
+        raise CheckpointError(f"cannot load {path}: {error}") from error
+
+
+def capture_rng() -> dict[str, Any]:
+    """The global RNG states of this process: Python `random`, NumPy, torch CPU and CUDA.
+
+    NumPy's key array becomes an int64 tensor so the result loads with weights_only=True. CUDA:
+    the current device's generator only (one device per rank in SPMD), and only if CUDA is
+    already initialised in this process — querying it would otherwise create a CUDA context
+    (memory on the GPU) in processes that never use it, like the driver.
+    """
+    np_state = np.random.get_state(legacy=False)
+    assert isinstance(np_state, dict)  # legacy=False always returns the dict form
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np.asarray(np_state["state"]["key"], dtype=np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # untyped in torch
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Restore what `capture_rng` captured; a CUDA state is skipped where there is no GPU."""
+    python_state = state["python"]
+    # weights_only loading returns the tuples as saved, but JSON-ish round trips give lists.
+    random.setstate((python_state[0], tuple(python_state[1]), python_state[2]))
+    np_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": np_state["bit_generator"],
+            "state": {"key": np.asarray(np_state["key"], dtype=np.uint32), "pos": int(np_state["pos"])},
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+        else:
+            log.warning("checkpoint has a CUDA RNG state but there is no GPU here; CUDA sampling is not restored")
+
+
+# --- a rank's trainable roles -------------------------------------------------------------------
+
+
+def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> list[str]:
+    """Each trainable role of a rank into `staging/<role>/`: a sharded model's parameters and
+    optimizer state through torch.distributed.checkpoint (a collective over the role's group),
+    the rest (or all of it, unsharded) in `rank_<rank>.pt` with this process's RNG states.
+    Returns the files written, relative to `staging`."""
+    written = []
+    for part, trainable in trainables.items():
+        path = staging / part / f"rank_{rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)  # ranks create their role's folder concurrently
+        if trainable.sharded:
+            save_sharded(staging / part / "sharded", trainable.sharded_state_dict())
+            save_torch(path, {"local": trainable.local_state_dict(), "rng": capture_rng()})
+        else:
+            save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
+        written.append(str(path.relative_to(staging)))
+    return written
+
+
+def load_rank_state(checkpoint: Path, trainables: Mapping[str, Trainable], rank: int) -> None:
+    """What `save_rank_state` wrote, back into the same roles."""
+    for part, trainable in trainables.items():
+        path = checkpoint / part / f"rank_{rank}.pt"
+        state = load_torch(path)
+        if trainable.sharded:
+            if "local" not in state:
+                raise CheckpointError(f"{path}: written by unsharded ranks; this run shards {part} (strategy)")
+            sharded = trainable.sharded_state_dict()
+            load_sharded(checkpoint / part / "sharded", sharded)
+            trainable.load_sharded_state_dict(sharded)
+            trainable.load_local_state_dict(state["local"])
+        else:
+            if "state" not in state:
+                raise CheckpointError(f"{path}: written by sharded ranks; this run does not shard {part}")
+            trainable.load_state_dict(state["state"])
+        restore_rng(state["rng"])

@@ -1,0 +1,130 @@
+"""The roles as the PPO loop sees them (`ppo.Roles`), over the ranks of their groups:
+batches split across data-parallel ranks and gathered back, prompts split across
+rollout engines, and the weight sync of each rollout placement. The same code over
+Ray actors and over ranks in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.rank_group import RankGroup, split
+from rlkube_trainer.reward import RewardInput, RewardScores
+from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
+from rlkube_trainer.weight_sync import Manifest
+
+Metrics = dict[str, float]
+
+
+def mean_metrics(parts: list[Metrics]) -> Metrics:
+    keys = {k for p in parts for k in p}
+    return {k: sum(p[k] for p in parts if k in p) / sum(1 for p in parts if k in p) for k in keys}
+
+
+class DataParallelActor:
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+
+    def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        return torch.cat(self.group.map_batch("compute_log_prob", batch))
+
+    def update(self, batch: TrainBatch) -> Metrics:
+        return mean_metrics(self.group.map_batch("update_actor", batch))
+
+
+class DataParallelReference:
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        return torch.cat(self.group.map_batch("compute_ref_log_prob", batch))
+
+
+class DataParallelCritic:
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        return torch.cat(self.group.map_batch("compute_values", batch))
+
+    def update(self, batch: TrainBatch) -> Metrics:
+        return mean_metrics(self.group.map_batch("update_critic", batch))
+
+
+class DataParallelRewardModel:
+    """A reward model on the ranks of the group that hosts it (its own, or the actor's)."""
+
+    def __init__(self, group: RankGroup) -> None:
+        self.group = group
+
+    def score(self, batch: Sequence[RewardInput]) -> RewardScores:
+        rows = list(batch)
+        results = self.group.wait(self.group.submit("score", [(rows[s],) for s in split(len(rows), len(self.group))]))
+        scores = [x for r in results for x in r[0]]
+        extra: dict[str, list[float]] = {}
+        for _, e in results:
+            for key, values in e.items():
+                extra.setdefault(key, []).extend(values)
+        return RewardScores(scores, extra)
+
+
+def shard_sampling(sampling: SamplingConfig, first_prompt: int) -> SamplingConfig:
+    """Each engine its own seed, offset by its first sample's index: the same seed on every
+    shard would draw the same random numbers for different prompts."""
+    if sampling.seed is None or first_prompt == 0:
+        return sampling
+    return dataclasses.replace(sampling, seed=sampling.seed + first_prompt * sampling.n)
+
+
+def generate(group: RankGroup, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+    """Prompts split across the group's engines; samples merged back in prompt order."""
+    parts = [s for s in split(len(prompt_token_ids), len(group)) if s.stop > s.start]
+    pending = group.submit(
+        "generate", [(prompt_token_ids[s], shard_sampling(sampling, s.start)) for s in parts], range(len(parts))
+    )
+    batches: list[RolloutBatch] = group.wait(pending)
+    samples = [
+        RolloutSample(part.start + sample.prompt_index, sample.token_ids, sample.logprobs, sample.finish_reason)
+        for part, batch in zip(parts, batches, strict=True)
+        for sample in batch.samples
+    ]
+    return RolloutBatch(samples, sampling.n)
+
+
+class ColocatedRollout:
+    """Hybrid engine: each actor rank generates with its own engine; weights move in memory."""
+
+    def __init__(self, actor: RankGroup) -> None:
+        self.actor = actor
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        return generate(self.actor, prompt_token_ids, sampling)
+
+    def sync_weights(self) -> int:
+        return int(sum(self.actor.call_all("sync_colocated")) // max(len(self.actor), 1))
+
+
+class SeparateRollout:
+    """Rollout ranks of their own; actor rank 0 broadcasts new weights to them."""
+
+    def __init__(self, actor: RankGroup, rollout: RankGroup, manifest: Manifest, bucket_bytes: int) -> None:
+        self.actor = actor
+        self.rollout = rollout
+        self.manifest = manifest
+        self.bucket_bytes = bucket_bytes
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        return generate(self.rollout, prompt_token_ids, sampling)
+
+    def sync_weights(self) -> int:
+        # Every actor rank: a sharded policy is gathered tensor by tensor across the group.
+        args = [(self.manifest, self.bucket_bytes)]
+        sends = self.actor.submit("send_weights", args * len(self.actor))
+        receives = self.rollout.submit("receive_weights", args * len(self.rollout))
+        # Both sides at once: the broadcast completes only when every rank takes part.
+        self.rollout.wait(receives)
+        return int(self.actor.wait(sends)[0])

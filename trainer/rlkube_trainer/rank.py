@@ -1,0 +1,229 @@
+"""One rank of a group: a process that joins its group's torch.distributed group and
+hosts the roles placement gives it (`rlkube_api.placement`): the actor, and beside it
+the rollout engine, reference, critic or reward model when they are colocated; or a
+critic, reference, reward model or rollout engine of a group of their own.
+
+The driver calls its methods through a `RankGroup` (rank_group.py): as a Ray actor in
+pods and `rlkube-trainer run`, or as a plain object with `--in-process`. They only wire
+to roles/, rollout/, weight_sync.py and checkpoint/.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlkube_api.config import TrainerConfig
+from rlkube_api.names import Env
+from rlkube_api.placement import Role
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
+from rlkube_trainer.fsdp import Rendezvous, init_role_group
+from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
+from rlkube_trainer.roles.actor import Actor
+from rlkube_trainer.roles.critic import Critic
+from rlkube_trainer.roles.reference import Reference
+from rlkube_trainer.roles.training import Trainable
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
+from rlkube_trainer.weight_sync import BroadcastGroup, Manifest, load_into_engine, manifest_of
+
+log = logging.getLogger("rlkube.trainer")
+
+
+def pick_device(config: TrainerConfig) -> torch.device:
+    wanted = config.trainer.device
+    if wanted == "auto":
+        wanted = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(wanted)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What the driver tells a rank: its group, its rank, where the group meets, the roles
+    it hosts, and its rank in the weight-sync group (None: it takes no part)."""
+
+    group: Role
+    rank: int
+    rendezvous: Rendezvous
+    hosts: frozenset[Role]
+    total_steps: int
+    weight_sync_rank: int | None = None
+    weight_sync_world_size: int = 0
+
+
+def rendezvous_from_env(fallback: Rendezvous) -> Rendezvous:
+    """In a pod the operator's env says where the group meets (MASTER_ADDR/PORT, WORLD_SIZE);
+    locally the driver's fallback does. The rank is the driver's: pod index × processes per
+    pod + the process's index in its pod."""
+    addr = os.environ.get(Env.MASTER_ADDR)
+    if not addr:
+        return fallback
+    world = int(os.environ.get(Env.WORLD_SIZE, fallback.world_size))
+    if world != fallback.world_size:
+        raise RuntimeError(
+            f"{Env.WORLD_SIZE}={world} in this pod, but the driver expects {fallback.world_size} ranks: "
+            "the RLJob and the trainer config disagree"
+        )
+    return Rendezvous(addr, int(os.environ.get(Env.MASTER_PORT, fallback.master_port)), world, fallback.rank)
+
+
+def weight_sync_from_env(spec: RankSpec, addr: str, port: int) -> tuple[str, int, int]:
+    """Where the weight-sync group meets and this rank's place in it. In a pod the operator's
+    env (from the same placement) says so; a disagreement means the pod and the config differ."""
+    assert spec.weight_sync_rank is not None
+    world = int(os.environ.get(Env.WEIGHT_SYNC_WORLD_SIZE, spec.weight_sync_world_size))
+    offset = os.environ.get(Env.WEIGHT_SYNC_RANK_OFFSET)
+    if world != spec.weight_sync_world_size or (
+        offset is not None and int(offset) + spec.rank != spec.weight_sync_rank
+    ):
+        raise RuntimeError(
+            f"{Env.WEIGHT_SYNC_WORLD_SIZE}={world}, {Env.WEIGHT_SYNC_RANK_OFFSET}={offset} in this pod, but the "
+            f"driver places {spec.group} rank {spec.rank} at weight-sync rank {spec.weight_sync_rank} of "
+            f"{spec.weight_sync_world_size}: the RLJob and the trainer config disagree"
+        )
+    return os.environ.get(Env.WEIGHT_SYNC_ADDR, addr), int(os.environ.get(Env.WEIGHT_SYNC_PORT, port)), world
+
+
+class Rank:
+    def __init__(self, config: dict[str, Any], spec: RankSpec) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.config = TrainerConfig.model_validate(config)
+        self.spec = spec
+        self.device = pick_device(self.config)
+        self.actor: Actor | None = None
+        self.critic: Critic | None = None
+        self.reference: Reference | None = None
+        self.reward_model: RewardScorer | None = None
+        self.engine: RolloutEngine | None = None
+        self.broadcast: BroadcastGroup | None = None
+
+    def setup(self) -> str:
+        """Joins the group and loads what this rank hosts; returns where it runs."""
+        spec, config, hosts = self.spec, self.config, self.spec.hosts
+        if self.device.type == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        rendezvous = rendezvous_from_env(spec.rendezvous)
+        if rendezvous.world_size > 1 or self.device.type == "cuda":
+            init_role_group(rendezvous, self.device)
+        torch.manual_seed(config.trainer.seed + spec.rank)
+        if Role.ACTOR in hosts:
+            self.actor = Actor(config, self.device, spec.total_steps)
+        if Role.CRITIC in hosts:
+            self.critic = Critic(config, self.device, spec.total_steps)
+        if Role.REFERENCE in hosts:
+            self.reference = Reference(config, self.device)
+        if Role.REWARD in hosts:
+            self.reward_model = build_reward_scorer(config.reward, self.device)
+        if Role.ROLLOUT in hosts:
+            from rlkube_trainer.rollout import build_engine  # noqa: PLC0415  (vLLM only where needed)
+
+            self.engine = build_engine(config, self.device)
+        roles = ", ".join(sorted(hosts))
+        return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
+
+    # --- actor -----------------------------------------------------------------------------------
+    def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        assert self.actor is not None
+        return self.actor.compute_log_prob(batch)
+
+    def update_actor(self, batch: TrainBatch) -> dict[str, float]:
+        assert self.actor is not None
+        return self.actor.update(batch)
+
+    # --- reference / critic / reward model -------------------------------------------------------
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        assert self.reference is not None
+        return self.reference.compute_ref_log_prob(batch)
+
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        assert self.critic is not None
+        return self.critic.compute_values(batch)
+
+    def update_critic(self, batch: TrainBatch) -> dict[str, float]:
+        assert self.critic is not None
+        return self.critic.update(batch)
+
+    def score(self, rows: list[RewardInput]) -> tuple[list[float], dict[str, list[float]]]:
+        assert self.reward_model is not None
+        scores, extra = self.reward_model.score(rows)
+        return list(scores), dict(extra)
+
+    # --- rollout ---------------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        assert self.engine is not None
+        batch = self.engine.generate(prompt_token_ids, sampling)
+        if self.actor is not None and self.config.rollout.free_cache_engine:
+            self.engine.sleep()  # colocated: free the KV cache while the actor trains
+        return batch
+
+    def sync_colocated(self) -> int:
+        """Hybrid engine: this rank's policy weights into its own engine, in memory."""
+        assert self.actor is not None and self.engine is not None
+        if self.config.rollout.free_cache_engine:
+            self.engine.wake_up()
+        return load_into_engine(self.engine, self.actor.named_weights())
+
+    def weight_manifest(self) -> Manifest:
+        assert self.actor is not None
+        return manifest_of(self.actor.named_weights())
+
+    def join_weight_sync(self, addr: str, port: int) -> None:
+        """Ranks with a weight-sync rank (actor rank 0, every rollout rank) join the broadcast."""
+        if self.spec.weight_sync_rank is None:
+            return
+        addr, port, world = weight_sync_from_env(self.spec, addr, port)
+        self.broadcast = BroadcastGroup(addr, port, world, self.spec.weight_sync_rank, self.device)
+
+    def send_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
+        """Every actor rank: rank 0 broadcasts; with a sharded policy the others must still
+        take part in gathering each full tensor."""
+        assert self.actor is not None
+        if self.broadcast is None:
+            for _ in self.actor.named_weights():
+                pass
+            return 0
+        return self.broadcast.send(self.actor.named_weights(), manifest, bucket_bytes)
+
+    def receive_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
+        """Rollout ranks: the broadcast into the running engine."""
+        assert self.engine is not None and self.broadcast is not None
+        return load_into_engine(self.engine, self.broadcast.receive(manifest, bucket_bytes))
+
+    # --- checkpoints -------------------------------------------------------------------------------
+    def _trainables(self) -> dict[str, Trainable]:
+        parts: dict[str, Trainable | None] = {Role.ACTOR: self.actor, Role.CRITIC: self.critic}
+        return {name: part for name, part in parts.items() if part is not None}
+
+    def save(self, directory: str) -> list[str]:
+        """Writes this rank's state into the checkpoint's staging folder; returns the files."""
+        return save_rank_state(Path(directory), self._trainables(), self.spec.rank)
+
+    def load(self, directory: str) -> None:
+        load_rank_state(Path(directory), self._trainables(), self.spec.rank)
+
+    def export_hf(self, directory: str) -> None:
+        """Every actor rank (gathering a sharded policy is a collective); rank 0 writes the
+        policy as a Hugging Face model."""
+        from rlkube_trainer.checkpoint.export import export_hf  # noqa: PLC0415
+        from rlkube_trainer.models import load_tokenizer  # noqa: PLC0415
+
+        assert self.actor is not None
+        # Gathered tensor by tensor and moved off the GPU as they come.
+        state = {k: v.cpu() for k, v in self.actor.named_weights()} if self.actor.sharded else None
+        if self.spec.rank != 0:
+            return
+        export_hf(
+            self.actor.model,
+            load_tokenizer(self.config.model.tokenizer_path or self.config.model.path),
+            Path(directory),
+            state_dict=state,
+        )
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()

@@ -1,0 +1,76 @@
+"""`RankGroup` over Ray: one Ray actor per rank, placed on the pod (Ray node) that
+advertises its group and pod index (ray_cluster.py). A rank that dies fails the call
+at once with the role and rank named: results are collected with ray.wait, so one
+dead rank is seen even while the others are blocked in a collective waiting for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from rlkube_api.placement import Group, Role
+from rlkube_trainer.rank import Rank, RankSpec
+from rlkube_trainer.rank_group import Pending, RankGroup, RankLost
+from rlkube_trainer.ray_cluster import resource_name
+
+log = logging.getLogger("rlkube.trainer")
+# How long the driver waits for a rank's answer before declaring it lost.
+CALL_TIMEOUT = 1800.0
+
+
+class RayRankGroup(RankGroup):
+    def __init__(self, role: Role, handles: list[Any], timeout: float = CALL_TIMEOUT) -> None:
+        self.role = role
+        self.handles = handles
+        self.timeout = timeout
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def submit(self, method: str, args: Sequence[tuple[Any, ...]], ranks: Sequence[int] | None = None) -> Pending:
+        ranks = list(ranks) if ranks is not None else list(range(len(args)))
+        refs = [getattr(self.handles[r], method).remote(*a) for r, a in zip(ranks, args, strict=True)]
+        return Pending(ranks, refs)
+
+    def wait(self, pending: Pending) -> list[Any]:
+        """Results in the order submitted; the first failure raises RankLost naming its rank."""
+        rank_of = dict(zip(pending.handles, pending.ranks, strict=True))
+        left_refs = list(pending.handles)
+        deadline = time.monotonic() + self.timeout
+        while left_refs:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RankLost(self.role, rank_of[left_refs[0]], f"no answer within {self.timeout:.0f} s")
+            done, left_refs = ray.wait(left_refs, num_returns=1, timeout=min(left, 5.0))
+            for ref in done:
+                try:
+                    ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    raise RankLost(self.role, rank_of[ref], _first_line(exc)) from exc
+        return list(ray.get(list(pending.handles)))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RayRankGroup:
+    """A Ray actor per rank on its pod's Ray node, one GPU each where the group has GPUs."""
+    remote = ray.remote(Rank)
+    handles = [
+        remote.options(
+            name=f"{group.name}-{spec.rank}",
+            resources={resource_name(group.name, group.pod_of(spec.rank)): 1},
+            num_cpus=0,
+            num_gpus=1 if group.uses_gpus else 0,
+            max_restarts=0,
+        ).remote(config, spec)
+        for spec in specs
+    ]
+    return RayRankGroup(group.name, handles)

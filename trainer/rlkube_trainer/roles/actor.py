@@ -1,0 +1,119 @@
+"""The actor: the policy's log-probs of sampled responses, and its PPO update. The loss
+of a micro-batch is assembled in `actor_loss`: policy loss − entropy bonus + KL loss."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from rlkube_api.config import ActorConfig, TrainerConfig
+from rlkube_trainer.algos import PolicyLossFn, agg_loss, compute_entropy_loss, get_policy_loss_fn, kl_penalty
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.fsdp import full_tensors
+from rlkube_trainer.models import load_causal_lm, response_log_probs
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute
+
+
+def actor_loss(
+    config: ActorConfig,
+    policy_loss: PolicyLossFn,
+    micro: TrainBatch,
+    log_prob: torch.Tensor,
+    entropy: torch.Tensor | None,
+) -> tuple[torch.Tensor, Metrics]:
+    """verl's actor objective on one micro-batch: the policy loss, minus `entropy_coeff` ×
+    the entropy (when computed), plus `kl_loss_coef` × KL(actor || reference) when
+    `use_kl_loss`; with verl's actor/* metrics."""
+    assert micro.old_log_probs is not None and micro.advantages is not None
+    mask = micro.response_mask
+    pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
+        micro.old_log_probs,
+        log_prob,
+        micro.advantages,
+        mask,
+        cliprange=config.clip_ratio,
+        cliprange_low=config.clip_ratio_low,
+        cliprange_high=config.clip_ratio_high,
+        clip_ratio_c=config.clip_ratio_c,
+        loss_agg_mode=config.loss_agg_mode,
+    )
+    metrics = {
+        "actor/pg_loss": pg_loss.item(),
+        "actor/pg_clipfrac": pg_clipfrac.item(),
+        "actor/ppo_kl": ppo_kl.item(),
+        "actor/pg_clipfrac_lower": pg_clipfrac_lower.item(),
+    }
+    loss = pg_loss
+    if entropy is not None:
+        entropy_loss = compute_entropy_loss(entropy, mask, config.loss_agg_mode)
+        loss = loss - config.entropy_coeff * entropy_loss
+        metrics["actor/entropy"] = entropy_loss.item()
+    if config.use_kl_loss:
+        assert micro.ref_log_probs is not None
+        kl_loss = agg_loss(kl_penalty(log_prob, micro.ref_log_probs, config.kl_loss_type), mask, config.loss_agg_mode)
+        loss = loss + config.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss.item()
+        metrics["actor/kl_coef"] = config.kl_loss_coef
+    return loss, metrics
+
+
+class Actor(Trainable):
+    prefix = "actor"
+
+    def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
+        self.config: ActorConfig = config.actor
+        self.temperature = config.rollout.temperature
+        self.ppo_epochs = config.actor.ppo_epochs
+        self.samples_per_mini_batch = config.actor.ppo_mini_batch_size * config.rollout.n
+        self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
+        self.shuffle = config.actor.shuffle
+        model = load_causal_lm(config.model.path, device, trust_remote_code=config.model.trust_remote_code)
+        if config.model.enable_gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.model = distribute(
+            model,
+            device,
+            config.actor.strategy,
+            config.roles.actor.fsdp_size,
+            config.actor.fsdp_config.mixed_precision,
+        )
+        super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
+        self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
+        # The entropy is computed only when it is part of the loss, as in verl's actor: as a
+        # metric alone it would cost a softmax over the vocabulary at every response position
+        # and its backward. `actor/entropy` is then not reported.
+        self.with_entropy = config.actor.entropy_coeff != 0
+
+    def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        with autocast(self.device):
+            return response_log_probs(
+                self.model, batch.input_ids, batch.attention_mask, batch.response_length, self.temperature, with_entropy
+            )
+
+    @torch.no_grad()
+    def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        """Log-probs of the sampled responses under the current policy (old_log_prob)."""
+        self.model.eval()
+        parts = [self._log_probs(m.to(self.device), False)[0].cpu() for m in batch.split(self.micro_batch_size)]
+        return torch.cat(parts)
+
+    def update(self, batch: TrainBatch) -> Metrics:
+        """The PPO update; on GPU also verl's perf/max_memory_*_gb, the peaks during it."""
+        on_gpu = self.device.type == "cuda"
+        if on_gpu:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        metrics = super().update(batch)
+        if on_gpu:
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+        return metrics
+
+    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
+        log_prob, entropy = self._log_probs(micro, self.with_entropy)
+        return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's full weights for the rollout engine (HF names; shards gathered one
+        tensor at a time, a collective over the actor's group when sharded)."""
+        yield from full_tensors(self.model)

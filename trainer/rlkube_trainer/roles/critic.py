@@ -1,0 +1,59 @@
+"""The critic: values of the sampled responses, and its clipped value-loss update."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkube_api.config import CriticConfig, TrainerConfig
+from rlkube_trainer.algos import compute_value_loss, masked_mean
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.models import CriticModel, response_values
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute
+
+
+class Critic(Trainable):
+    prefix = "critic"
+    model: CriticModel
+
+    def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
+        self.config: CriticConfig = config.critic
+        path = config.critic.model_path or config.model.path
+        critic = CriticModel.from_pretrained(path, trust_remote_code=config.model.trust_remote_code).to(device)
+        fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
+        self.model = distribute(  # type: ignore[assignment]
+            critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config.mixed_precision
+        )
+        self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
+        mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
+        self.samples_per_mini_batch = mini * config.rollout.n
+        self.micro_batch_size = config.critic.ppo_micro_batch_size_per_gpu
+        self.shuffle = False
+        super().__init__(config.critic.optim, total_steps, config.critic.grad_clip, device, config.trainer.seed + 1)
+
+    def _values(self, micro: TrainBatch) -> torch.Tensor:
+        with autocast(self.device):
+            return response_values(self.model, micro.input_ids, micro.attention_mask, micro.response_length)
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        parts = [self._values(chunk.to(self.device)).cpu() for chunk in batch.split(self.micro_batch_size)]
+        return torch.cat(parts) * batch.response_mask
+
+    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
+        assert micro.values is not None and micro.returns is not None
+        vpreds = self._values(micro)
+        vf_loss, vf_clipfrac = compute_value_loss(
+            vpreds,
+            micro.returns,
+            micro.values,
+            micro.response_mask,
+            self.config.cliprange_value,
+            self.config.loss_agg_mode,
+        )
+        metrics = {
+            "critic/vf_loss": vf_loss.item(),
+            "critic/vf_clipfrac": vf_clipfrac.item(),
+            "critic/vpred_mean": masked_mean(vpreds.detach(), micro.response_mask).item(),
+        }
+        return vf_loss, metrics

@@ -1,0 +1,35 @@
+"""The reference: the frozen initial policy's log-probs, for the KL loss or KL-in-reward."""
+
+from __future__ import annotations
+
+import torch
+
+from rlkube_api.config import TrainerConfig
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.models import load_causal_lm, response_log_probs
+from rlkube_trainer.roles.training import autocast, distribute
+
+
+class Reference:
+    def __init__(self, config: TrainerConfig, device: torch.device) -> None:
+        self.device = device
+        self.temperature = config.rollout.temperature
+        self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
+        # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
+        model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
+        fsdp_size = config.roles.reference.fsdp_size if config.roles.reference is not None else None
+        self.model = distribute(model, device, config.actor.strategy, fsdp_size)
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        parts = []
+        for chunk in batch.split(self.micro_batch_size):
+            micro = chunk.to(self.device)
+            with autocast(self.device):
+                lp, _ = response_log_probs(
+                    self.model, micro.input_ids, micro.attention_mask, micro.response_length, self.temperature
+                )
+            parts.append(lp.cpu())
+        return torch.cat(parts)

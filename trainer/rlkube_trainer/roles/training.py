@@ -1,0 +1,175 @@
+"""What actor and critic share: the model spread over the role's group, the optimizer and
+its schedule, checkpoint state, and PPO's update loop, written once.
+
+An update is PPO's: `ppo_epochs` passes over the batch in mini-batches (one optimizer step
+each), every mini-batch in micro-batches whose gradients accumulate. A subclass says only
+what the loss of one micro-batch is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from rlkube_api.config import MixedPrecisionConfig, OptimConfig, Strategy
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
+
+Metrics = dict[str, float]
+
+
+def uses_fsdp2(device: torch.device, strategy: Strategy) -> bool:
+    """FSDP2 where asked for, and by default on GPU (one rank too: its mixed precision is what
+    computes in bf16 over fp32 master weights); full replicas otherwise. Without a process
+    group (in this process on CPU) the model stays as it is."""
+    if not dist.is_initialized():
+        return False
+    return strategy == "fsdp2" or (strategy == "auto" and device.type == "cuda")
+
+
+def distribute(
+    model: nn.Module,
+    device: torch.device,
+    strategy: Strategy,
+    fsdp_size: int | None = None,
+    mixed_precision: MixedPrecisionConfig | None = None,
+) -> nn.Module:
+    """FSDP2 (HSDP with `fsdp_size`) or full replicas across the role group (fsdp.py)."""
+    if not uses_fsdp2(device, strategy):
+        return model
+    param_dtype = reduce_dtype = None
+    if mixed_precision is not None:
+        param_dtype, reduce_dtype = DTYPES[mixed_precision.param_dtype], DTYPES[mixed_precision.reduce_dtype]
+    return shard_with_fsdp2(model, device_mesh(device, fsdp_size), param_dtype, reduce_dtype)
+
+
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """bf16 autocast on GPU; plain fp32 on CPU."""
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def build_optimizer(params: Iterator[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(
+        list(params), lr=optim.lr, betas=(optim.betas[0], optim.betas[1]), weight_decay=optim.weight_decay
+    )
+
+
+def lr_factor(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup from 0, then constant or cosine down to min_lr_ratio (verl's schedules)."""
+    warmup = optim.lr_warmup_steps or int(optim.lr_warmup_steps_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        if optim.warmup_style == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total_steps - warmup)
+        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return factor
+
+
+def mini_batches(batch: TrainBatch, size: int, shuffle: bool, generator: torch.Generator) -> list[TrainBatch]:
+    """Mini-batches of this rank's shard: the configured size is global, split across the group."""
+    size = max(1, size // world_size())
+    order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
+    return [batch.select(order[i : i + size]) for i in range(0, len(batch), size)]
+
+
+def mean_metrics(values: dict[str, list[float]]) -> Metrics:
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
+
+
+class Trainable:
+    """A role with an optimizer. Subclasses set `model` and the loop's sizes before calling
+    `__init__`, and define `micro_batch_loss`."""
+
+    model: nn.Module
+    prefix: str  # the metrics' namespace: "actor" or "critic"
+    ppo_epochs: int
+    samples_per_mini_batch: int
+    micro_batch_size: int
+    shuffle: bool
+
+    def __init__(self, optim: OptimConfig, total_steps: int, grad_clip: float, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.grad_clip = grad_clip
+        self.optimizer = build_optimizer(self.model.parameters(), optim)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
+        """The loss of one micro-batch (already on the device) and its metrics."""
+        raise NotImplementedError
+
+    def update(self, batch: TrainBatch) -> Metrics:
+        """PPO epochs over mini-batches of micro-batches; returns the mean of each metric."""
+        self.model.train()
+        stats: dict[str, list[float]] = defaultdict(list)
+        for _ in range(self.ppo_epochs):
+            for mini in mini_batches(batch, self.samples_per_mini_batch, self.shuffle, self.generator):
+                for chunk in mini.split(self.micro_batch_size):
+                    micro = chunk.to(self.device)
+                    loss, metrics = self.micro_batch_loss(micro)
+                    # Gradient accumulation: each micro-batch weighs by its share of the mini-batch.
+                    torch.autograd.backward(loss * (len(micro) / len(mini)))
+                    for key, value in metrics.items():
+                        stats[key].append(value)
+                stats[f"{self.prefix}/grad_norm"].append(self._optimizer_step())
+        stats[f"{self.prefix}/lr"].append(float(self.scheduler.get_last_lr()[0]))
+        self.scheduler.step()
+        return mean_metrics(stats)
+
+    def _optimizer_step(self) -> float:
+        average_gradients(self.model)
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm
+
+    # --- checkpoint state ------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "generator": self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+
+    # A sharded model's parameters and optimizer state are DTensors: they go through
+    # torch.distributed.checkpoint (checkpoint.state.save_sharded), the rest stays per rank.
+    @property
+    def sharded(self) -> bool:
+        return is_sharded(self.model)
+
+    def sharded_state_dict(self) -> dict[str, Any]:
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        return {"model": model, "optimizer": optimizer}
+
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+    def local_state_dict(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state()}
+
+    def load_local_state_dict(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
