@@ -64,6 +64,13 @@ lint: venv ## ruff, mypy, shellcheck
 test: venv toolchain sysdeps lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+FUZZ_EXAMPLES ?= 1000
+
+.PHONY: fuzz
+fuzz: venv toolchain ## generated RLJobs, valid and invalid, against the API server and the operator (FUZZ_EXAMPLES, random seed)
+	RLKUBE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RLKUBE_FUZZ_RANDOM=1 RLKUBE_FUZZ_REPORT=$(RLKUBE_CACHE)/fuzz-report.json \
+		$(VENV)/bin/pytest tests/operator/test_fuzz.py -s $(PYTEST_ARGS)
+
 .PHONY: cluster-up
 cluster-up: venv toolchain ## start the local control plane with fake GPU pools
 	$(PY) -m rlkube_e2e.cluster up

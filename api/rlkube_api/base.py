@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
+from rlkube_api.kube_syntax import CEL_FUNCTIONS
+
 
 @dataclass(frozen=True)
 class CelRule:
@@ -43,7 +45,7 @@ class CelRule:
 @functools.cache
 def _program(rule: str) -> Any:
     env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return env.program(env.compile(rule), functions=CEL_FUNCTIONS)
 
 
 def evaluate_rule(rule: CelRule, self_value: Any, old_value: Any = None) -> bool:

@@ -9,11 +9,12 @@ unchanged.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
 from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.kube_syntax import CONFIG_MAP_KEY_PATTERN, LONG_NAME
 from rlkube_api.roles import Roles
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
@@ -23,6 +24,12 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 
 # Estimators that compare samples of the same prompt need more than one sample each.
 GROUP_ESTIMATORS = ("grpo", "rloo")
+
+# Bounds on batch sizes keep the batch arithmetic below (products of three of them) far from
+# CEL's 64-bit overflow, which the API server would report as an evaluation error.
+MAX_BATCH = 1_048_576
+
+FilePath = Annotated[str, Field(min_length=1, max_length=4096)]
 
 
 class ModelConfig(ApiModel):
@@ -49,12 +56,12 @@ class ModelConfig(ApiModel):
 class DataConfig(ApiModel):
     """Training prompts in verl's row format (data_source, prompt, reward_model.ground_truth, extra_info)."""
 
-    train_files: list[str] = Field(
+    train_files: list[FilePath] = Field(
         min_length=1,
         max_length=256,
         description="Parquet, Arrow or JSON-lines files of training rows.",
     )
-    val_files: list[str] = Field(default_factory=list, max_length=256, description="Validation rows.")
+    val_files: list[FilePath] = Field(default_factory=list, max_length=256, description="Validation rows.")
     prompt_key: str = Field("prompt", description="Column holding the chat-message list (or plain text).")
     reward_fn_key: str = Field("data_source", description="Column passed to the reward function as data_source.")
     ground_truth_key: str = Field(
@@ -63,7 +70,9 @@ class DataConfig(ApiModel):
     extra_info_key: str = Field("extra_info", description="Column passed to the reward function as extra_info.")
     max_prompt_length: int = Field(512, ge=1, le=1_048_576, description="Longest prompt, in tokens.")
     max_response_length: int = Field(512, ge=1, le=1_048_576, description="Longest response, in tokens.")
-    train_batch_size: int = Field(256, ge=1, description="Prompts per step (each sampled rollout.n times).")
+    train_batch_size: int = Field(
+        256, ge=1, le=MAX_BATCH, description="Prompts per step (each sampled rollout.n times)."
+    )
     truncation: Literal["error", "left", "right"] = Field(
         "error",
         description="A prompt longer than maxPromptLength: error stops with the row named; left/right "
@@ -169,10 +178,17 @@ class ActorConfig(ApiModel):
 
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer of the actor.")
     ppo_mini_batch_size: int = Field(
-        256, ge=1, description="Prompts per optimizer step (times rollout.n samples); divides trainBatchSize."
+        256,
+        ge=1,
+        le=MAX_BATCH,
+        description="Prompts per optimizer step (times rollout.n samples); divides trainBatchSize.",
     )
     ppo_micro_batch_size_per_gpu: int = Field(
-        8, ge=1, description="Samples per forward/backward; gradients accumulate over a mini-batch."
+        8,
+        ge=1,
+        le=MAX_BATCH,
+        description="Samples per forward/backward on each rank; a rank's share of a mini-batch "
+        "(ppoMiniBatchSize × samplesPerPrompt / data-parallel ranks) must be a multiple of it.",
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     shuffle: bool = Field(False, description="Shuffle samples between PPO epochs.")
@@ -200,8 +216,10 @@ class CriticConfig(ApiModel):
 
     model_path: str | None = Field(None, max_length=4096, description="Backbone (defaults to model.path).")
     optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5), description="Optimizer of the critic.")
-    ppo_mini_batch_size: int | None = Field(None, ge=1, description="Defaults to the actor's.")
-    ppo_micro_batch_size_per_gpu: int = Field(8, ge=1, description="Samples per forward/backward.")
+    ppo_mini_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="Defaults to the actor's.")
+    ppo_micro_batch_size_per_gpu: int = Field(
+        8, ge=1, le=MAX_BATCH, description="Samples per forward/backward on each rank (as the actor's)."
+    )
     ppo_epochs: int | None = Field(None, ge=1, description="Defaults to the actor's.")
     cliprange_value: float = Field(0.5, gt=0, description="Value clipping range.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
@@ -254,8 +272,13 @@ class RolloutConfig(ApiModel):
 class ConfigMapKeyRef(ApiModel):
     """A key of a ConfigMap in the job's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="ConfigMap name.")
-    key: str = Field(min_length=1, max_length=253, description="Key holding the file.")
+    # The key is also the file name the operator mounts it as.
+    cel_rules = (
+        CelRule("self.key != '.' && !self.key.startsWith('..')", "key may not be '.' or start with '..'", ".key"),
+    )
+
+    name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="ConfigMap name.")
+    key: str = Field(min_length=1, max_length=253, pattern=CONFIG_MAP_KEY_PATTERN, description="Key holding the file.")
 
 
 class RewardFunctionConfig(ApiModel):
@@ -302,6 +325,12 @@ def _console_only() -> list[Logger]:
 class TrainerSection(ApiModel):
     """Loop length, logging and devices."""
 
+    # 0 would be a modulo by zero in the loop; "never" is spelled -1.
+    cel_rules = (
+        CelRule("self.saveFreq != 0", "saveFreq must be positive, or -1 (only at the end)", ".saveFreq"),
+        CelRule("self.testFreq != 0", "testFreq must be positive, or -1 (never)", ".testFreq"),
+    )
+
     total_training_steps: int | None = Field(None, ge=1, description="Steps to run (default: from totalEpochs).")
     total_epochs: int = Field(1, ge=1, description="Epochs over the training data.")
     save_freq: int = Field(-1, ge=-1, description="Checkpoint every N steps (-1: only at the end).")
@@ -324,10 +353,91 @@ class CheckpointConfig(ApiModel):
         ),
     )
 
-    dir: str = Field("checkpoints", min_length=1, description="Checkpoint folder (the mounted volume in pods).")
+    dir: str = Field(
+        "checkpoints", min_length=1, max_length=4096, description="Checkpoint folder (the mounted volume in pods)."
+    )
     resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
     max_to_keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
     export_hf: bool = Field(True, description="Export the final actor as a Hugging Face model.")
+
+
+# --- batch arithmetic across ranks, as verl normalises it ---------------------------------------
+# A step has trainBatchSize × samplesPerPrompt samples; a mini-batch (one optimizer step) has
+# ppoMiniBatchSize × samplesPerPrompt. Each of a role's data-parallel ranks (one per process: one
+# per GPU, or one per pod without GPUs, whatever fsdpSize is) takes an equal share of every
+# mini-batch and runs it in micro-batches of ppoMicroBatchSizePerGpu. A share that does not
+# divide leaves ranks doing different numbers of collectives, and they hang until a timeout.
+_N = "self.rollout.samplesPerPrompt"
+
+
+def _world(role: str) -> str:
+    return (
+        f"(self.roles.{role}.replicas * (has(self.roles.{role}.gpusPerReplica) && "
+        f"self.roles.{role}.gpusPerReplica > 0 ? self.roles.{role}.gpusPerReplica : 1))"
+    )
+
+
+_ACTOR_WORLD = _world("actor")
+_ACTOR_MINI = f"(self.actor.ppoMiniBatchSize * {_N})"
+# A critic colocated with the actor runs on the actor's ranks.
+_CRITIC_WORLD = f"(has(self.roles.critic.colocateWith) ? {_ACTOR_WORLD} : {_world('critic')})"
+_CRITIC_PROMPTS = "(has(self.critic.ppoMiniBatchSize) ? self.critic.ppoMiniBatchSize : self.actor.ppoMiniBatchSize)"
+_CRITIC_MINI = f"({_CRITIC_PROMPTS} * {_N})"
+_RANKS = "data-parallel ranks (replicas × gpusPerReplica, or replicas without GPUs)"
+
+BATCH_SPLIT_RULES = (
+    CelRule(
+        f"{_ACTOR_MINI} % {_ACTOR_WORLD} == 0",
+        f"the actor's mini-batch (ppoMiniBatchSize × rollout.samplesPerPrompt samples) must split evenly "
+        f"over roles.actor's {_RANKS}",
+        ".actor.ppoMiniBatchSize",
+    ),
+    CelRule(
+        f"{_ACTOR_MINI} % {_ACTOR_WORLD} != 0 || ({_ACTOR_MINI} / {_ACTOR_WORLD}) % self.actor.ppoMicroBatchSizePerGpu == 0",
+        "each actor rank's share of a mini-batch (ppoMiniBatchSize × rollout.samplesPerPrompt / data-parallel "
+        "ranks) must be a multiple of ppoMicroBatchSizePerGpu",
+        ".actor.ppoMicroBatchSizePerGpu",
+    ),
+    CelRule(
+        f"!has(self.roles.critic) || self.data.trainBatchSize % {_CRITIC_PROMPTS} == 0",
+        "critic.ppoMiniBatchSize (default: the actor's) must divide data.trainBatchSize",
+        ".critic.ppoMiniBatchSize",
+    ),
+    CelRule(
+        f"!has(self.roles.critic) || {_CRITIC_MINI} % {_CRITIC_WORLD} == 0",
+        "the critic's mini-batch (critic.ppoMiniBatchSize, default the actor's, × rollout.samplesPerPrompt "
+        f"samples) must split evenly over roles.critic's {_RANKS}; the actor's when colocated",
+        ".critic.ppoMiniBatchSize",
+    ),
+    CelRule(
+        f"!has(self.roles.critic) || {_CRITIC_MINI} % {_CRITIC_WORLD} != 0"
+        f" || ({_CRITIC_MINI} / {_CRITIC_WORLD}) % self.critic.ppoMicroBatchSizePerGpu == 0",
+        "each critic rank's share of a mini-batch must be a multiple of critic.ppoMicroBatchSizePerGpu",
+        ".critic.ppoMicroBatchSizePerGpu",
+    ),
+)
+
+# A role with pods of its own that the algorithm never calls would hold its nodes (GPUs) idle
+# for the whole run.
+ROLE_USE_RULES = (
+    CelRule(
+        "!has(self.roles.critic) || has(self.roles.critic.colocateWith) || self.algorithm.advEstimator == 'gae'",
+        "roles.critic has pods of its own, but only algorithm.advEstimator gae uses a critic: they would sit idle",
+        ".roles.critic",
+    ),
+    CelRule(
+        "!has(self.roles.reference) || has(self.roles.reference.colocateWith)"
+        " || self.actor.useKlLoss || self.algorithm.useKlInReward",
+        "roles.reference has pods of its own, but only actor.useKlLoss or algorithm.useKlInReward use a "
+        "reference policy: they would sit idle",
+        ".roles.reference",
+    ),
+    CelRule(
+        "!has(self.roles.reward) || has(self.roles.reward.colocateWith) || has(self.reward.model)",
+        "roles.reward has pods of its own, but only reward.model runs there: they would sit idle",
+        ".roles.reward",
+    ),
+)
 
 
 class TrainerConfig(ApiModel):
@@ -349,6 +459,8 @@ class TrainerConfig(ApiModel):
             "actor.ppoMiniBatchSize must divide data.trainBatchSize",
             ".actor.ppoMiniBatchSize",
         ),
+        *BATCH_SPLIT_RULES,
+        *ROLE_USE_RULES,
     )
 
     model: ModelConfig = Field(description="The policy model.")

@@ -20,7 +20,7 @@ import types
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import annotated_types
 from pydantic.alias_generators import to_camel
@@ -29,6 +29,7 @@ from pydantic_core import PydanticUndefined
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import TrainerConfig
+from rlkube_api.kube_syntax import KubeString
 from rlkube_api.rljob import API_VERSION, KIND, SHORT_NAMES, RLJob
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,9 @@ class Section:
 
 
 def _strip_none(tp: Any) -> Any:
-    """`X | None` -> X (optional fields are omitted, never null, on the wire)."""
+    """`X | None` -> X (optional fields are omitted, never null, on the wire); Annotated[X, ...] -> X."""
+    if get_origin(tp) is Annotated:
+        return _strip_none(get_args(tp)[0])
     if get_origin(tp) in (Union, types.UnionType):
         args = [a for a in get_args(tp) if a is not type(None)]
         if len(args) == 1:
@@ -104,6 +107,8 @@ def type_text(tp: Any) -> str:
     """The JSON type a user writes: string, integer, list of object, map of string to string."""
     tp = _strip_none(tp)
     origin = get_origin(tp)
+    if origin is Annotated:
+        return type_text(get_args(tp)[0])
     if origin is Literal:
         kinds = sorted({type_text(type(v)) for v in get_args(tp)})
         return " or ".join(kinds)
@@ -160,6 +165,16 @@ def _length(low: int | None, high: int | None, unit: str) -> str:
     return f"at least {low} {unit if low == 1 else plural}"
 
 
+def _formats(tp: Any) -> list[KubeString]:
+    """Formats of an optional field (`Annotated[str, FORMAT] | None`): pydantic keeps them in
+    the annotation, not in the field's metadata."""
+    if get_origin(tp) in (Union, types.UnionType):
+        return [f for arg in get_args(tp) for f in _formats(arg)]
+    if get_origin(tp) is Annotated:
+        return [m for m in get_args(tp)[1:] if isinstance(m, KubeString)]
+    return []
+
+
 def constraints(info: FieldInfo) -> list[str]:
     """Bounds, lengths and enum values of a field, in words."""
     tp = _strip_none(info.annotation)
@@ -167,6 +182,8 @@ def constraints(info: FieldInfo) -> list[str]:
     enum = _enum(tp)
     if enum:
         out.append(enum)
+    for kube_format in _formats(info.annotation):
+        out.append(kube_format.describe())
     unit = "item" if get_origin(tp) is list else "entry" if get_origin(tp) is dict else "character"
     low_len: int | None = None
     high_len: int | None = None
@@ -185,6 +202,8 @@ def constraints(info: FieldInfo) -> list[str]:
             low_len = meta.min_length
         elif isinstance(meta, annotated_types.MaxLen):
             high_len = meta.max_length
+        elif isinstance(meta, KubeString):
+            out.append(meta.describe())
         elif getattr(meta, "pattern", None) is not None:
             out.append(f"matches `{meta.pattern}`")
         else:
@@ -392,16 +411,31 @@ def _section_markdown(section: Section) -> list[str]:
     out += [_row_cells(row) for row in section.rows]
     out.append("")
     if section.rules:
-        out += [
-            "Rules (CEL; the API server reports a failure at the field named, with this message):",
-            "",
-            "| Declared on | Reported at | Message | Checked |",
-            "|---|---|---|---|",
-        ]
-        for rule in section.rules:
-            when = "on update (**immutable**)" if rule.immutable else "on create and update"
-            out.append(f"| {_code(rule.on)} | {_code(rule.at)} | {_cell(rule.message)} | {when} |")
-        out.append("")
+        out += [f"Rules on these fields: [{RULES_TITLE}](#{anchor(RULES_TITLE)}).", ""]
+    return out
+
+
+RULES_TITLE = "Rules checked at admission"
+
+
+def _rules_markdown(sections: list[Section]) -> list[str]:
+    """Every CEL rule in one table, in the order of the fields they are declared on."""
+    out = [
+        f"## {RULES_TITLE}",
+        "",
+        "The CEL rules of the CRD, in one table. The API server evaluates them on `kubectl apply` and "
+        "reports a failure at the field named, with this message; the models evaluate the same rules "
+        "(all but the update-time ones) in the operator and the trainer. Syntax checks on single fields "
+        "(names, label values, image references, lengths, bounds) are in the Constraints column of each "
+        "field instead.",
+        "",
+        "| Declared on | Reported at | Message | Checked |",
+        "|---|---|---|---|",
+    ]
+    for rule in (r for s in sections for r in s.rules):
+        when = "on update (**immutable**)" if rule.immutable else "on create and update"
+        out.append(f"| {_code(rule.on)} | {_code(rule.at)} | {_cell(rule.message)} | {when} |")
+    out.append("")
     return out
 
 
@@ -425,7 +459,9 @@ def render_reference(root: type[ApiModel] = RLJob) -> str:
         f"- The sections {trainer_sections} are also the trainer's own YAML (`rlkube-trainer run config.yaml`), "
         "with verl's snake_case keys: `spec.actor.ppoMiniBatchSize` there is `actor.ppo_mini_batch_size`.",
         "",
-        "Sections: " + ", ".join(f"[{_code(s.title)}](#{anchor(s.title)})" for s in sections) + ".",
+        "Sections: "
+        + ", ".join(f"[{_code(s.title)}](#{anchor(s.title)})" for s in sections)
+        + f"; all rules: [{RULES_TITLE}](#{anchor(RULES_TITLE)}).",
         "",
         "## Immutable fields",
         "",
@@ -434,6 +470,7 @@ def render_reference(root: type[ApiModel] = RLJob) -> str:
     ]
     out += [f"- {line}" for line in _immutable(sections)]
     out.append("")
+    out += _rules_markdown(sections)
     for section in sections:
         out += _section_markdown(section)
     return "\n".join(out).rstrip("\n") + "\n"

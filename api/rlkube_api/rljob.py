@@ -6,13 +6,14 @@ operator reports.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
-from rlkube_api.names import Env
+from rlkube_api.kube_syntax import ENV_NAME_PATTERN, IMAGE, LONG_NAME, SHORT_NAME
+from rlkube_api.names import CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
 from rlkube_api.roles import Pool, Resources
 
 GROUP = "rlkube.dev"
@@ -32,7 +33,7 @@ MAX_NAME_LENGTH = 41
 class EnvVar(ApiModel):
     """An environment variable set in every trainer container (overrides rlkube's NCCL defaults)."""
 
-    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
     value: str = Field("", max_length=32768, description="Value.")
 
 
@@ -51,9 +52,7 @@ class PodVolume(ApiModel):
         ),
     )
 
-    name: str = Field(
-        min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", description="Volume name (DNS label)."
-    )
+    name: Annotated[str, SHORT_NAME] = Field(min_length=1, max_length=63, description="Volume name (DNS label).")
     mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path in containers.")
     read_only: bool = Field(False, description="Mount read-only.")
     source: dict[str, Any] = Field(
@@ -65,7 +64,7 @@ class PodVolume(ApiModel):
 class LocalObjectReference(ApiModel):
     """A reference to an object in the job's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Object name.")
+    name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="Object name.")
 
 
 class GangPolicy(ApiModel):
@@ -74,9 +73,22 @@ class GangPolicy(ApiModel):
     scheduler: Literal["volcano", "coscheduling", "kueue"] = Field(
         description="volcano (PodGroup), coscheduling (scheduler-plugins PodGroup) or kueue (suspend + queue)."
     )
-    queue: str | None = Field(None, max_length=253, description="Volcano queue or Kueue LocalQueue.")
-    priority_class_name: str | None = Field(None, max_length=253, description="PriorityClass of the gang.")
-    scheduler_name: str | None = Field(
+    # Kueue reads the queue from a label on the pods, so there it is a label value too.
+    cel_rules = (
+        CelRule(
+            "self.scheduler != 'kueue' || !has(self.queue) || size(self.queue) <= 63",
+            "queue must be at most 63 characters with kueue (it becomes the label kueue.x-k8s.io/queue-name)",
+            ".queue",
+        ),
+    )
+
+    queue: Annotated[str, LONG_NAME] | None = Field(
+        None, max_length=253, description="Volcano queue or Kueue LocalQueue."
+    )
+    priority_class_name: Annotated[str, LONG_NAME] | None = Field(
+        None, max_length=253, description="PriorityClass of the gang."
+    )
+    scheduler_name: Annotated[str, LONG_NAME] | None = Field(
         None, max_length=253, description="Pods' schedulerName (default: volcano, scheduler-plugins-scheduler)."
     )
     schedule_timeout_seconds: int = Field(
@@ -100,6 +112,19 @@ class RunPolicy(ApiModel):
     gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
 
 
+class NetworkPolicySpec(ApiModel):
+    """An optional NetworkPolicy around the job's pods: only the job's own pods reach them,
+    and the monitoring namespace only the driver's metrics port."""
+
+    # The operator applies its children and never prunes one the spec stops asking for.
+    cel_rules = (CelRule("self.enabled == oldSelf.enabled", "enabled is immutable", ".enabled", transition=True),)
+
+    enabled: bool = Field(False, description="Create the NetworkPolicy (needs a network plugin that enforces them).")
+    metrics_namespace: Annotated[str, SHORT_NAME] = Field(
+        "monitoring", max_length=63, description="Namespace whose pods (Prometheus) may scrape the driver's metrics."
+    )
+
+
 class ControllerSpec(ApiModel):
     """The CPU pod running the driver (Ray head, data loader, PPO loop)."""
 
@@ -118,6 +143,59 @@ class CheckpointSpec(CheckpointConfig):
 
 # Variables the operator sets in every pod; a user value would break the rendezvous.
 RESERVED_ENV = tuple(sorted(v for k, v in vars(Env).items() if k.isupper()))
+# Paths the operator mounts in every pod; a volume of the user's there makes pod creation fail.
+OPERATOR_MOUNT_PATHS = (CONFIG_DIR, REWARD_DIR, SHM_DIR)
+
+
+def _absolute(required: str, optional: str = "") -> CelRule:
+    """In pods, a relative path resolves against the image's working directory, which holds no
+    model, data or checkpoint: the trainer would fail at start. The path is `required.optional`;
+    the API server's has() tests only the last step, so each optional step gets its own."""
+    steps = optional.split(".") if optional else []
+    path = ".".join([required, *steps])
+    guards = [f"!has(self.{'.'.join([required, *steps[: i + 1]])})" for i in range(len(steps))]
+    return CelRule(
+        " || ".join([*guards, f"self.{path}.startsWith('/')"]),
+        f"{path} must be an absolute path in the pods (on a volume from spec.volumes)",
+        f".{path}",
+    )
+
+
+_PATH_RULES = (
+    _absolute("model.path"),
+    _absolute("model", "tokenizerPath"),
+    CelRule(
+        "self.data.trainFiles.all(f, f.startsWith('/'))",
+        "data.trainFiles must be absolute paths in the pods (on a volume from spec.volumes)",
+        ".data.trainFiles",
+    ),
+    CelRule(
+        "!has(self.data.valFiles) || self.data.valFiles.all(f, f.startsWith('/'))",
+        "data.valFiles must be absolute paths in the pods (on a volume from spec.volumes)",
+        ".data.valFiles",
+    ),
+    _absolute("critic", "modelPath"),
+    _absolute("reward", "function.path"),
+    _absolute("reward", "model.path"),
+    CelRule(
+        "!has(self.checkpoint.volume) || self.checkpoint.dir.startsWith('/')",
+        "checkpoint.dir must be an absolute path when checkpoint.volume is set (the volume is mounted there)",
+        ".checkpoint.dir",
+    ),
+    CelRule(
+        "!has(self.volumes) || self.volumes.all(v, !(v.mountPath in " + json.dumps(list(OPERATOR_MOUNT_PATHS)) + ")"
+        " && !(has(self.checkpoint.volume) && v.mountPath == self.checkpoint.dir))",
+        "volume mountPaths may not be a path the operator mounts: "
+        + ", ".join(OPERATOR_MOUNT_PATHS)
+        + ", or checkpoint.dir when checkpoint.volume is set",
+        ".volumes",
+    ),
+    CelRule(
+        "!has(self.checkpoint.volume) || !(self.checkpoint.dir in " + json.dumps(list(OPERATOR_MOUNT_PATHS)) + ")",
+        "checkpoint.dir may not be a path the operator mounts: " + ", ".join(OPERATOR_MOUNT_PATHS),
+        ".checkpoint.dir",
+    ),
+)
 
 
 class RLJobSpec(TrainerConfig):
@@ -140,16 +218,23 @@ class RLJobSpec(TrainerConfig):
             "volume mountPaths must be unique",
             ".volumes",
         ),
+        *_PATH_RULES,
     )
 
-    image: str = Field(min_length=1, max_length=1024, description="Trainer image for every role.")
+    image: Annotated[str, IMAGE] = Field(
+        min_length=1,
+        max_length=1024,
+        description="Trainer image for every role.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy."
     )
     image_pull_secrets: list[LocalObjectReference] | None = Field(
         None, max_length=16, description="Secrets for pulling the image."
     )
-    service_account_name: str | None = Field(None, max_length=253, description="Pods' ServiceAccount.")
+    service_account_name: Annotated[str, LONG_NAME] | None = Field(
+        None, max_length=253, description="Pods' ServiceAccount."
+    )
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpoints.")
     env: list[EnvVar] | None = Field(None, max_length=128, description="Extra environment of every container.")
     volumes: list[PodVolume] | None = Field(
@@ -157,6 +242,9 @@ class RLJobSpec(TrainerConfig):
     )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="Isolate the job's pods with a NetworkPolicy (off by default)."
+    )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
 
     def trainer_config(self) -> TrainerConfig:

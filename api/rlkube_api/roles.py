@@ -7,11 +7,18 @@ operator also reads the pool to place each role's pods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.kube_syntax import (
+    LABEL_KEY_MAX,
+    LABEL_VALUE_MAX,
+    LABEL_VALUE_PATTERN,
+    cel_is_label_key,
+    cel_is_positive_quantity,
+)
 
 # Roles that can run in pods of their own or inside the actor's workers.
 COLOCATABLE_ROLES = ("critic", "reference", "reward")
@@ -39,23 +46,78 @@ _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica
 class Toleration(ApiModel):
     """A Kubernetes toleration."""
 
-    key: str | None = Field(None, max_length=316, description="Taint key.")
-    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: str | None = Field(None, max_length=63, description="Taint value.")
+    # Kubernetes' own toleration rules (core/validation: ValidateTolerations), so that a
+    # mistake is refused at apply and not when the StatefulSet creates pods.
+    cel_rules = (
+        CelRule(
+            f"!has(self.key) || self.key == '' || {cel_is_label_key('self.key')}",
+            "key must be a label key (an optional DNS subdomain and '/', then at most 63 characters: "
+            "alphanumeric at both ends, '-', '_', '.' inside)",
+            ".key",
+        ),
+        CelRule(
+            "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+            "operator must be Exists when key is empty (it then matches every taint)",
+            ".operator",
+        ),
+        CelRule(
+            "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "value must be empty when operator is Exists",
+            ".value",
+        ),
+        CelRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds is only allowed with effect NoExecute",
+            ".tolerationSeconds",
+        ),
+    )
+
+    key: str | None = Field(None, max_length=LABEL_KEY_MAX, description="Taint key (a label key).")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal (the default).")
+    value: str | None = Field(
+        None, max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN, description="Taint value (a label value)."
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Effect.")
     toleration_seconds: int | None = Field(None, description="NoExecute: seconds to stay.")
+
+
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
 
 
 class Pool(ApiModel):
     """The node pool a role's pods go to."""
 
-    node_selector: dict[str, str] | None = Field(None, description="Node labels the pods require.")
+    cel_rules = (
+        CelRule(
+            f"!has(self.nodeSelector) || self.nodeSelector.all(k, {cel_is_label_key('k')})",
+            "nodeSelector keys must be label keys (an optional DNS subdomain and '/', then at most 63 "
+            "characters: alphanumeric at both ends, '-', '_', '.' inside)",
+            ".nodeSelector",
+        ),
+    )
+
+    node_selector: dict[str, LabelValue] | None = Field(
+        None, max_length=64, description="Node labels the pods require (values are label values)."
+    )
     tolerations: list[Toleration] | None = Field(None, max_length=64, description="Taints the pods tolerate.")
     affinity: dict[str, Any] | None = Field(None, description="A Kubernetes affinity, copied to the pods.")
 
 
 class Resources(ApiModel):
     """CPU and memory per pod (requests; memory is also the limit)."""
+
+    cel_rules = (
+        CelRule(
+            f"!has(self.cpu) || {cel_is_positive_quantity('self.cpu')}",
+            "cpu must be a positive Kubernetes quantity, e.g. '8' or '500m'",
+            ".cpu",
+        ),
+        CelRule(
+            f"!has(self.memory) || {cel_is_positive_quantity('self.memory')}",
+            "memory must be a positive Kubernetes quantity, e.g. '64Gi' or '500M' (not '64GB')",
+            ".memory",
+        ),
+    )
 
     cpu: str | None = Field(None, max_length=32, description="CPU request, e.g. '8' or '500m'.")
     memory: str | None = Field(None, max_length=32, description="Memory request and limit, e.g. '64Gi'.")

@@ -49,9 +49,12 @@ def describe(exc: ValidationError, style: Style = "wire") -> list[str]:
 
 
 def parse_rljob(obj: dict[str, Any], source: str = "RLJob", admitted: bool = False) -> RLJob:
-    """`admitted`: obj comes from the API server, whose CEL rules it already passed."""
+    """`admitted`: obj comes from the API server, whose CEL rules it already passed.
+
+    Strict, as the API server's schema is: "5" is no integer and "true" no boolean there. (The
+    trainer's YAML stays lax: PyYAML reads `lr: 1e-6` as a string.)"""
     try:
-        return RLJob.model_validate(obj, context={ADMITTED: True} if admitted else None)
+        return RLJob.model_validate(obj, strict=True, context={ADMITTED: True} if admitted else None)
     except ValidationError as exc:
         raise InvalidSpec(source, describe(exc, "wire")) from None
 

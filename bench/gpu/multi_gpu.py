@@ -116,7 +116,7 @@ def tput_job(workdir: Path, model: Path, data: Path, placement: str) -> dict[str
             "freeCacheEngine": False,
         },
         "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
-        "trainer": {"totalTrainingSteps": 4, "saveFreq": 0, "seed": 1},
+        "trainer": {"totalTrainingSteps": 4, "saveFreq": -1, "seed": 1},
         "checkpoint": {"dir": str(workdir / "runs" / f"tput-{placement}" / "checkpoints")},
         "roles": {"actor": {"replicas": 2 if placement == "colocated" else 1, "gpusPerReplica": 1}},
     }

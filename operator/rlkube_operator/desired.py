@@ -1,6 +1,6 @@
 """Pure builders: an RLJob in, the manifests of its children out.
 
-One module per child kind (statefulset, service, configmap, rbac; PodGroups come
+One module per child kind (statefulset, service, configmap, rbac, networkpolicy; PodGroups come
 from the gang plugins). Nothing here talks to the API server.
 """
 
@@ -11,6 +11,7 @@ from typing import Any
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.configmap import config_map
 from rlkube_operator.children.labels import owner_reference
+from rlkube_operator.children.networkpolicy import network_policies
 from rlkube_operator.children.rbac import rbac_children
 from rlkube_operator.children.secret import ray_token_secret
 from rlkube_operator.children.service import headless_service
@@ -27,6 +28,7 @@ def desired_children(job: RLJob, uid: str, attempt: int, pods_wanted: bool, ray_
     gang = plugin_for(job)
     children: list[Manifest] = [config_map(job), ray_token_secret(job, ray_token)]
     children += rbac_children(job)
+    children += network_policies(job)
     children += gang.children(job)
     for role in pod_roles(job):
         children.append(headless_service(job, role))

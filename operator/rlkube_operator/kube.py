@@ -29,6 +29,7 @@ PLURALS = {
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "NetworkPolicy": "networkpolicies",
 }
 # Kinds deleted when ttlSecondsAfterFinished elapses, as (apiVersion, kind).
 CHILD_KINDS = (
@@ -38,6 +39,7 @@ CHILD_KINDS = (
     ("v1", "ServiceAccount"),
     ("rbac.authorization.k8s.io/v1", "Role"),
     ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
     ("scheduling.volcano.sh/v1beta1", "PodGroup"),
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"),
 )

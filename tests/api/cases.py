@@ -165,6 +165,232 @@ INVALID = [
         ("spec.volumes", "mountPath"),
     ),
     Case("actor-strategy-unknown", _set("spec.actor.strategy", "zero3"), ("spec.actor.strategy",)),
+    # --- what pod creation would refuse: quantities, labels, tolerations, names --------------------
+    Case(
+        "memory-in-gigabytes",
+        _set("spec.roles.actor.resources.memory", "900GB"),
+        ("spec.roles.actor.resources.memory",),
+    ),
+    Case("cpu-negative", _set("spec.roles.rollout.resources.cpu", "-16"), ("spec.roles.rollout.resources.cpu",)),
+    Case(
+        "controller-cpu-not-a-quantity",
+        _set("spec.controller.resources", {"cpu": "two"}),
+        ("spec.controller.resources.cpu",),
+    ),
+    Case(
+        "node-selector-key-not-a-label-key",
+        _set("spec.roles.actor.pool.nodeSelector", {"rlkube.dev/pool name": "h100-train"}),
+        ("spec.roles.actor.pool.nodeSelector", "label keys"),
+    ),
+    Case(
+        "node-selector-value-not-a-label-value",
+        _set("spec.roles.actor.pool.nodeSelector", {"rlkube.dev/pool": "h100 train"}),
+        ("spec.roles.actor.pool.nodeSelector",),
+    ),
+    Case(
+        "toleration-exists-with-value",
+        _set("spec.roles.actor.pool.tolerations", [{"key": "nvidia.com/gpu", "operator": "Exists", "value": "true"}]),
+        ("spec.roles.actor.pool.tolerations", "value must be empty when operator is Exists"),
+    ),
+    Case(
+        "toleration-without-key-needs-exists",
+        _set("spec.roles.actor.pool.tolerations", [{"operator": "Equal", "value": "true"}]),
+        ("spec.roles.actor.pool.tolerations", "operator must be Exists when key is empty"),
+    ),
+    Case(
+        "toleration-seconds-without-no-execute",
+        _set(
+            "spec.roles.actor.pool.tolerations",
+            [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 60}],
+        ),
+        ("spec.roles.actor.pool.tolerations", "tolerationSeconds is only allowed with effect NoExecute"),
+    ),
+    Case(
+        "toleration-key-not-a-label-key",
+        _set("spec.roles.actor.pool.tolerations", [{"key": "nvidia.com/gpu/x", "operator": "Exists"}]),
+        ("spec.roles.actor.pool.tolerations", "key must be a label key"),
+    ),
+    Case(
+        "image-pull-secret-name",
+        _set("spec.imagePullSecrets", [{"name": "Registry_Creds"}]),
+        ("spec.imagePullSecrets",),
+    ),
+    Case("service-account-name", _set("spec.serviceAccountName", "trainer sa"), ("spec.serviceAccountName",)),
+    Case(
+        "reward-config-map-name",
+        _set("spec.reward.function.configMap.name", "GSM8K_reward"),
+        ("spec.reward.function.configMap.name",),
+    ),
+    Case(
+        "reward-config-map-key",
+        _set("spec.reward.function.configMap.key", "rewards/gsm8k.py"),
+        ("spec.reward.function.configMap.key",),
+    ),
+    Case(
+        "reward-config-map-key-dots",
+        _set("spec.reward.function.configMap.key", "..gsm8k.py"),
+        ("spec.reward.function.configMap", "'..'"),
+    ),
+    Case(
+        "gang-priority-class",
+        _set("spec.runPolicy.gang", {"scheduler": "volcano", "priorityClassName": "High"}),
+        ("spec.runPolicy.gang.priorityClassName",),
+    ),
+    Case(
+        "kueue-queue-longer-than-a-label-value",
+        _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "q" * 64}),
+        ("spec.runPolicy.gang.queue", "at most 63 characters"),
+    ),
+    Case("env-name", _set("spec.env", [{"name": "NCCL DEBUG", "value": "INFO"}]), ("spec.env",)),
+    # --- image references: a bad one fails only at pull ------------------------------------------------
+    Case("image-upper-case", _set("spec.image", "Rlkube-Trainer:0.1.0"), ("spec.image", "image reference")),
+    Case("image-trailing-space", _set("spec.image", "rlkube-trainer:0.1.0 "), ("spec.image", "image reference")),
+    Case("image-two-tags", _set("spec.image", "rlkube-trainer:0.1:gpu"), ("spec.image", "image reference")),
+    # --- in-pod paths -----------------------------------------------------------------------------------
+    Case("model-path-relative", _set("spec.model.path", "models/qwen"), ("spec.model.path", "absolute")),
+    Case("tokenizer-path-relative", _set("spec.model.tokenizerPath", "tok"), ("spec.model.tokenizerPath", "absolute")),
+    Case(
+        "train-file-relative",
+        _set("spec.data.trainFiles", ["gsm8k/train.parquet"]),
+        ("spec.data.trainFiles", "absolute"),
+    ),
+    Case("val-file-relative", _set("spec.data.valFiles", ["test.parquet"]), ("spec.data.valFiles", "absolute")),
+    Case("checkpoint-dir-relative", _set("spec.checkpoint.dir", "checkpoints"), ("spec.checkpoint.dir", "absolute")),
+    Case(
+        "volume-on-an-operator-mount",
+        _set("spec.volumes", [{"name": "etc", "mountPath": "/etc/rlkube", "source": {"emptyDir": {}}}]),
+        ("spec.volumes", "may not be a path the operator mounts"),
+    ),
+    Case(
+        "volume-on-the-checkpoint-dir",
+        _set("spec.volumes", [{"name": "ckpt", "mountPath": "/checkpoints", "source": {"emptyDir": {}}}]),
+        ("spec.volumes", "may not be a path the operator mounts"),
+    ),
+    # --- periods ----------------------------------------------------------------------------------------
+    Case("save-freq-zero", _set("spec.trainer.saveFreq", 0), ("spec.trainer.saveFreq", "-1")),
+    Case("test-freq-zero", _set("spec.trainer.testFreq", 0), ("spec.trainer.testFreq", "-1")),
+    Case("save-freq-below-minus-one", _set("spec.trainer.saveFreq", -2), ("spec.trainer.saveFreq",)),
+    # --- roles without a use ----------------------------------------------------------------------------
+    Case(
+        "critic-pods-without-gae",
+        _set("spec.roles.critic", {"replicas": 1, "gpusPerReplica": 8}),
+        ("spec.roles.critic", "sit idle"),
+    ),
+    Case(
+        "reference-pods-without-kl",
+        _all(_set("spec.actor.useKlLoss", False), _set("spec.roles.reference", {"replicas": 1, "gpusPerReplica": 8})),
+        ("spec.roles.reference", "sit idle"),
+    ),
+    Case(
+        "reward-pods-without-a-model",
+        _set("spec.roles.reward", {"replicas": 1, "gpusPerReplica": 1}),
+        ("spec.roles.reward", "sit idle"),
+    ),
+    # --- batch arithmetic across ranks (16 actor ranks, 8 samples per prompt) ---------------------------
+    Case(
+        "actor-mini-batch-does-not-split-over-ranks",
+        _all(_set("spec.data.trainBatchSize", 24), _set("spec.actor.ppoMiniBatchSize", 3)),
+        ("spec.actor.ppoMiniBatchSize", "split evenly"),
+    ),
+    Case(
+        "actor-rank-share-not-a-multiple-of-micro",
+        _set("spec.actor.ppoMicroBatchSizePerGpu", 24),
+        ("spec.actor.ppoMicroBatchSizePerGpu", "multiple of ppoMicroBatchSizePerGpu"),
+    ),
+    Case(
+        "critic-mini-batch-does-not-divide-batch",
+        _all(
+            _set("spec.algorithm.advEstimator", "gae"),
+            _set("spec.roles.critic", {"colocateWith": "actor"}),
+            _set("spec.critic.ppoMiniBatchSize", 100),
+        ),
+        ("spec.critic.ppoMiniBatchSize", "must divide data.trainBatchSize"),
+    ),
+    Case(
+        "critic-mini-batch-does-not-split-over-its-ranks",
+        _all(
+            _set("spec.algorithm.advEstimator", "gae"), _set("spec.roles.critic", {"replicas": 3, "gpusPerReplica": 1})
+        ),
+        ("spec.critic.ppoMiniBatchSize", "split evenly"),
+    ),
+    Case(
+        "critic-rank-share-not-a-multiple-of-micro",
+        _all(
+            _set("spec.algorithm.advEstimator", "gae"),
+            _set("spec.roles.critic", {"colocateWith": "actor"}),
+            _set("spec.critic.ppoMicroBatchSizePerGpu", 24),
+        ),
+        ("spec.critic.ppoMicroBatchSizePerGpu", "multiple of critic.ppoMicroBatchSizePerGpu"),
+    ),
+    Case(
+        "network-policy-metrics-namespace",
+        _set("spec.networkPolicy", {"enabled": True, "metricsNamespace": "Monitoring"}),
+        ("spec.networkPolicy.metricsNamespace",),
+    ),
+    # Found by the fuzz: the models coerced strings to numbers, the API server does not.
+    Case("save-freq-a-string", _set("spec.trainer.saveFreq", "5"), ("spec.trainer.saveFreq",)),
+    Case("kl-loss-a-string", _set("spec.actor.useKlLoss", "true"), ("spec.actor.useKlLoss",)),
+    Case(
+        "samples-per-prompt-a-boolean", _set("spec.rollout.samplesPerPrompt", True), ("spec.rollout.samplesPerPrompt",)
+    ),
+    # In Python `$` also matches before a final newline; in RE2 (the server's) it does not.
+    Case(
+        "node-selector-key-ends-in-a-newline",
+        _set("spec.roles.actor.pool.nodeSelector", {"pool\n": "h100-train"}),
+        ("spec.roles.actor.pool.nodeSelector",),
+    ),
+    Case("image-ends-in-a-newline", _set("spec.image", "rlkube-trainer:0.1.0\n"), ("spec.image",)),
+    Case(
+        "service-account-ends-in-a-newline", _set("spec.serviceAccountName", "trainer\n"), ("spec.serviceAccountName",)
+    ),
+    Case("train-batch-size-too-large", _set("spec.data.trainBatchSize", 2**40), ("spec.data.trainBatchSize",)),
+]
+
+# Specs at the edges of the rules above that both the API server and the models must accept.
+VALID = [
+    Case("memory-fraction-of-gibibytes", _set("spec.roles.actor.resources.memory", "1.5Gi"), ()),
+    Case("cpu-exponent", _set("spec.roles.actor.resources.cpu", "1e2"), ()),
+    Case("toleration-of-every-taint", _set("spec.roles.actor.pool.tolerations", [{"operator": "Exists"}]), ()),
+    Case(
+        "toleration-no-execute-seconds",
+        _set(
+            "spec.roles.actor.pool.tolerations",
+            [
+                {
+                    "key": "node.kubernetes.io/unreachable",
+                    "operator": "Exists",
+                    "effect": "NoExecute",
+                    "tolerationSeconds": 30,
+                }
+            ],
+        ),
+        (),
+    ),
+    Case("node-selector-key-without-prefix", _set("spec.roles.actor.pool.nodeSelector", {"pool": "H100_train.a"}), ()),
+    Case("node-selector-empty-value", _set("spec.roles.actor.pool.nodeSelector", {"example.com/gpu": ""}), ()),
+    Case(
+        "image-with-registry-port-and-digest",
+        _set("spec.image", "registry.example:5000/team/rlkube-trainer:0.1.0@sha256:" + "a" * 64),
+        (),
+    ),
+    Case("image-without-tag", _set("spec.image", "ghcr.io/rlkube/trainer"), ()),
+    Case(
+        "gae-with-a-colocated-critic",
+        _all(_set("spec.algorithm.advEstimator", "gae"), _set("spec.roles.critic", {"colocateWith": "actor"})),
+        (),
+    ),
+    Case(
+        "gae-with-critic-pods-of-its-own",
+        _all(
+            _set("spec.algorithm.advEstimator", "gae"),
+            _set("spec.roles.critic", {"replicas": 1, "gpusPerReplica": 8}),
+            _set("spec.critic.ppoMicroBatchSizePerGpu", 64),
+        ),
+        (),
+    ),
+    Case("reference-colocated-without-kl", _set("spec.actor.useKlLoss", False), ()),
+    Case("save-and-test-every-step", _all(_set("spec.trainer.saveFreq", 1), _set("spec.trainer.testFreq", 1)), ()),
+    Case("gang-kueue", _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"}), ()),
 ]
 
 # Changes refused on update: (id, mutation, field).
@@ -172,6 +398,11 @@ IMMUTABLE = [
     Case("model-path-changes", _set("spec.model.path", "/models/other"), ("spec.model",)),
     Case("actor-gpus-change", _set("spec.roles.actor.gpusPerReplica", 16), ("spec.roles.actor.gpusPerReplica",)),
     Case("actor-replicas-change", _set("spec.roles.actor.replicas", 4), ("spec.roles.actor.replicas",)),
+    Case(
+        "network-policy-switched-on",
+        _set("spec.networkPolicy", {"enabled": True}),
+        ("spec.networkPolicy.enabled", "enabled is immutable"),
+    ),
     Case(
         "rollout-placement-changes",
         _set("spec.roles.rollout", {"placement": "colocated"}),

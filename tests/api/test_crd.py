@@ -14,7 +14,7 @@ import yaml
 
 from rlkube_api import crd
 from rlkube_api.validation import InvalidSpec, check_rljob_update, parse_rljob
-from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, Case, base_job
+from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, VALID, Case, base_job
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -34,7 +34,8 @@ def test_crd_has_the_names_users_type() -> None:
 
 def _server_verdict(kubectl: Kubectl, namespace: str, job: dict[str, Any], verb: str = "create") -> str | None:
     """None when the API server accepts the object (dry run), else its error text."""
-    result = kubectl(verb, "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(job), check=False)
+    # JSON, not YAML: the server's YAML 1.1 parser reads strings such as "1e2" as numbers.
+    result = kubectl(verb, "--dry-run=server", "-n", namespace, "-f", "-", input=json.dumps(job), check=False)
     return None if result.returncode == 0 else result.stderr
 
 
@@ -56,6 +57,15 @@ def test_server_refuses_what_the_models_refuse(kubectl: Kubectl, rljob_crd: None
         assert field in server, f"{case.id}: expected {field!r} in the server's message:\n{server}"
     with pytest.raises(InvalidSpec):
         parse_rljob(job)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", VALID, ids=lambda c: c.id)
+def test_server_accepts_what_the_models_accept(kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case) -> None:
+    job = case.job()
+    parse_rljob(job)
+    server = _server_verdict(kubectl, namespace, job)
+    assert server is None, f"{case.id}: the API server refused a valid RLJob:\n{server}"
 
 
 @pytest.mark.cluster

@@ -10,7 +10,7 @@ import yaml
 
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, check_rljob_update, load_trainer_config, parse_rljob
-from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, Case, base_job, example
+from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, VALID, Case, base_job, example
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
@@ -27,6 +27,11 @@ def test_invalid_spec_is_refused_naming_the_field(case: Case) -> None:
     text = str(info.value)
     for field in case.fields:
         assert field in text, f"{case.id}: expected {field!r} in:\n{text}"
+
+
+@pytest.mark.parametrize("case", VALID, ids=lambda c: c.id)
+def test_edge_of_a_rule_is_accepted(case: Case) -> None:
+    parse_rljob(case.job())
 
 
 @pytest.mark.parametrize("case", IMMUTABLE, ids=lambda c: c.id)

@@ -17,7 +17,9 @@ def config(roles: dict[str, Any], **sections: Any) -> TrainerConfig:
     raw: dict[str, Any] = {
         "model": {"path": "/m"},
         "data": {"train_files": ["/d.parquet"], "train_batch_size": 8},
-        "actor": {"ppo_mini_batch_size": 8},
+        # 16 samples a mini-batch over up to 16 ranks: micro-batches of 1 divide every share.
+        "actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size_per_gpu": 1},
+        "critic": {"ppo_micro_batch_size_per_gpu": 1},
         "rollout": {"n": 2},
         "reward": {"function": {"path": "/r.py"}},
         "roles": roles,

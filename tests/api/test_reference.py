@@ -84,7 +84,11 @@ def test_constraints_enums_and_requiredness() -> None:
     assert rows["spec.data.trainFiles"].required
     assert rows["spec.data.trainFiles"].constraints == ["1–256 items"]
     assert rows["spec.actor.optim.betas"].constraints == ["exactly 2 items"]
-    assert rows["spec.image"].constraints == ["1–1024 characters"]
+    assert rows["spec.image"].constraints == [
+        "must be an image reference: [registry[:port]/]repository[:tag][@digest], the repository in lower case",
+        "1–1024 characters",
+    ]
+    assert rows["spec.serviceAccountName"].constraints[0].startswith("format `k8s-long-name`: a DNS-1123 subdomain")
     assert rows["spec.rollout.topP"].constraints == ["> 0", "max 1"]
     assert rows["spec.trainer.logger"].constraints == ["each one of `console`, `tensorboard`", "at most 2 items"]
     assert rows["spec.roles.actor"].required and not rows["spec.roles.critic"].required

@@ -45,6 +45,7 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("configmaps", "services", "serviceaccounts"), ("create", "patch", "list", "delete")),
     ("", ("secrets",), ("get", "create", "patch", "delete")),
     ("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create", "patch", "list", "delete")),
+    ("networking.k8s.io", ("networkpolicies",), ("create", "patch", "list", "delete")),
     ("scheduling.volcano.sh", ("podgroups",), ("create", "patch", "list", "delete")),
     ("scheduling.x-k8s.io", ("podgroups",), ("create", "patch", "list", "delete")),
     ("", ("events",), ("create",)),

@@ -6,6 +6,7 @@ none of a list of things beyond them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -314,3 +315,54 @@ def test_the_sa_may_renew_its_own_lease_and_no_other(kube: ApiClient, cluster_wi
         assert not _may_on_lease(kube, release, verb, jobs, lease), verb
     assert not _may_on_lease(kube, release, "delete", release.namespace, lease)
     assert not _may_on_lease(kube, release, "list", release.namespace, None)
+
+
+# What every authenticated user may do (system:basic-user, system:discovery, system:public-info-viewer):
+# `kubectl auth can-i --list` shows these too; they are not the operator's.
+EVERYONE = frozenset(
+    {
+        ("authentication.k8s.io", "selfsubjectreviews", "create"),
+        ("authorization.k8s.io", "selfsubjectaccessreviews", "create"),
+        ("authorization.k8s.io", "selfsubjectrulesreviews", "create"),
+    }
+)
+
+
+def can_i_list(kubectl: Kubectl, release: Release, namespace: str) -> set[Permission]:
+    """`kubectl auth can-i --list` as the operator's ServiceAccount: its resource permissions
+    in `namespace`, as (apiGroup, resource, verb)."""
+    result = kubectl("auth", "can-i", "--list", f"--as={release.user}", "-n", namespace)
+    found: set[Permission] = set()
+    for line in result.stdout.splitlines()[1:]:  # after the header
+        # Resources, Non-Resource URLs, Resource Names, Verbs; the last three in brackets.
+        resource, lists = line.split()[0], re.findall(r"\[([^\]]*)\]", line)
+        verbs = lists[-1].split() if lists else []
+        if resource.startswith("[") or not verbs:  # a non-resource URL's row
+            continue
+        # e.g. rljobs.rlkube.dev/status -> ("rlkube.dev", "rljobs/status")
+        qualified, _, subresource = resource.partition("/")
+        name, _, group = qualified.partition(".")
+        name += f"/{subresource}" if subresource else ""
+        found |= {(group, name, verb) for verb in verbs}
+    return found
+
+
+@pytest.mark.cluster
+def test_can_i_list_as_the_operator_shows_exactly_the_contract(
+    kubectl: Kubectl, cluster_wide: tuple[Release, str]
+) -> None:
+    """The operator's permissions as a user would list them, cluster-wide mode, in a namespace of jobs."""
+    release, jobs = cluster_wide
+    listed = can_i_list(kubectl, release, jobs) - EVERYONE
+    assert listed == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS
+
+
+@pytest.mark.cluster
+def test_can_i_list_as_the_operator_in_an_unwatched_namespace_shows_nothing_of_the_jobs(
+    kubectl: Kubectl, namespaced: tuple[Release, tuple[str, str], str]
+) -> None:
+    release, watched, other = namespaced
+    assert can_i_list(kubectl, release, watched[0]) - EVERYONE == (
+        JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
+    )
+    assert can_i_list(kubectl, release, other) - EVERYONE == OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS

@@ -224,6 +224,8 @@ def test_a_role_that_fits_no_node_is_unschedulable(jobs: Jobs) -> None:
         {
             # 16 GPUs per pod: more than any node has (8 at most).
             "spec.roles.actor": {"replicas": 1, "gpusPerReplica": 16},
+            # 128 samples per mini-batch over 16 ranks: 8 each.
+            "spec.actor.ppoMicroBatchSizePerGpu": 8,
             "spec.runPolicy.pendingTimeoutSeconds": 3,
         },
     )

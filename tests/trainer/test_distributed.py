@@ -38,6 +38,8 @@ def _config(workdir: Path, steps: int, save_freq: int, **trainer: Any) -> Path:
     path = init(workdir, "gae", steps)
     raw = yaml.safe_load(path.read_text())
     raw["roles"] = TOPOLOGY
+    # 16 prompts × 4 samples per mini-batch over 2 actor ranks: 32 each, one micro-batch.
+    raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32
     raw["trainer"].update({"save_freq": save_freq, **trainer})
     path.write_text(yaml.safe_dump(raw))
     return path

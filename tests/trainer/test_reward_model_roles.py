@@ -24,6 +24,7 @@ def _raw_config(tmp_path: Path) -> dict[str, object]:
     raw["rollout"]["name"] = "hf"
     raw["data"]["train_batch_size"] = 8
     raw["actor"]["ppo_mini_batch_size"] = 4
+    raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32  # one rank's mini-batch: 4 prompts × 8 samples
     raw["reward"] = {"model": {"path": str(save_reward_model(tmp_path / "rm"))}}
     return raw
 

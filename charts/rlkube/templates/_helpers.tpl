@@ -139,6 +139,11 @@ same list as a table, and README.md documents it.
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["create", "patch", "list", "delete"]
+# The job's NetworkPolicy (spec.networkPolicy): applied, listed by label and deleted after
+# ttlSecondsAfterFinished.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["create", "patch", "list", "delete"]
 # Gang scheduling: Volcano and scheduler-plugins coscheduling PodGroups. Both are
 # granted whichever scheduler is in use: the TTL cleanup lists both kinds, and a
 # PodGroup CRD that is installed but forbidden would make it fail. Kueue needs no

@@ -3,6 +3,7 @@ checkpoint volume and rendezvous environment."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from rlkube_api.names import (
@@ -39,6 +40,27 @@ NCCL_DEFAULTS = {
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "0",
     "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+# The "restricted" Pod Security Standard, so that jobs run in namespaces that enforce it.
+# The trainer needs no privilege: NCCL's shared memory is the /dev/shm emptyDir, and Ray and
+# torch.distributed listen on unprivileged ports.
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+# The trainer image's group (Dockerfile.trainer: USER 1000:1000). As fsGroup, it makes volumes
+# such as the checkpoint PersistentVolumeClaim writable by the non-root user; OnRootMismatch
+# skips the recursive chown of a volume already owned by it (a model volume is large).
+TRAINER_GID = 1000
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    "fsGroup": TRAINER_GID,
+    "fsGroupChangePolicy": "OnRootMismatch",
 }
 
 
@@ -132,13 +154,18 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         "env": container_env(job, role, attempt),
         "ports": container_ports(role.name),
         "volumeMounts": mounts,
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     resources = container_resources(role)
     if resources:
         container["resources"] = resources
     if role.name != CONTROLLER_ROLE:
         container["livenessProbe"] = ROLE_LIVENESS_PROBE
-    pod: dict[str, Any] = {"containers": [container], "volumes": volumes}
+    pod: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+    }
     pod["serviceAccountName"] = trainer_service_account_name(job)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [s.to_wire() for s in spec.image_pull_secrets]
