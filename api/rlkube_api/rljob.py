@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
-from rlkube_api.names import Env
+from rlkube_api.pod_template import OPERATOR_VOLUMES, RESERVED_ENV, JobPodTemplate, LocalObjectReference
 from rlkube_api.roles import Pool, Resources
 
 GROUP = "rlkube.dev"
@@ -36,10 +36,6 @@ class EnvVar(ApiModel):
     value: str = Field("", max_length=32768, description="Value.")
 
 
-# Volume names the operator itself mounts in every pod.
-OPERATOR_VOLUMES = ("checkpoints", "config", "reward", "shm")
-
-
 class PodVolume(ApiModel):
     """A volume mounted in every trainer pod: models, datasets, caches."""
 
@@ -60,12 +56,6 @@ class PodVolume(ApiModel):
         description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: models}} or "
         "{hostPath: {path: /data}}.",
     )
-
-
-class LocalObjectReference(ApiModel):
-    """A reference to an object in the job's namespace."""
-
-    name: str = Field(min_length=1, max_length=253, description="Object name.")
 
 
 class GangPolicy(ApiModel):
@@ -105,6 +95,7 @@ class ControllerSpec(ApiModel):
 
     resources: Resources | None = Field(None, description="CPU and memory of the controller pod.")
     pool: Pool | None = Field(None, description="Where the controller pod goes.")
+    pod_template: JobPodTemplate | None = Field(None, description="Additions to the controller pod.")
 
 
 class CheckpointSpec(CheckpointConfig):
@@ -114,10 +105,6 @@ class CheckpointSpec(CheckpointConfig):
         None,
         description="A Kubernetes volume source (e.g. persistentVolumeClaim) mounted at dir in every pod.",
     )
-
-
-# Variables the operator sets in every pod; a user value would break the rendezvous.
-RESERVED_ENV = tuple(sorted(v for k, v in vars(Env).items() if k.isupper()))
 
 
 class RLJobSpec(TrainerConfig):
@@ -156,6 +143,9 @@ class RLJobSpec(TrainerConfig):
         None, max_length=32, description="Volumes mounted in every trainer pod (where model.path and data live)."
     )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
+    pod_template: JobPodTemplate | None = Field(
+        None, description="Additions to every pod of the job (labels, env from Secrets, sidecars, ...)."
+    )
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
 

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.pod_template import PodTemplate
 
 # Roles that can run in pods of their own or inside the actor's workers.
 COLOCATABLE_ROLES = ("critic", "reference", "reward")
@@ -32,6 +33,8 @@ _REPLICAS_IMMUTABLE = CelRule(
     ".replicas",
     transition=True,
 )
+
+_NO_PODS_NO_TEMPLATE = "a role inside the actor's workers has no pods: set the actor's podTemplate"
 
 _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
 
@@ -70,6 +73,7 @@ class _PodRole(ApiModel):
     )
     pool: Pool | None = Field(None, description="Node pool: nodeSelector, tolerations, affinity.")
     resources: Resources | None = Field(None, description="CPU and memory per pod.")
+    pod_template: PodTemplate | None = Field(None, description="Additions to this role's pods, over the job's.")
 
 
 class ActorRoleSpec(_PodRole):
@@ -118,6 +122,7 @@ class RoleSpec(_PodRole):
         ),
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
+        CelRule("!has(self.colocateWith) || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
     )
 
     colocate_with: Literal["actor"] | None = Field(
@@ -150,6 +155,7 @@ class RolloutRoleSpec(_PodRole):
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
         CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
+        CelRule("self.placement == 'separate' || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
     )
 
     placement: Literal["colocated", "separate"] = Field(
