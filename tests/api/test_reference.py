@@ -86,7 +86,10 @@ def test_constraints_enums_and_requiredness() -> None:
     assert rows["spec.actor.optim.betas"].constraints == ["exactly 2 items"]
     assert rows["spec.image"].constraints == ["1–1024 characters"]
     assert rows["spec.rollout.topP"].constraints == ["> 0", "max 1"]
-    assert rows["spec.trainer.logger"].constraints == ["each one of `console`, `tensorboard`", "at most 2 items"]
+    assert rows["spec.trainer.logger"].constraints == [
+        "each one of `console`, `tensorboard`, `mlflow`, `wandb`",
+        "at most 4 items",
+    ]
     assert rows["spec.roles.actor"].required and not rows["spec.roles.critic"].required
 
 
