@@ -40,7 +40,7 @@ $(DEPS_STAMP): $(UV)
 venv: $(DEPS_STAMP) ## create the Python environment (.venv)
 
 .PHONY: toolchain
-toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm (cached)
+toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, helm and promtool (cached)
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps

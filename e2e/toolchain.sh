@@ -5,6 +5,8 @@
 #   $RLKUBE_CACHE/etcd-v3.6.10/bin/etcd
 #   $RLKUBE_CACHE/kwok-v0.8.0/bin/kwok
 #   $RLKUBE_CACHE/helm-v3.21.4/bin/helm
+#   $RLKUBE_CACHE/promtool-v0.316.0/bin/promtool  (Prometheus 3.16's rule linter; the Go
+#     module's versions are v0.3XX.Y for Prometheus 3.XX.Y)
 # A component already in the cache is not rebuilt. Prints progress while building.
 set -euo pipefail
 
@@ -12,6 +14,7 @@ K8S_VERSION=${K8S_VERSION:-1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-3.6.10}
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.21.4}
+PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
 CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
 export CGO_ENABLED=0
 export GOFLAGS=${GOFLAGS:--trimpath}
@@ -113,10 +116,12 @@ main() {
     etcd) build_etcd ;;
     kwok) go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
     helm) go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
+    promtool) go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION" ;;
     all)
       # Small ones first so a failure there shows before the long build.
       (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
       (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
+      (go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION")
       (build_etcd)
       (build_k8s)
       ;;
@@ -125,8 +130,9 @@ main() {
       echo "ETCD_BIN=$CACHE/etcd-v$ETCD_VERSION/bin"
       echo "KWOK_BIN=$CACHE/kwok-v$KWOK_VERSION/bin"
       echo "HELM_BIN=$CACHE/helm-v$HELM_VERSION/bin"
+      echo "PROMTOOL_BIN=$CACHE/promtool-v$PROMTOOL_VERSION/bin"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|all|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|all|paths)"; exit 2 ;;
   esac
 }
 main "$@"
