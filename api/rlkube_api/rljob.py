@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
@@ -195,6 +195,15 @@ class Progress(ApiModel):
     )
     last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
+
+    # `kubectl get` prints numbers as stored; these are for reading (the exact values are
+    # in the driver's metrics), so they are stored rounded. Digits after the point:
+    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {"reward_mean": 4, "tokens_per_second_per_gpu": 1}
+
+    @field_validator("reward_mean", "tokens_per_second_per_gpu")
+    @classmethod
+    def _round_for_display(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return None if value is None else round(value, cls._DISPLAY_DIGITS[str(info.field_name)])
 
 
 class RLJobStatus(ApiModel):
