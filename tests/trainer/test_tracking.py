@@ -3,11 +3,12 @@ are read back from MLflow's file store and from W&B's offline run file."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
-from rlkube_trainer.tracking import RUN_IDS_FILE, Tracker, WandbTracker, mlflow_tracking_uri
+from rlkube_trainer.tracking import RUN_IDS_FILE, Tracker, TrackerMissing, WandbTracker, mlflow_tracking_uri
 from tests.trainer.wandb_records import history, run_info
 
 MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient
@@ -96,3 +97,9 @@ def test_both_trackers_and_the_jsonl_see_the_same_steps(tmp_path: Path) -> None:
     assert [v for _, v in points] == [100.0, 120.0]
     assert [row["perf/throughput"] for row in history(_wandb_file(tmp_path))] == [100.0, 120.0]
     assert set((tmp_path / RUN_IDS_FILE).read_text().split('"')) >= {"mlflow", "wandb"}
+
+
+def test_a_tracker_that_is_not_installed_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import of it now fails
+    with pytest.raises(TrackerMissing, match=r"trainer.logger names wandb, but wandb is not installed"):
+        Tracker(tmp_path, ["wandb"], "grpo-run")

@@ -17,6 +17,7 @@ directory (`trackers.json`) next to the checkpoints the driver resumes from.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import numbers
@@ -52,6 +53,20 @@ CURVES = (
     ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("response length (mean)", ("response_length/mean",)),
 )
+
+
+class TrackerMissing(RuntimeError):
+    """trainer.logger names a tracker whose package is not installed."""
+
+
+def _import(module: str, logger: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise TrackerMissing(
+            f"trainer.logger names {logger}, but {module.split('.', maxsplit=1)[0]} is not installed "
+            "(pip install 'rlkube[trackers]')"
+        ) from None
 
 
 class ExperimentTracker(Protocol):
@@ -92,11 +107,9 @@ class MlflowTracker:
             # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked;
             # a file store is what needs no server and no database on a laptop or a volume.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        from mlflow.entities import Metric  # noqa: PLC0415  (optional extra, seconds to import)
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415
-
-        self._metric = Metric
-        self.client = MlflowClient(tracking_uri=self.uri)
+        # The optional extra, imported only when asked for (about two seconds).
+        self._metric = _import("mlflow.entities", "mlflow").Metric
+        self.client = _import("mlflow.tracking", "mlflow").MlflowClient(tracking_uri=self.uri)
         known = _run_ids(output_dir).get("mlflow")
         if known is not None:
             self.run_id = known
@@ -126,9 +139,7 @@ class WandbTracker:
 
     def __init__(self, output_dir: Path, project: str, experiment: str, env: Mapping[str, str] | None = None) -> None:
         self.mode = self.mode_for(os.environ if env is None else env)
-        import wandb  # noqa: PLC0415  (optional extra)
-
-        self._wandb = wandb
+        self._wandb = wandb = _import("wandb", "wandb")
         run_id = _run_ids(output_dir).get("wandb") or secrets.token_hex(4)
         _remember_run_id(output_dir, "wandb", run_id)
         self.run = wandb.init(
