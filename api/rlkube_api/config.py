@@ -19,7 +19,7 @@ from rlkube_api.roles import Roles
 
 AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
 KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
-Logger = Literal["console", "tensorboard"]
+Logger = Literal["console", "tensorboard", "mlflow", "wandb"]
 LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # Estimators that compare samples of the same prompt need more than one sample each.
@@ -336,7 +336,12 @@ class TrainerSection(ApiModel):
     save_freq: int = Field(-1, ge=-1, description="Checkpoint every N steps (-1: only at the end).")
     test_freq: int = Field(-1, ge=-1, description="Validate every N steps (-1: never).")
     seed: int = Field(42, description="Seed of model init, sampling and dropout.")
-    logger: list[Logger] = Field(default_factory=_console_only, max_length=2, description="Where metrics go.")
+    logger: list[Logger] = Field(
+        default_factory=_console_only,
+        max_length=4,
+        description="Where metrics go: console, tensorboard, mlflow ($MLFLOW_TRACKING_URI, else a file store "
+        "in the checkpoint directory), wandb (offline unless $WANDB_API_KEY is set).",
+    )
     project_name: str = Field("rlkube", description="Groups runs in the loggers.")
     experiment_name: str = Field("default", description="Names this run in the loggers.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when present.")

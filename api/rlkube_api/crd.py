@@ -119,6 +119,8 @@ class _SchemaConverter:
                     prop["items"]["required"].append(key)
             props[alias] = prop
         out["properties"] = props
+        if raw.get("additionalProperties") is True:  # extra="allow": a Kubernetes object passed through
+            out["x-kubernetes-preserve-unknown-fields"] = True
         if raw.get("required"):
             out["required"] = raw["required"]
         rules = [r.to_schema() for r in cls.cel_rules]

@@ -8,12 +8,18 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
 from rlkube_api.kube_syntax import ENV_NAME_PATTERN, IMAGE, LONG_NAME, SHORT_NAME
-from rlkube_api.names import CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
+from rlkube_api.pod_template import (
+    OPERATOR_MOUNT_PATHS,
+    OPERATOR_VOLUMES,
+    RESERVED_ENV,
+    JobPodTemplate,
+    LocalObjectReference,
+)
 from rlkube_api.roles import Pool, Resources
 
 GROUP = "rlkube.dev"
@@ -37,10 +43,6 @@ class EnvVar(ApiModel):
     value: str = Field("", max_length=32768, description="Value.")
 
 
-# Volume names the operator itself mounts in every pod.
-OPERATOR_VOLUMES = ("checkpoints", "config", "reward", "shm")
-
-
 class PodVolume(ApiModel):
     """A volume mounted in every trainer pod: models, datasets, caches."""
 
@@ -59,12 +61,6 @@ class PodVolume(ApiModel):
         description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: models}} or "
         "{hostPath: {path: /data}}.",
     )
-
-
-class LocalObjectReference(ApiModel):
-    """A reference to an object in the job's namespace."""
-
-    name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="Object name.")
 
 
 class GangPolicy(ApiModel):
@@ -130,6 +126,7 @@ class ControllerSpec(ApiModel):
 
     resources: Resources | None = Field(None, description="CPU and memory of the controller pod.")
     pool: Pool | None = Field(None, description="Where the controller pod goes.")
+    pod_template: JobPodTemplate | None = Field(None, description="Additions to the controller pod.")
 
 
 class CheckpointSpec(CheckpointConfig):
@@ -139,12 +136,6 @@ class CheckpointSpec(CheckpointConfig):
         None,
         description="A Kubernetes volume source (e.g. persistentVolumeClaim) mounted at dir in every pod.",
     )
-
-
-# Variables the operator sets in every pod; a user value would break the rendezvous.
-RESERVED_ENV = tuple(sorted(v for k, v in vars(Env).items() if k.isupper()))
-# Paths the operator mounts in every pod; a volume of the user's there makes pod creation fail.
-OPERATOR_MOUNT_PATHS = (CONFIG_DIR, REWARD_DIR, SHM_DIR)
 
 
 def _absolute(required: str, optional: str = "") -> CelRule:
@@ -241,6 +232,9 @@ class RLJobSpec(TrainerConfig):
         None, max_length=32, description="Volumes mounted in every trainer pod (where model.path and data live)."
     )
     controller: ControllerSpec = Field(default_factory=ControllerSpec, description="The driver pod.")
+    pod_template: JobPodTemplate | None = Field(
+        None, description="Additions to every pod of the job (labels, env from Secrets, sidecars, ...)."
+    )
     suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Isolate the job's pods with a NetworkPolicy (off by default)."
@@ -293,6 +287,15 @@ class Progress(ApiModel):
     )
     last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
+
+    # `kubectl get` prints numbers as stored; these are for reading (the exact values are
+    # in the driver's metrics), so they are stored rounded. Digits after the point:
+    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {"reward_mean": 4, "tokens_per_second_per_gpu": 1}
+
+    @field_validator("reward_mean", "tokens_per_second_per_gpu")
+    @classmethod
+    def _round_for_display(cls, value: float | None, info: ValidationInfo) -> float | None:
+        return None if value is None else round(value, cls._DISPLAY_DIGITS[str(info.field_name)])
 
 
 class RLJobStatus(ApiModel):

@@ -19,6 +19,7 @@ from rlkube_api.kube_syntax import (
     cel_is_label_key,
     cel_is_positive_quantity,
 )
+from rlkube_api.pod_template import PodTemplate
 
 # Roles that can run in pods of their own or inside the actor's workers.
 COLOCATABLE_ROLES = ("critic", "reference", "reward")
@@ -39,6 +40,8 @@ _REPLICAS_IMMUTABLE = CelRule(
     ".replicas",
     transition=True,
 )
+
+_NO_PODS_NO_TEMPLATE = "a role inside the actor's workers has no pods: set the actor's podTemplate"
 
 _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
 
@@ -132,6 +135,7 @@ class _PodRole(ApiModel):
     )
     pool: Pool | None = Field(None, description="Node pool: nodeSelector, tolerations, affinity.")
     resources: Resources | None = Field(None, description="CPU and memory per pod.")
+    pod_template: PodTemplate | None = Field(None, description="Additions to this role's pods, over the job's.")
 
 
 class ActorRoleSpec(_PodRole):
@@ -180,6 +184,7 @@ class RoleSpec(_PodRole):
         ),
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
+        CelRule("!has(self.colocateWith) || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
     )
 
     colocate_with: Literal["actor"] | None = Field(
@@ -212,6 +217,7 @@ class RolloutRoleSpec(_PodRole):
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
         CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
+        CelRule("self.placement == 'separate' || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
     )
 
     placement: Literal["colocated", "separate"] = Field(

@@ -90,7 +90,10 @@ def test_constraints_enums_and_requiredness() -> None:
     ]
     assert rows["spec.serviceAccountName"].constraints[0].startswith("format `k8s-long-name`: a DNS-1123 subdomain")
     assert rows["spec.rollout.topP"].constraints == ["> 0", "max 1"]
-    assert rows["spec.trainer.logger"].constraints == ["each one of `console`, `tensorboard`", "at most 2 items"]
+    assert rows["spec.trainer.logger"].constraints == [
+        "each one of `console`, `tensorboard`, `mlflow`, `wandb`",
+        "at most 4 items",
+    ]
     assert rows["spec.roles.actor"].required and not rows["spec.roles.critic"].required
 
 

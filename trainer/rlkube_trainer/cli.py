@@ -5,7 +5,8 @@
 - `driver`: the controller pod: Ray head + driver (config from $RLKUBE_CONFIG);
 - `node --role ROLE`: a role pod: joins the head, advertises its role and pod
   index, serves /healthz, stays up until the driver ends;
-- `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config).
+- `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config);
+- `convert VERL.yaml`: a verl config as a trainer YAML or an RLJob (verl_config.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
+from rlkube_trainer import verl_config
 
 log = logging.getLogger("rlkube.trainer")
 # The driver waits this long for every role pod to join before giving up.
@@ -136,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])
     tiny.add_argument("--steps", type=int, default=60)
     tiny.set_defaults(handler=_tiny_task)
+    convert = sub.add_parser("convert", help="map a verl config to a trainer YAML (or, with --rljob, an RLJob)")
+    verl_config.add_arguments(convert)
+    convert.set_defaults(handler=verl_config.run)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.handler(args))

@@ -1,14 +1,42 @@
 """Where step metrics go: a console line, metrics.jsonl, optional TensorBoard event
-files, and at the end a PNG of the reward, KL and response-length curves."""
+files, MLflow and Weights & Biases runs, and at the end a PNG of the reward, KL and
+response-length curves.
+
+The experiment trackers are optional extras (`pip install rlkube[trackers]`), imported
+only when `trainer.logger` names them, with verl's mapping: the project is MLflow's
+experiment and W&B's project, the experiment name is the run's name.
+
+- mlflow: to $MLFLOW_TRACKING_URI (a server, a database), else a file store `mlruns/`
+  in the output (checkpoint) directory, so a run on a volume keeps its metrics.
+- wandb: offline into the output directory unless an API key is there
+  ($WANDB_API_KEY, e.g. from a Secret through a pod template's env); $WANDB_MODE wins.
+
+Both continue the same run after a gang restart: the run's id is kept in the output
+directory (`trackers.json`) next to the checkpoints the driver resumes from.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import numbers
+import os
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, Protocol, cast, get_args
 
 log = logging.getLogger("rlkube.trainer")
+
+MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
+WANDB_KEY_ENV = "WANDB_API_KEY"
+WANDB_MODE_ENV = "WANDB_MODE"
+# Run ids of the trackers, so that a restarted driver continues the same runs.
+RUN_IDS_FILE = "trackers.json"
+WandbMode = Literal["online", "offline", "disabled", "shared"]
 
 CONSOLE_KEYS = (
     "critic/score/mean",
@@ -27,8 +55,128 @@ CURVES = (
 )
 
 
+class TrackerMissing(RuntimeError):
+    """trainer.logger names a tracker whose package is not installed."""
+
+
+def _import(module: str, logger: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise TrackerMissing(
+            f"trainer.logger names {logger}, but {module.split('.', maxsplit=1)[0]} is not installed "
+            "(pip install 'rlkube[trackers]')"
+        ) from None
+
+
+class ExperimentTracker(Protocol):
+    def log(self, step: int, metrics: Mapping[str, float]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _run_ids(output_dir: Path) -> dict[str, str]:
+    path = output_dir / RUN_IDS_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def _remember_run_id(output_dir: Path, tracker: str, run_id: str) -> None:
+    ids = {**_run_ids(output_dir), tracker: run_id}
+    (output_dir / RUN_IDS_FILE).write_text(json.dumps(ids, indent=1) + "\n")
+
+
+# MLflow allows letters, digits and `_-. /` in metric names; verl's names fit, others are mended.
+_MLFLOW_INVALID = re.compile(r"[^\w\-. /]")
+
+
+def mlflow_tracking_uri(output_dir: Path, env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    return env.get(MLFLOW_URI_ENV) or (output_dir / "mlruns").absolute().as_uri()
+
+
+class MlflowTracker:
+    """One MLflow run per job, through MlflowClient (no process-global active run)."""
+
+    def __init__(self, output_dir: Path, project: str, experiment: str, env: Mapping[str, str] | None = None) -> None:
+        self.uri = mlflow_tracking_uri(output_dir, env)
+        if self.uri.startswith("file:"):
+            # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked;
+            # a file store is what needs no server and no database on a laptop or a volume.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        # The optional extra, imported only when asked for (about two seconds).
+        self._metric = _import("mlflow.entities", "mlflow").Metric
+        self.client = _import("mlflow.tracking", "mlflow").MlflowClient(tracking_uri=self.uri)
+        known = _run_ids(output_dir).get("mlflow")
+        if known is not None:
+            self.run_id = known
+            self.client.update_run(known, status="RUNNING")
+        else:
+            found = self.client.get_experiment_by_name(project)
+            experiment_id = found.experiment_id if found else self.client.create_experiment(project)
+            self.run_id = self.client.create_run(experiment_id, run_name=experiment).info.run_id
+            _remember_run_id(output_dir, "mlflow", self.run_id)
+        log.info("mlflow: run %s in experiment %r at %s", self.run_id, project, self.uri)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = int(time.time() * 1000)
+        batch = [
+            self._metric(_MLFLOW_INVALID.sub("_", k), float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, numbers.Real)
+        ]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+class WandbTracker:
+    """A W&B run: online with an API key, else offline files a later `wandb sync` uploads."""
+
+    def __init__(self, output_dir: Path, project: str, experiment: str, env: Mapping[str, str] | None = None) -> None:
+        self.mode = self.mode_for(os.environ if env is None else env)
+        self._wandb = wandb = _import("wandb", "wandb")
+        run_id = _run_ids(output_dir).get("wandb") or secrets.token_hex(4)
+        _remember_run_id(output_dir, "wandb", run_id)
+        self.run = wandb.init(
+            project=project,
+            name=experiment,
+            id=run_id,
+            resume="allow",
+            mode=self.mode,
+            dir=str(output_dir),
+        )
+        log.info("wandb: run %s of project %r (%s) in %s", run_id, project, self.mode, output_dir / "wandb")
+
+    @staticmethod
+    def mode_for(env: Mapping[str, str]) -> WandbMode:
+        mode = env.get(WANDB_MODE_ENV) or ("online" if env.get(WANDB_KEY_ENV) else "offline")
+        if mode not in get_args(WandbMode):
+            raise ValueError(f"{WANDB_MODE_ENV}={mode!r}: expected one of {', '.join(get_args(WandbMode))}")
+        return cast(WandbMode, mode)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+        # finish() can return before W&B's service has written the run file; the driver
+        # exits right after this, so wait for the service to shut down (and flush).
+        self._wandb.teardown()
+
+
+EXPERIMENT_TRACKERS: dict[str, Callable[[Path, str, str], ExperimentTracker]] = {
+    "mlflow": MlflowTracker,
+    "wandb": WandbTracker,
+}
+
+
 class Tracker:
-    def __init__(self, output_dir: Path, loggers: list[str], experiment: str) -> None:
+    def __init__(self, output_dir: Path, loggers: list[str], experiment: str, *, project: str = "rlkube") -> None:
         self.output_dir = output_dir
         output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = output_dir / "metrics.jsonl"
@@ -38,6 +186,9 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (heavy; only when asked)
 
             self.tensorboard = SummaryWriter(str(output_dir / "tensorboard" / experiment))
+        self.trackers: list[ExperimentTracker] = [
+            make(output_dir, project, experiment) for name, make in EXPERIMENT_TRACKERS.items() if name in loggers
+        ]
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         with self.jsonl.open("a") as out:
@@ -48,6 +199,8 @@ class Tracker:
         if self.tensorboard is not None:
             for key, value in metrics.items():
                 self.tensorboard.add_scalar(key, value, step)
+        for tracker in self.trackers:
+            tracker.log(step, metrics)
 
     def history(self) -> list[dict[str, float]]:
         if not self.jsonl.exists():
@@ -85,3 +238,5 @@ class Tracker:
     def close(self) -> None:
         if self.tensorboard is not None:
             self.tensorboard.close()
+        for tracker in self.trackers:
+            tracker.close()

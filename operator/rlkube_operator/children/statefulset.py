@@ -22,15 +22,17 @@ from rlkube_api.names import (
     child_name,
     config_map_name,
 )
+from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.labels import role_labels, role_selector
+from rlkube_operator.children.overrides import apply_pod_template
 from rlkube_operator.children.rbac import trainer_service_account_name
 from rlkube_operator.children.rendezvous import rendezvous_env
 from rlkube_operator.children.secret import TOKEN_KEY, ray_secret_name
 from rlkube_operator.children.topology import PodRole, container_resources
 from rlkube_operator.gang.base import PodSchedulingPatch
 
-CONTAINER = "trainer"
+CONTAINER = TRAINER_CONTAINER
 
 # Defaults a user overrides through spec.env. Async error handling makes a dead
 # peer abort the collective instead of hanging it; the rest keeps logs readable.
@@ -178,13 +180,14 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         pod["schedulerName"] = scheduling.scheduler_name
     if scheduling.priority_class_name:
         pod["priorityClassName"] = scheduling.priority_class_name
-    return {
+    template = {
         "metadata": {
             "labels": {**role_labels(job, role.name), **scheduling.labels},
             "annotations": {ANNOTATION_ATTEMPT: str(attempt), **scheduling.annotations},
         },
         "spec": pod,
     }
+    return apply_pod_template(template, job, role.name)
 
 
 def stateful_set(

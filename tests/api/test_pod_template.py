@@ -1,0 +1,72 @@
+"""Pod template overrides in the API: what the operator owns is refused naming the
+field, by pydantic and by the real API server alike; a full template is accepted."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+
+import pytest
+import yaml
+
+from rlkube_api.validation import InvalidSpec, parse_rljob
+from tests.api.cases import Case, _set, example
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+SECRET = {"secretKeyRef": {"name": "wandb", "key": "api-key"}}
+TEMPLATE = "spec.podTemplate"
+ACTOR = "spec.roles.actor.podTemplate"
+
+REFUSED = [
+    Case("rendezvous-env", _set(TEMPLATE, {"env": [{"name": "MASTER_ADDR", "value": "x"}]}), ("spec.podTemplate.env", "MASTER_ADDR")),
+    Case("ray-token-env", _set(ACTOR, {"env": [{"name": "RAY_AUTH_TOKEN", "valueFrom": SECRET}]}), ("spec.roles.actor.podTemplate.env", "may not set a variable")),
+    Case("env-two-sources", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {**SECRET, "fieldRef": {"fieldPath": "metadata.name"}}}]}), ("spec.podTemplate.env", "exactly one of secretKeyRef")),
+    Case("env-value-and-value-from", _set(TEMPLATE, {"env": [{"name": "A", "value": "x", "valueFrom": SECRET}]}), ("spec.podTemplate.env", "not both")),
+    Case("env-names-repeat", _set(TEMPLATE, {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}), ("spec.podTemplate.env", "names must be unique")),
+    Case("operator-volume", _set(TEMPLATE, {"volumes": [{"name": "shm", "emptyDir": {}}]}), ("spec.podTemplate.volumes", "name is used by the operator")),
+    Case("operator-mount-path", _set(ACTOR, {"volumeMounts": [{"name": "x", "mountPath": "/etc/rlkube"}]}), ("spec.roles.actor.podTemplate.volumeMounts", "mountPath is used by the operator")),
+    Case("operator-label", _set(TEMPLATE, {"labels": {"rlkube.dev/role": "actor"}}), ("spec.podTemplate.labels", "are the operator's")),
+    Case("operator-annotation", _set(ACTOR, {"annotations": {"rlkube.dev/attempt": "9"}}), ("spec.roles.actor.podTemplate.annotations", "are the operator's")),
+    Case("gpu-resource", _set(ACTOR, {"resources": {"limits": {"nvidia.com/gpu": "8"}}}), ("spec.roles.actor.podTemplate.resources.limits", "gpusPerReplica")),
+    Case("memory-resource", _set(TEMPLATE, {"resources": {"requests": {"memory": "1Gi"}}}), ("spec.podTemplate.resources.requests", "resources")),
+    Case("trainer-sidecar", _set(TEMPLATE, {"sidecars": [{"name": "trainer", "image": "x"}]}), ("spec.podTemplate.sidecars", "the container named trainer is the operator's")),
+    Case("job-service-account", _set(TEMPLATE, {"serviceAccountName": "x"}), ("spec.podTemplate.serviceAccountName", "spec.serviceAccountName")),
+    Case("controller-service-account", _set("spec.controller.podTemplate", {"serviceAccountName": "x"}), ("spec.controller.podTemplate.serviceAccountName",)),
+    Case("colocated-role-template", _set("spec.roles.reference.podTemplate", {"labels": {"a": "b"}}), ("spec.roles.reference.podTemplate", "has no pods")),
+    Case("command", _set(TEMPLATE, {"command": ["sh"]}), ("spec.podTemplate.command",)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)
+def test_pydantic_refuses_what_the_operator_owns_naming_the_field(case: Case) -> None:
+    with pytest.raises(InvalidSpec) as caught:
+        parse_rljob(case.job())
+    text = "\n".join(caught.value.errors).replace(".0.", ".")
+    for field in case.fields:
+        assert field in text, text
+
+
+def test_the_example_is_valid() -> None:
+    job = parse_rljob(example("pod-template.yaml"))
+    assert job.spec.pod_template is not None
+    assert job.spec.roles.actor.pod_template is not None
+
+
+def _server_error(kubectl: Kubectl, namespace: str, case: Case) -> str | None:
+    result = kubectl(
+        "create", "--dry-run=server", "-n", namespace, "-f", "-", input=yaml.safe_dump(case.job()), check=False
+    )
+    return None if result.returncode == 0 else result.stderr
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)
+def test_the_api_server_refuses_what_the_operator_owns_naming_the_field(
+    kubectl: Kubectl, rljob_crd: None, namespace: str, case: Case
+) -> None:
+    error = _server_error(kubectl, namespace, case)
+    assert error is not None, f"{case.id}: the API server accepted it"
+    flat = error.replace("[0]", "")
+    for field in case.fields:
+        assert field in flat, f"{case.id}: expected {field!r} in:\n{error}"

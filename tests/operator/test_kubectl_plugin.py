@@ -1,0 +1,135 @@
+"""`kubectl rlkube` (rlkube_operator/kubectl_plugin.py): the pure formatting and parsing,
+then the plugin run by the real kubectl (as `kubectl rlkube ...`, found on PATH) against
+the local cluster with the operator running: status, suspend and resume, and the
+printer columns `kubectl get` rounds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlkube_operator.kubectl_plugin import format_status, parse_step_lines, pod_name
+from tests.operator.cluster_kit import TINY_PODS, Jobs, tiny_job
+
+JOB = "plug"
+LOG = """\
+2026-12-01 10:00:00,000 INFO rlkube.trainer: driver starting
+2026-12-01 10:00:01,000 INFO rlkube.trainer: step 1 critic/score/mean=0.25 actor/pg_loss=-0.1 actor/ppo_kl=0.001 response_length/mean=2
+2026-12-01 10:00:02,000 INFO rlkube.trainer: step 2 critic/score/mean=0.5 actor/ppo_kl=0.002 response_length/mean=2
+2026-12-01 10:00:03,000 INFO rlkube.trainer: step 2 critic/score/mean=0.625 actor/ppo_kl=0.002 response_length/mean=2
+"""
+
+
+def test_step_lines_become_metric_rows_the_latest_run_winning() -> None:
+    rows = parse_step_lines(LOG)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0] == {
+        "step": 1,
+        "critic/score/mean": 0.25,
+        "actor/pg_loss": -0.1,
+        "actor/ppo_kl": 0.001,
+        "response_length/mean": 2,
+    }
+    assert rows[1]["critic/score/mean"] == 0.625, "a restarted driver's repeated step replaces the earlier one"
+    assert parse_step_lines("no steps here\nstep nothing") == []
+
+
+def test_status_is_rounded_with_percent_done() -> None:
+    job = {
+        "metadata": {"name": "qwen", "namespace": "ml"},
+        "spec": {"suspend": False},
+        "status": {
+            "state": "Running",
+            "restartCount": 1,
+            "progress": {
+                "step": 120,
+                "totalSteps": 500,
+                "rewardMean": 0.612345,
+                "tokensPerSecondPerGPU": 5554.641976871484,
+            },
+            "roles": {"actor": {"replicas": 2, "ready": 2}},
+            "conditions": [
+                {
+                    "type": "Running",
+                    "status": "True",
+                    "reason": "AllPodsReady",
+                    "message": "",
+                    "lastTransitionTime": "x",
+                }
+            ],
+        },
+    }
+    text = format_status(job)
+    assert "RLJob ml/qwen" in text
+    assert "120 / 500 (24.0%)" in text
+    assert "0.6123" in text and "5,554.6" in text and "5554.64" not in text
+    assert "restarts:     1" in text
+    assert "actor 2/2 ready" in text
+    assert "Running  True   AllPodsReady" in text
+
+
+def test_pod_names_follow_the_statefulsets() -> None:
+    assert pod_name("qwen", "controller", 0) == "qwen-controller-0"
+    assert pod_name("qwen", "rollout", 3) == "qwen-rollout-3"
+
+
+def _kubectl_rlkube(kubeconfig: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl rlkube ...` as a user runs it: kubectl finds kubectl-rlkube on PATH."""
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KUBECTL": str(bin_dir / "kubectl"),
+    }
+    command = [str(bin_dir / "kubectl"), "rlkube", f"--kubeconfig={kubeconfig}", *args]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+
+
+@pytest.mark.cluster
+def test_status_suspend_resume_and_rounded_columns(jobs: Jobs) -> None:
+    kubeconfig = jobs.kubectl.kubeconfig
+    ns = jobs.namespace
+    jobs.create(tiny_job(JOB, ns))
+    jobs.wait_running(JOB)
+    jobs.report_progress(
+        JOB, {"step": 3, "totalSteps": 60, "rewardMean": 0.612345678, "tokensPerSecondPerGPU": 5554.641976871484}
+    )
+    jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
+
+    # kubectl get rounds because the status holds rounded numbers.
+    wide = jobs.kubectl("get", "rljobs", JOB, "-n", ns, "-o", "wide").stdout
+    assert "5554.6" in wide and "5554.64" not in wide, wide
+    assert "0.6123" in wide and "0.61234" not in wide, wide
+
+    status = _kubectl_rlkube(kubeconfig, "-n", ns, "status", JOB)
+    assert status.returncode == 0, status.stderr
+    assert f"RLJob {ns}/{JOB}" in status.stdout
+    assert "state:        Running" in status.stdout
+    assert "3 / 60 (5.0%)" in status.stdout
+
+    suspended = _kubectl_rlkube(kubeconfig, "-n", ns, "suspend", JOB)
+    assert suspended.returncode == 0, suspended.stderr
+    assert jobs.get(JOB)["spec"]["suspend"] is True
+    jobs.wait_state(JOB, "Suspended")
+    jobs.wait_no_pods(JOB)
+    assert "(suspended)" in _kubectl_rlkube(kubeconfig, "-n", ns, "status", JOB).stdout
+
+    resumed = _kubectl_rlkube(kubeconfig, "-n", ns, "resume", JOB)
+    assert resumed.returncode == 0, resumed.stderr
+    assert jobs.get(JOB)["spec"]["suspend"] is False
+    jobs.wait_pods(JOB, TINY_PODS)
+    jobs.wait_running(JOB)
+
+
+@pytest.mark.cluster
+def test_a_missing_job_or_pod_is_one_line_naming_it(jobs: Jobs) -> None:
+    kubeconfig = jobs.kubectl.kubeconfig
+    missing = _kubectl_rlkube(kubeconfig, "-n", jobs.namespace, "status", "nope")
+    assert missing.returncode == 1
+    assert missing.stderr.startswith("error: ") and '"nope" not found' in missing.stderr
+    curves = _kubectl_rlkube(kubeconfig, "-n", jobs.namespace, "curves", "nope", "-o", "/dev/null")
+    assert curves.returncode == 1 and "nope-controller-0" in curves.stderr

@@ -1,0 +1,173 @@
+"""`rlkube-trainer convert`: verl configs (written here from verl's documented keys, the
+way its examples set them) become trainer YAMLs and RLJobs that rlkube's own loaders
+accept; every key is reported mapped or ignored, and keys that would change the run
+without a counterpart are refused by name."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rlkube_api.config import TrainerConfig
+from rlkube_api.validation import load_trainer_config, parse_rljob
+from rlkube_trainer.cli import main
+from rlkube_trainer.verl_config import RULES, To, VerlConfigError, convert
+from tests.trainer.verl_examples import DAPO, EXAMPLES, GRPO, PPO_GSM8K, REINFORCE, REWARD_MODEL, variant
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+Obj = dict[str, Any]
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_key_is_mapped_or_ignored_and_the_config_is_valid(name: str) -> None:
+    result = convert(EXAMPLES[name])
+    reported = {k for k, _ in result.mapped} | {k for k, _ in result.ignored}
+    assert "actor_rollout_ref.model.path" in reported
+    assert result.config.model.path == "/models/Qwen2.5-7B-Instruct"
+    assert "mapped" in result.report() and "ignored" in result.report()
+
+
+def test_ppo_maps_verls_values_to_rlkubes_keys() -> None:
+    config = convert(PPO_GSM8K).config
+    assert config.algorithm.adv_estimator == "gae"
+    assert config.roles.critic is not None and config.roles.critic.colocate_with == "actor"
+    assert config.roles.reference is None
+    assert (config.roles.actor.replicas, config.roles.actor.gpus_per_replica) == (1, 8)
+    assert config.roles.rollout.tensor_parallel_size == 2
+    assert config.roles.rollout.placement == "colocated"
+    assert config.data.train_files == ["/data/gsm8k/train.parquet"]
+    assert config.data.train_batch_size == 1024
+    assert config.actor.ppo_micro_batch_size_per_gpu == 16
+    assert config.actor.optim.lr_warmup_steps == 0  # verl's -1: use the ratio
+    assert config.critic.optim.lr == 1e-5
+    assert config.critic.ppo_mini_batch_size == 256  # through ${actor_rollout_ref.actor.ppo_mini_batch_size}
+    assert config.critic.model_path == "/models/Qwen2.5-7B-Instruct"
+    assert config.reward.function is not None and config.reward.function.path == "/rewards/gsm8k.py"
+    assert config.reward.model is None  # reward_model.enable is false
+    assert config.trainer.logger == ["console", "wandb"]
+    assert config.checkpoint.dir == "checkpoints/verl_example_gsm8k/qwen2_7b_function_rm"
+    assert config.rollout.gpu_memory_utilization == 0.6
+
+
+def test_grpo_dapo_reinforce_and_reward_model_settings_arrive() -> None:
+    grpo = convert(GRPO).config
+    assert (grpo.algorithm.adv_estimator, grpo.rollout.n, grpo.actor.use_kl_loss) == ("grpo", 5, True)
+    assert grpo.roles.reference is not None and grpo.roles.critic is None
+    assert grpo.roles.actor.fsdp_size == 8
+    dapo = convert(DAPO).config
+    assert (dapo.actor.clip_ratio_low, dapo.actor.clip_ratio_high, dapo.actor.clip_ratio_c) == (0.2, 0.28, 10.0)
+    assert dapo.roles.actor.replicas == 2
+    assert dapo.trainer.logger == ["console", "mlflow"]
+    reinforce = convert(REINFORCE).config
+    assert reinforce.algorithm.use_kl_in_reward and reinforce.algorithm.kl_ctrl.type == "adaptive"
+    assert reinforce.algorithm.kl_ctrl.target_kl == 0.05
+    assert reinforce.roles.reference is not None
+    rm = convert(REWARD_MODEL).config
+    assert rm.reward.model is not None and rm.reward.model.path == "/models/FsfairX-LLaMA3-RM"
+    assert rm.reward.function is None and rm.roles.reward is not None
+
+
+REFUSED = [
+    ("unknown-key", {"actor_rollout_ref.actor.use_magic": True}, "actor_rollout_ref.actor.use_magic: unknown verl key"),
+    ("unknown-section", {"fancy": {"x": 1}}, "fancy.x: unknown verl key"),
+    ("param-offload", {"actor_rollout_ref.actor.fsdp_config.param_offload": True}, "actor_rollout_ref.actor.fsdp_config.param_offload: parameter offload is not supported"),
+    ("lora", {"actor_rollout_ref.model.lora_rank": 32}, "actor_rollout_ref.model.lora_rank: LoRA is not supported"),
+    ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
+    ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),
+    ("dynamic-sampling", {"algorithm.filter_groups": {"enable": True}}, "algorithm.filter_groups: DAPO's filter_groups"),
+    ("no-reward", {"custom_reward_function.path": None}, "custom_reward_function.path: required"),
+    ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: ${actor_rollout_ref.actor.nope} names no key"),
+    ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
+    ("unknown-estimator", {"algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("changes", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_what_has_no_counterpart_is_refused_by_name(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(VerlConfigError) as caught:
+        convert(variant(**changes), "verl.yaml")
+    assert any(message in e for e in caught.value.errors), caught.value.errors
+    assert str(caught.value).startswith("verl.yaml: cannot convert")
+
+
+def test_all_unknown_keys_are_named_at_once() -> None:
+    with pytest.raises(VerlConfigError) as caught:
+        convert(variant(**{"data.a": 1, "trainer.b": 2}))
+    assert [e.split(":")[0] for e in caught.value.errors] == ["data.a", "trainer.b"]
+
+
+def test_every_target_is_a_key_of_rlkubes_config() -> None:
+    def has(model: Any, dotted: str) -> bool:
+        first, _, rest = dotted.partition(".")
+        fields = model.model_fields
+        if first not in fields:
+            return False
+        if not rest:
+            return True
+        annotation = fields[first].annotation
+        inner = [a for a in getattr(annotation, "__args__", (annotation,)) if hasattr(a, "model_fields")]
+        return any(has(m, rest) for m in inner)
+
+    targets = {rule.target for rule in RULES.values() if isinstance(rule, To)}
+    missing = sorted(t for t in targets if not has(TrainerConfig, t))
+    assert not missing
+
+
+def test_the_command_writes_a_trainer_yaml_rlkube_loads(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source, out = tmp_path / "verl.yaml", tmp_path / "trainer.yaml"
+    source.write_text(yaml.safe_dump(GRPO))
+    assert main(["convert", str(source), "-o", str(out)]) == 0
+    config = load_trainer_config(out)
+    assert config.rollout.n == 5
+    report = capsys.readouterr().err
+    assert "actor_rollout_ref.rollout.n -> rollout.n" in report
+    assert "actor_rollout_ref.model.use_remove_padding:" in report
+
+
+def test_the_command_refuses_naming_file_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    source = tmp_path / "verl.yaml"
+    source.write_text(yaml.safe_dump(variant(**{"trainer.mystery": 1})))
+    assert main(["convert", str(source)]) == 2
+    err = capsys.readouterr().err
+    assert f"{source}: cannot convert" in err and "trainer.mystery: unknown verl key" in err
+    assert main(["convert", str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_the_command_writes_an_rljob(tmp_path: Path) -> None:
+    source, out = tmp_path / "verl.yaml", tmp_path / "rljob.yaml"
+    source.write_text(yaml.safe_dump(DAPO))
+    assert (
+        main(
+            [
+                "convert",
+                str(source),
+                "--rljob",
+                "dapo-qwen",
+                "--image",
+                "registry.example/rlkube:1",
+                "-o",
+                str(out),
+                "-q",
+            ]
+        )
+        == 0
+    )
+    job = parse_rljob(yaml.safe_load(out.read_text()))
+    assert job.metadata.name == "dapo-qwen" and job.spec.image == "registry.example/rlkube:1"
+    assert yaml.safe_load(out.read_text())["spec"]["rollout"]["samplesPerPrompt"] == 16
+
+
+def test_the_example_recipe_converts() -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "verl" / "grpo-gsm8k.yaml"
+    config = convert(yaml.safe_load(example.read_text()), str(example)).config
+    assert (config.algorithm.adv_estimator, config.rollout.n, config.roles.rollout.tensor_parallel_size) == (
+        "grpo",
+        5,
+        2,
+    )
