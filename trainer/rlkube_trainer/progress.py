@@ -55,6 +55,8 @@ def progress_payload(
     total_steps: int | None,
     metrics: Mapping[str, Any],
     last_checkpoint_step: int | None,
+    val_score: float | None = None,
+    val_step: int | None = None,
 ) -> dict[str, Any]:
     """The annotation's JSON, with the wire names of `rlkube_api.rljob.Progress`.
 
@@ -72,6 +74,10 @@ def progress_payload(
         payload["tokensPerSecondPerGPU"] = throughput
     if last_checkpoint_step is not None:
         payload["lastCheckpointStep"] = int(last_checkpoint_step)
+    score = _finite(val_score)
+    if score is not None and val_step is not None:
+        payload["valScore"] = score
+        payload["valStep"] = int(val_step)
     payload["updatedAt"] = rfc3339_now()
     return payload
 
