@@ -98,6 +98,7 @@ def _config(workdir: Path, steps: int = 2, **overrides: Any) -> Any:
     raw["actor"]["ppo_mini_batch_size"] = 4
     raw["actor"]["ppo_micro_batch_size_per_gpu"] = 8
     raw["trainer"]["test_freq"] = 1
+    raw["trainer"]["val_before_train"] = True
     for section, values in overrides.items():
         raw.setdefault(section, {}).update(values)
     return parse_trainer_config(raw)
@@ -121,7 +122,12 @@ def test_validates_before_training_every_test_freq_and_logs_generations(
         return generate(self, prompt_token_ids, sampling)
 
     monkeypatch.setattr(dispatch.ColocatedRollout, "generate", recording)
-    config = _config(tmp_path, steps=3, trainer={"test_freq": 2, "log_val_generations": 3}, data={"val_batch_size": 24})
+    config = _config(
+        tmp_path,
+        steps=3,
+        trainer={"test_freq": 2, "log_val_generations": 3},
+        data={"val_batch_size": 24},
+    )
     result = run_in_process(config, progress=False)
     # data.val_batch_size prompts per generate call, the same engine as training.
     assert calls == [24, 24, VAL_PROMPTS - 48] * 3

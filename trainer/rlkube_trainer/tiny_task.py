@@ -118,7 +118,15 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
             "gpu_memory_utilization": 0.02,
         },
         "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
-        "trainer": {"total_training_steps": steps, "save_freq": 20, "test_freq": 10, "seed": 1},
+        # Validated every 10 steps and after the last, inside those steps' rows (no row of its
+        # own before training, so every row of metrics.jsonl is a step).
+        "trainer": {
+            "total_training_steps": steps,
+            "save_freq": 20,
+            "test_freq": 10,
+            "val_before_train": False,
+            "seed": 1,
+        },
         "checkpoint": {"dir": str(workdir / "checkpoints")},
         "roles": {"actor": {"replicas": 1, "gpus_per_replica": 0}},
     }
