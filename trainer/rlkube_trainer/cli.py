@@ -5,7 +5,8 @@
 - `driver`: the controller pod: Ray head + driver (config from $RLKUBE_CONFIG);
 - `node --role ROLE`: a role pod: joins the head, advertises its role and pod
   index, serves /healthz, stays up until the driver ends;
-- `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config).
+- `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config);
+- `data gsm8k|math SRC DEST`: Hugging Face parquet files as verl-format rows.
 """
 
 from __future__ import annotations
@@ -112,6 +113,20 @@ def _tiny_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data(args: argparse.Namespace) -> int:
+    from rlkube_trainer.data import DataError  # noqa: PLC0415
+    from rlkube_trainer.data_prep import prepare  # noqa: PLC0415
+
+    try:
+        written = prepare(args.dataset, args.src, args.dest)
+    except (DataError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for split, path in written.items():
+        print(f"{split}: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube-trainer", description="rlkube's RL trainer")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])
     tiny.add_argument("--steps", type=int, default=60)
     tiny.set_defaults(handler=_tiny_task)
+    data = sub.add_parser("data", help="turn Hugging Face parquet files of a dataset into verl-format rows")
+    data.add_argument("dataset", choices=["gsm8k", "math"])
+    data.add_argument("src", type=Path, help="a parquet file, or a folder of them (split from each file's name)")
+    data.add_argument("dest", type=Path, help="folder for <split>.parquet")
+    data.set_defaults(handler=_data)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.handler(args))
