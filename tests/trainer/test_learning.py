@@ -20,9 +20,12 @@ import yaml
 from rlkube_trainer.tiny_task import DATA_SOURCE, init
 
 # DAPO as its paper runs it, less the overlong penalty (every tiny response is
-# max_response_length long, so it would only shift all rewards alike).
+# max_response_length long, so it would only shift all rewards alike). Dynamic sampling
+# trains on mixed groups only, whose mean score stays below 1 by construction, and needs
+# more rounds the better the policy gets (seen: 9 rounds at step 38): a shorter budget,
+# judged on the held-out validation score.
 DAPO = {
-    "algorithm": {"filter_groups": {"enable": True, "metric": "score", "max_num_gen_batches": 10}},
+    "algorithm": {"filter_groups": {"enable": True, "metric": "score", "max_num_gen_batches": 30}},
     "actor": {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "loss_agg_mode": "token-mean"},
 }
 # GSPO with the paper's clip ranges (a sequence ratio moves far less than a token's).
@@ -31,7 +34,7 @@ GSPO = {"actor": {"policy_loss": "gspo", "clip_ratio_low": 3e-4, "clip_ratio_hig
 BUDGETS: list[tuple[str, str, int, dict[str, Any]]] = [
     ("grpo", "grpo", 60, {}),
     ("gae", "gae", 90, {}),
-    ("dapo", "grpo", 60, DAPO),
+    ("dapo", "grpo", 40, DAPO),
     ("gspo", "grpo", 60, GSPO),
 ]
 
@@ -58,9 +61,11 @@ def test_tiny_task_is_learned(tmp_path: Path, estimator: str, steps: int, overri
     assert len(scores) == steps
     assert scores[0] < 0.3, f"the first step should score near chance (0.1), got {scores[0]}"
     final = sum(scores[-5:]) / 5
-    assert final >= 0.8, f"{estimator}: mean reward of the last 5 steps {final:.3f} < 0.8; curve {scores}"
+    dynamic_sampling = overrides.get("algorithm", {}).get("filter_groups", {}).get("enable", False)
+    if not dynamic_sampling:
+        assert final >= 0.8, f"{estimator}: mean reward of the last 5 steps {final:.3f} < 0.8; curve {scores}"
     # Validated greedily every 10 steps on held-out prompts: the score rises with the reward.
     val = [r[f"val-core/{DATA_SOURCE}/reward/mean@1"] for r in rows if f"val-core/{DATA_SOURCE}/reward/mean@1" in r]
     assert len(val) == steps // 10
-    assert val[-1] >= 0.7 and val[-1] > val[0], f"validation scores {val}"
+    assert val[-1] >= (0.8 if dynamic_sampling else 0.7) and val[-1] > val[0], f"validation scores {val}"
     assert (tmp_path / "checkpoints" / "curves.png").stat().st_size > 0

@@ -12,12 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from rlkube_api.rljob import Progress
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import dispatch
 from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.progress import progress_payload
+from rlkube_trainer.prometheus import DriverMetrics
 from rlkube_trainer.tiny_task import DATA_SOURCE, VAL_PROMPTS, init
 from rlkube_trainer.validation import (
     GENERATIONS_FILE,
@@ -190,6 +192,14 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_validation(tmp_path: Path) ->
     assert [int(r["step"]) for r in result.history] == [0, 1, 2, 3]
     assert _validated_steps(result.history) == [0, 1, 2, 3]
     assert "critic/score/mean" in result.history[-1]  # step 3 as this run logged it
+
+
+def test_validation_metrics_reach_prometheus() -> None:
+    metrics = DriverMetrics()
+    metrics.update(4, {CORE: 0.75, f"val-aux/{DATA_SOURCE}/reward/std@2": 0.1})
+    text = generate_latest(metrics.registry).decode()
+    assert f"rlkube_val_core_{DATA_SOURCE}_reward_mean_1 0.75" in text
+    assert f"rlkube_val_aux_{DATA_SOURCE}_reward_std_2 0.1" in text
 
 
 def test_the_progress_payload_carries_the_latest_validation() -> None:
