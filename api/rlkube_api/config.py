@@ -101,8 +101,8 @@ class FilterGroupsConfig(ApiModel):
     metric: str = Field(
         "score",
         min_length=1,
-        description="What must differ within a group: score (the reward function's), seq_reward "
-        "(after shaping and KL), or a key of the reward function's dict such as acc.",
+        description="What must differ within a group: score (the scorer's), seq_reward "
+        "(the reward, overlong penalty included), or a key of the reward function's dict such as acc.",
     )
     max_num_gen_batches: int = Field(
         10, description="Generation rounds per step before the step fails (0 or less: no cap)."
