@@ -232,7 +232,8 @@ class PPOTrainer:
         sampling) only groups whose metric varies are kept, and further batches of prompts are
         generated until train_batch_size prompts are kept, for at most max_num_gen_batches rounds."""
         filter_groups = self.config.algorithm.filter_groups
-        wanted = self.config.data.train_batch_size
+        # Without filtering every prompt given is kept, whatever its number.
+        wanted = self.config.data.train_batch_size if filter_groups.enable else len(prompts)
         kept_prompts: list[Prompt] = []
         kept_samples: list[RolloutSample] = []
         kept_scored: list[Scored] = []
