@@ -18,12 +18,14 @@ from rlkube_api.rljob import Progress
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import dispatch
 from rlkube_trainer.driver import run_in_process
+from rlkube_trainer.ppo import Scored
 from rlkube_trainer.progress import progress_payload
 from rlkube_trainer.prometheus import DriverMetrics
 from rlkube_trainer.tiny_task import DATA_SOURCE, VAL_PROMPTS, init
 from rlkube_trainer.validation import (
     GENERATIONS_FILE,
     VALIDATION_SEED_OFFSET,
+    Validation,
     bootstrap_metric,
     headline_score,
     majority_value,
@@ -209,3 +211,25 @@ def test_the_progress_payload_carries_the_latest_validation() -> None:
     progress = Progress.model_validate({k: v for k, v in payload.items()})
     assert (progress.val_score, progress.val_step) == (0.75, 6)
     assert "valScore" not in progress_payload(7, 10, {}, 5)
+
+
+def test_val_kwargs_become_the_validation_sampling(tmp_path: Path) -> None:
+    kwargs = {"n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20}
+    sampled = _config(tmp_path, rollout={"val_kwargs": {**kwargs, "do_sample": True}})
+    sampling = Validation(sampled, [], None, tmp_path).sampling(3)  # type: ignore[arg-type]
+    assert (sampling.n, sampling.temperature, sampling.top_p, sampling.top_k) == (4, 0.7, 0.9, 20)
+    assert sampling.max_tokens == sampled.data.max_response_length and not sampling.logprobs
+    # do_sample false decodes greedily whatever the temperature (verl's val_kwargs).
+    greedy = _config(tmp_path / "greedy", rollout={"val_kwargs": {**kwargs, "do_sample": False}})
+    assert Validation(greedy, [], None, tmp_path).sampling(3).temperature == 0.0  # type: ignore[arg-type]
+
+
+def test_filter_groups_metric_names() -> None:
+    scored = Scored(["a", "b"], [0.5, 1.0], [1.0, 1.0], {"acc": [0.0, 1.0]}, {"pred": ["1", "2"]})
+    assert scored.metric("score") == [1.0, 1.0]  # the scorer's, before shaping
+    assert scored.metric("seq_reward") == [0.5, 1.0]  # the reward, shaping included
+    assert scored.metric("acc") == [0.0, 1.0]
+    with pytest.raises(ValueError, match=r"metric 'pred' is not among .*: score, seq_reward, acc"):
+        scored.metric("pred")
+    kept = scored.select([False, True])
+    assert (kept.responses, kept.scores, kept.extra, kept.labels) == (["b"], [1.0], {"acc": [1.0]}, {"pred": ["2"]})
