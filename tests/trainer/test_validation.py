@@ -140,6 +140,7 @@ def test_validates_before_training_every_test_freq_and_logs_generations(
     for row in result.history:
         if CORE in row:
             assert 0.0 <= row[CORE] <= 1.0
+            assert row["timing_s/testing"] > 0
     generations = [json.loads(line) for line in (tmp_path / "checkpoints" / GENERATIONS_FILE).read_text().splitlines()]
     assert [g["step"] for g in generations] == [0] * 3 + [2] * 3 + [3] * 3
     assert set(generations[0]) == {"step", "input", "output", "score"}

@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,7 +259,9 @@ class TrainingRun:
 
     def validate(self) -> dict[str, float]:
         assert self.validation is not None
+        start = time.perf_counter()
         metrics = self.validation.run(self.step)
+        metrics["timing_s/testing"] = time.perf_counter() - start  # verl's name for it
         score = headline_score(metrics)
         if score is not None:
             self.last_validation = (self.step, score)
