@@ -9,9 +9,9 @@ unchanged.
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.kube_syntax import CONFIG_MAP_KEY_PATTERN, LONG_NAME
@@ -61,7 +61,14 @@ class DataConfig(ApiModel):
         max_length=256,
         description="Parquet, Arrow or JSON-lines files of training rows.",
     )
-    val_files: list[FilePath] = Field(default_factory=list, max_length=256, description="Validation rows.")
+    val_files: list[FilePath] = Field(
+        default_factory=list,
+        max_length=256,
+        description="Held-out rows scored every trainer.testFreq steps (same format as trainFiles).",
+    )
+    val_batch_size: int | None = Field(
+        None, ge=1, description="Validation prompts per generate call (default: all in one)."
+    )
     prompt_key: str = Field("prompt", description="Column holding the chat-message list (or plain text).")
     reward_fn_key: str = Field("data_source", description="Column passed to the reward function as data_source.")
     ground_truth_key: str = Field(
@@ -95,6 +102,22 @@ class KLControlConfig(ApiModel):
     horizon: int = Field(10000, ge=1, description="Adaptive: steps over which the coefficient adapts.")
 
 
+class FilterGroupsConfig(ApiModel):
+    """DAPO's dynamic sampling: groups whose samples all score alike carry no signal for a
+    group estimator; they are dropped and more prompts generated until the batch is full."""
+
+    enable: bool = Field(False, description="Drop groups whose metric is the same for every sample.")
+    metric: str = Field(
+        "score",
+        min_length=1,
+        description="What must differ within a group: score (the scorer's), seq_reward "
+        "(the reward, overlong penalty included), or a key of the reward function's dict such as acc.",
+    )
+    max_num_gen_batches: int = Field(
+        10, description="Generation rounds per step before the step fails (0 or less: no cap)."
+    )
+
+
 class AlgorithmConfig(ApiModel):
     """Advantage estimation and KL-in-reward."""
 
@@ -107,6 +130,7 @@ class AlgorithmConfig(ApiModel):
     use_kl_in_reward: bool = Field(False, description="Subtract beta*KL(actor||reference) from the reward.")
     kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="KL coefficient control.")
+    filter_groups: FilterGroupsConfig = Field(default_factory=FilterGroupsConfig, description="DAPO dynamic sampling.")
 
 
 class OptimConfig(ApiModel):
@@ -204,7 +228,11 @@ class ActorConfig(ApiModel):
     kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss.")
     kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator of the KL loss.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
-    policy_loss: Literal["vanilla"] = Field("vanilla", description="Registered policy-loss function.")
+    policy_loss: Literal["vanilla", "gspo"] = Field(
+        "vanilla",
+        description="Registered policy-loss function: vanilla (token-level PPO ratio) or gspo (GSPO's "
+        "sequence-level ratio, aggregated seq-mean-token-mean; use small clip ratios such as 3e-4/4e-4).",
+    )
     strategy: Strategy = Field(
         "auto", description="Data parallelism across the actor's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
     )
@@ -240,6 +268,18 @@ class ReferenceConfig(ApiModel):
     )
 
 
+class ValidationSampling(ApiModel):
+    """How validation samples (verl's rollout.val_kwargs); greedy by default."""
+
+    n: int = Field(
+        1, ge=1, le=1024, alias="samplesPerPrompt", description="Samples per validation prompt (best/worst/maj@N)."
+    )
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
+    do_sample: bool = Field(False, description="Sample; false decodes greedily whatever the temperature.")
+
+
 class RolloutConfig(ApiModel):
     """Sampling and engine settings (where rollout runs is roles.rollout)."""
 
@@ -266,6 +306,9 @@ class RolloutConfig(ApiModel):
     )
     update_weights_bucket_megabytes: int = Field(
         512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
+    )
+    val_kwargs: ValidationSampling = Field(
+        default_factory=ValidationSampling, description="Sampling during validation."
     )
 
 
@@ -304,18 +347,34 @@ class RewardModelConfig(ApiModel):
     path: str = Field(min_length=1, max_length=4096, description="Hugging Face model directory.")
 
 
+class OverlongBufferConfig(ApiModel):
+    """DAPO's soft overlong punishment: a response longer than maxResponseLength - len loses
+    up to penaltyFactor, linearly over the last len tokens."""
+
+    enable: bool = Field(False, description="Add the overlong penalty to every score.")
+    len: int = Field(1, ge=1, description="Buffer length in tokens, at the end of maxResponseLength.")
+    penalty_factor: float = Field(1.0, ge=0, description="Penalty of a response that fills maxResponseLength.")
+    log: bool = Field(False, description="Report reward_extra/overlong_reward and reward_extra/overlong.")
+
+
 class RewardConfig(ApiModel):
-    """Where scores come from: a function or a reward model (exactly one)."""
+    """Where scores come from: a function, a reward model, or (neither set) the built-in
+    scorer of each row's data_source (gsm8k, MATH-style boxed answers)."""
 
     cel_rules = (
         CelRule(
-            "has(self.function) != has(self.model)",
-            "exactly one of reward.function and reward.model must be set",
+            "!(has(self.function) && has(self.model))",
+            "at most one of reward.function and reward.model may be set (neither: built-in scorers by data_source)",
         ),
     )
 
-    function: RewardFunctionConfig | None = Field(None, description="A reward function from a file.")
+    function: RewardFunctionConfig | None = Field(
+        None, description="A reward function from a file; overrides the built-in scorers."
+    )
     model: RewardModelConfig | None = Field(None, description="A reward model.")
+    overlong_buffer: OverlongBufferConfig = Field(
+        default_factory=OverlongBufferConfig, description="DAPO overlong reward shaping."
+    )
 
 
 def _console_only() -> list[Logger]:
@@ -334,7 +393,16 @@ class TrainerSection(ApiModel):
     total_training_steps: int | None = Field(None, ge=1, description="Steps to run (default: from totalEpochs).")
     total_epochs: int = Field(1, ge=1, description="Epochs over the training data.")
     save_freq: int = Field(-1, ge=-1, description="Checkpoint every N steps (-1: only at the end).")
-    test_freq: int = Field(-1, ge=-1, description="Validate every N steps (-1: never).")
+    test_freq: int = Field(
+        -1, ge=-1, description="Validate on data.valFiles every N steps and after the last (-1: never)."
+    )
+    val_before_train: bool = Field(True, description="Validate before the first step (when valFiles are set).")
+    val_only: bool = Field(False, description="Only validate (the initial or resumed model), then stop.")
+    log_val_generations: int = Field(
+        0,
+        ge=0,
+        description="Write this many prompt/response/score rows per validation to validation_generations.jsonl.",
+    )
     seed: int = Field(42, description="Seed of model init, sampling and dropout.")
     logger: list[Logger] = Field(
         default_factory=_console_only,
@@ -363,7 +431,19 @@ class CheckpointConfig(ApiModel):
     )
     resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
     max_to_keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
-    export_hf: bool = Field(True, description="Export the final actor as a Hugging Face model.")
+    export_hf: Literal["never", "final", "every_save"] = Field(
+        "final",
+        description="Export the actor as a Hugging Face model: final (into dir/hf at the end), every_save "
+        "(also into each checkpoint's hf/), or never. true/false in the trainer YAML mean final/never.",
+    )
+
+    @field_validator("export_hf", mode="before")
+    @classmethod
+    def _export_hf_from_bool(cls, value: Any) -> Any:
+        # The trainer YAML used to take a boolean here.
+        if isinstance(value, bool):
+            return "final" if value else "never"
+        return value
 
 
 # --- batch arithmetic across ranks, as verl normalises it ---------------------------------------
@@ -475,7 +555,9 @@ class TrainerConfig(ApiModel):
     critic: CriticConfig = Field(default_factory=CriticConfig, description="Value update (gae).")
     ref: ReferenceConfig = Field(default_factory=ReferenceConfig, description="The reference policy (KL).")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Generation.")
-    reward: RewardConfig = Field(description="Scores.")
+    reward: RewardConfig = Field(
+        default_factory=RewardConfig, description="Scores (default: built-in scorers by data_source)."
+    )
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Loop and logging.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     roles: Roles = Field(description="Workers per role: replicas, GPUs, parallelism, placement.")

@@ -26,6 +26,7 @@ PRINTER_COLUMNS = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+    {"name": "Val", "type": "number", "jsonPath": ".status.progress.valScore"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},
     {"name": "Tokens/s/GPU", "type": "number", "jsonPath": ".status.progress.tokensPerSecondPerGPU", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

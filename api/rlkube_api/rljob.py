@@ -286,6 +286,12 @@ class Progress(ApiModel):
         None, alias="tokensPerSecondPerGPU", description="perf/throughput of the last step."
     )
     last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
+    val_score: float | None = Field(
+        None,
+        description="Latest validation score: val-core/<dataSource>/<acc or reward>/mean@N, averaged over "
+        "data sources.",
+    )
+    val_step: int | None = Field(None, description="The step the latest validation score was measured at.")
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
 
     # `kubectl get` prints numbers as stored; these are for reading (the exact values are

@@ -80,6 +80,13 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
         print(f"state:       {final.get('state')}  (restarts: {final.get('restartCount', 0)})")
         print(f"checkpoint:  {job.checkpoints / f'step_{step:06d}' if step else 'none'}")
         print(f"metrics:     {job.checkpoints / 'metrics.jsonl'}")
+        validation = [
+            f"step {int(row['step'])}: {value:.3f}"
+            for row in job.metrics()
+            for key, value in row.items()
+            if key.startswith("val-core/") and "/mean@" in key
+        ]
+        print(f"validation:  {', '.join(validation) or 'none'}  (greedy, held-out prompts)")
         print(f"curves:      {job.checkpoints / 'curves.png'}")
         # `kubectl logs` ends with the demo (the node runs the pods); the files stay.
         print(f"pod logs:    {node.log_path(NAMESPACE, job.name + '-controller-0')}")

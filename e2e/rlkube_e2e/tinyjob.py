@@ -65,7 +65,7 @@ def prepare(
 ) -> TinyJob:
     """The init step (model, data under workdir/tiny) and the manifest: every pod on the
     process node's pool, the example's hostPath replaced by workdir."""
-    from rlkube_trainer.tiny_task import build_model, write_dataset  # noqa: PLC0415  (torch: only here)
+    from rlkube_trainer.tiny_task import VAL_PROMPTS, build_model, write_dataset  # noqa: PLC0415  (torch: only here)
 
     manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     spec = manifest["spec"]
@@ -90,6 +90,10 @@ def prepare(
     data = job.host_path(spec["data"]["trainFiles"][0])
     if not data.exists():
         write_dataset(data)
+    # Held-out prompts, another seed (as `rlkube-trainer tiny-task` writes them).
+    for val in spec["data"].get("valFiles", []):
+        if not job.host_path(val).exists():
+            write_dataset(job.host_path(val), count=VAL_PROMPTS, seed=1)
     job.checkpoints.parent.mkdir(parents=True, exist_ok=True)
     return job
 
@@ -127,7 +131,9 @@ def wait_state(
             progress = current.get("progress", {})
             line = (
                 f"  {current.get('state', '-'):<10} step {progress.get('step', 0)}/{progress.get('totalSteps', '?')}"
-                f"  reward {progress.get('rewardMean') or float('nan'):.3f}  restarts {current.get('restartCount', 0)}"
+                f"  reward {progress.get('rewardMean') or float('nan'):.3f}"
+                f"  val {progress.get('valScore') or float('nan'):.3f} (step {progress.get('valStep', '-')})"
+                f"  restarts {current.get('restartCount', 0)}"
             )
             if line != last_line:
                 print(line, flush=True)

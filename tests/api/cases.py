@@ -127,7 +127,7 @@ INVALID = [
     Case(
         "reward-function-and-model",
         _set("spec.reward.model", {"path": "/models/rm"}),
-        ("spec.reward", "exactly one of reward.function and reward.model"),
+        ("spec.reward", "at most one of reward.function and reward.model"),
     ),
     Case(
         "reward-function-path-and-configmap",

@@ -29,7 +29,7 @@ def test_crd_has_the_names_users_type() -> None:
     version = spec["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = {c["name"] for c in version["additionalPrinterColumns"]}
-    assert {"State", "Step", "Reward", "Age"} <= columns
+    assert {"State", "Step", "Reward", "Val", "Age"} <= columns
 
 
 def _server_verdict(kubectl: Kubectl, namespace: str, job: dict[str, Any], verb: str = "create") -> str | None:

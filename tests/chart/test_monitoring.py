@@ -92,10 +92,8 @@ def _operator_exports() -> set[str]:
 
 
 def _driver_metrics() -> Any:
-    try:  # the lead is moving DriverMetrics out of reporting.py
-        from rlkube_trainer.prometheus import DriverMetrics  # type: ignore[import-not-found,unused-ignore]  # noqa: PLC0415
-    except ImportError:
-        from rlkube_trainer.reporting import DriverMetrics  # noqa: PLC0415
+    from rlkube_trainer.prometheus import DriverMetrics  # noqa: PLC0415
+
     return DriverMetrics()
 
 
@@ -135,11 +133,6 @@ def test_every_metric_the_dashboard_and_rules_name_is_exported(rendered: list[Ob
     assert named <= exported, f"named but not exported: {sorted(named - exported)}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="DriverMetrics does not label its series with rljob/rljob_namespace yet (the lead's reporting.py split; "
-    "see the issue-19 branch's report). Remove this marker when it does.",
-)
 def test_the_drivers_series_carry_the_job_labels_the_dashboard_selects(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(Env.JOB_NAME, "qwen")
     monkeypatch.setenv(Env.NAMESPACE, "ml")

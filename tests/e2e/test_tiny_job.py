@@ -95,6 +95,9 @@ def _driver_metrics(kubectl: Kubectl, namespace: str, job: str) -> str:
         return str(response.read().decode())
 
 
+TINY_VAL = "val-core/tiny_first_digit/reward/mean@1"
+
+
 def _metric(text: str, name: str) -> float | None:
     for line in text.splitlines():
         if line.startswith(name + " ") or line.startswith(name + "{"):
@@ -144,6 +147,13 @@ def test_tiny_job_trains_through_the_operator(
     assert final["restartCount"] == 0
     assert final["progress"]["step"] == 40
     assert final["progress"]["lastCheckpointStep"] == 40
+    # Validated greedily on held-out prompts every 10 steps (examples/tiny-cpu.yaml) and the
+    # latest score in the status (kubectl get rljobs: VAL).
+    val = [row[TINY_VAL] for row in job.metrics() if TINY_VAL in row]
+    assert len(val) == 4, job.metrics()[-1]
+    assert val[-1] >= 0.7 and val[-1] >= val[0], f"validation scores {val}"
+    assert final["progress"]["valStep"] == 40
+    assert final["progress"]["valScore"] == pytest.approx(val[-1])
     scores = [row["critic/score/mean"] for row in job.metrics()]
     assert len(scores) == 40
     first, last = sum(scores[:5]) / 5, sum(scores[-5:]) / 5

@@ -23,6 +23,7 @@ from rlkube_trainer.algos import (
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_policy_loss,
+    compute_policy_loss_gspo,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
     compute_value_loss,
@@ -30,6 +31,7 @@ from rlkube_trainer.algos import (
     get_adv_estimator_fn,
     get_kl_controller,
     get_policy_loss_fn,
+    keep_mixed_groups,
     kl_penalty,
     masked_mean,
     masked_sum,
@@ -319,6 +321,57 @@ def test_policy_loss_checks_arguments() -> None:
         compute_policy_loss(z, z, z, z + 1, cliprange_low=0.2)
 
 
+# GSPO: one ratio per sequence, the geometric mean of its token ratios.
+#  seq 1: token ratios 2, 0.5, 1 -> s = (2*0.5*1)^(1/3) = 1; A=+1: every token -1 (inside the clip)
+#  seq 2: token ratios 1.21, 1 (a padded token with log-ratio 50 masked out) -> s = 1.21^(1/2) = 1.1;
+#         A=+1, clip 0.05: l1 = -1.1, l2 = -1.05 -> -1.05 on both tokens, clipped
+# seq-mean-token-mean: ((-1-1-1)/3 + (-1.05-1.05)/2) / 2 = -1.025, whatever loss_agg_mode says.
+# The vanilla loss would instead clip seq 1's tokens with ratios 2 and 0.5 one by one.
+GSPO_LOG_RATIO = [[math.log(2.0), math.log(0.5), 0.0], [math.log(1.21), 0.0, 50.0]]
+GSPO_M = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
+GSPO_ADV = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_gspo_sequence_level_ratio(mode: str) -> None:
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    new = t(GSPO_LOG_RATIO).requires_grad_(True)
+    pg_loss, clipfrac, ppo_kl, lower = compute_policy_loss_gspo(
+        old, new, t(GSPO_ADV), t(GSPO_M), cliprange=0.05, loss_agg_mode=mode
+    )
+    close(pg_loss, ((-1 - 1 - 1) / 3 + (-1.05 - 1.05) / 2) / 2)
+    close(clipfrac, 2 / 5)  # seq 2's two tokens
+    close(lower, 0.0)  # no dual clip in GSPO
+    # ppo_kl is the token-level masked mean of old - new: -(log2 + log.5 + log1.21) / 5
+    close(ppo_kl, -math.log(1.21) / 5)
+    # Gradient: each token of an unclipped sequence gets -A * s_i times its weight in the
+    # seq-mean-token-mean (1/3 of 1/2); clipped and padded tokens get none.
+    (grad,) = torch.autograd.grad(pg_loss, new)
+    close(grad, [[-1 / 6, -1 / 6, -1 / 6], [0.0, 0.0, 0.0]])
+
+
+def test_gspo_clip_higher_and_checks() -> None:
+    # seq 2 of the example with low 0.05 and high 0.2: s = 1.1 is inside -> -1.1, not clipped
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    new = t([[math.log(1.21), 0.0]])
+    loss, clipfrac, _, _ = compute_policy_loss_gspo(
+        old, new, t([[1.0, 1.0]]), t([[1.0, 1.0]]), cliprange_low=0.05, cliprange_high=0.2
+    )
+    close(loss, -1.1)
+    close(clipfrac, 0.0)
+    with pytest.raises(ValueError, match="cliprange"):
+        compute_policy_loss_gspo(old, new, old, old + 1, cliprange_low=0.2)
+
+
+def test_keep_mixed_groups_drops_groups_that_all_score_alike() -> None:
+    # groups: a = {1, 1} (alike), b = {0, 1} (mixed), c = {0.5} (one sample: kept, as in verl),
+    # d = {2, 2, 2} (alike)
+    metric = [1.0, 1.0, 0.0, 1.0, 0.5, 2.0, 2.0, 2.0]
+    index = ["a", "a", "b", "b", "c", "d", "d", "d"]
+    assert keep_mixed_groups(metric, index) == [False, False, True, True, True, False, False, False]
+    assert keep_mixed_groups(metric, torch.tensor([0, 0, 1, 1, 2, 3, 3, 3])) == keep_mixed_groups(metric, index)
+
+
 # --------------------------------------------------------------------------- value loss
 
 
@@ -484,8 +537,9 @@ def test_adv_estimator_registry() -> None:
 
 def test_policy_loss_registry() -> None:
     assert get_policy_loss_fn("vanilla") is compute_policy_loss
-    with pytest.raises(ValueError, match=r"unknown policy loss 'gspo'.*vanilla"):
-        get_policy_loss_fn("gspo")
+    assert get_policy_loss_fn("gspo") is compute_policy_loss_gspo
+    with pytest.raises(ValueError, match=r"unknown policy loss 'gpg'.*gspo, vanilla"):
+        get_policy_loss_fn("gpg")
 
 
 def test_registering_new_entries(monkeypatch: pytest.MonkeyPatch) -> None:

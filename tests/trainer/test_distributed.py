@@ -207,3 +207,30 @@ def test_fsdp2_actor_matches_replicas_and_resumes_from_its_sharded_checkpoint(tm
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert re.search(r"resumed from .*step_000003", resumed.stderr), resumed.stderr[-3000:]
     assert sorted({int(r["step"]) for r in _metrics(tmp_path / "fsdp2")}) == list(range(1, steps + 3))
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_validation_runs_on_the_training_engines_in_both_placements(tmp_path: Path) -> None:
+    """Ray ranks, vLLM: validation before training, every step and at the end, through the
+    colocated engine and through the separate rollout pod's; the same greedy policy scores
+    the same on both."""
+    core = "val-core/tiny_first_digit/reward/mean@1"
+    scores = {}
+    for placement in ("colocated", "separate"):
+        workdir = tmp_path / placement
+        path = init(workdir, "grpo", steps=2)
+        raw = yaml.safe_load(path.read_text())
+        raw["roles"] = {"actor": {"replicas": 1, "gpus_per_replica": 0}}
+        if placement == "separate":
+            raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
+        raw["trainer"].update({"test_freq": 1, "val_before_train": True, "log_val_generations": 2})
+        path.write_text(yaml.safe_dump(raw))
+        result = _run(path)
+        assert result.returncode == 0, result.stderr[-4000:]
+        rows = _metrics(workdir)
+        assert [int(r["step"]) for r in rows if core in r] == [0, 1, 2]
+        scores[placement] = rows[0][core]
+        generations = (workdir / "checkpoints" / "validation_generations.jsonl").read_text().splitlines()
+        assert len(generations) == 3 * 2
+    assert scores["colocated"] == scores["separate"]

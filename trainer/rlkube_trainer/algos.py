@@ -292,6 +292,59 @@ def compute_policy_loss(
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
 
+@register_policy_loss("gspo")
+def compute_policy_loss_gspo(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    cliprange: float | None = None,
+    cliprange_low: float | None = None,
+    cliprange_high: float | None = None,
+    clip_ratio_c: float = 3.0,
+    loss_agg_mode: str = "seq-mean-token-mean",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO (Zheng et al., 2025): the importance ratio of a whole sequence,
+    ``s_i = exp(mean_t(log_prob - old_log_prob))`` (the geometric mean of the token ratios),
+    clipped PPO-style. Each token carries ``sg[s_i] * pi(y_t) / sg[pi(y_t)]``: equal to s_i in
+    value, with the gradient of the sequence's mean token log-prob. Aggregated
+    seq-mean-token-mean whatever ``loss_agg_mode`` says, as GSPO's objective averages per
+    sequence; no dual clip (``clip_ratio_c`` is unused) and ``pg_clipfrac_lower`` is 0.
+    Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
+    del clip_ratio_c, loss_agg_mode  # part of the policy-loss signature; not GSPO's
+    low = cliprange if cliprange_low is None else cliprange_low
+    high = cliprange if cliprange_high is None else cliprange_high
+    if low is None or high is None:
+        raise ValueError("compute_policy_loss_gspo needs cliprange, or both cliprange_low and cliprange_high")
+
+    negative_approx_kl = log_prob - old_log_prob
+    seq_lengths = response_mask.sum(dim=-1).clamp(min=1)
+    seq_log_ratio = masked_sum(negative_approx_kl, response_mask, dim=-1) / seq_lengths
+    log_ratio = log_prob - log_prob.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = torch.exp(torch.clamp(log_ratio, max=10.0))  # clamped before exp: no overflow
+
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
+    pg_clipfrac = masked_mean((pg_losses2 > pg_losses1).to(log_prob.dtype), response_mask)
+    ppo_kl = masked_mean(-negative_approx_kl, response_mask)
+    return pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+
+
+def keep_mixed_groups(metric: Sequence[float], index: IndexLike) -> list[bool]:
+    """DAPO's dynamic-sampling filter: per sample, whether its group (samples sharing an
+    ``index``) is kept. A group is kept when its metric values differ (population std > 0),
+    or when it has a single sample; a group that all scores alike gives a group estimator
+    zero advantage everywhere."""
+    ids = _group_ids(index, len(metric))
+    values: dict[Hashable, list[float]] = {}
+    for group, value in zip(ids, metric, strict=True):
+        values.setdefault(group, []).append(float(value))
+    keep = {group: len(v) == 1 or float(np.std(v)) > 0 for group, v in values.items()}
+    return [keep[group] for group in ids]
+
+
 def compute_value_loss(
     vpreds: torch.Tensor,
     returns: torch.Tensor,

@@ -7,6 +7,7 @@
   index, serves /healthz, stays up until the driver ends;
 - `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config);
 - `convert VERL.yaml`: a verl config as a trainer YAML or an RLJob (verl_config.py).
+- `data gsm8k|math SRC DEST`: Hugging Face parquet files as verl-format rows.
 """
 
 from __future__ import annotations
@@ -114,6 +115,20 @@ def _tiny_task(args: argparse.Namespace) -> int:
     return 0
 
 
+def _data(args: argparse.Namespace) -> int:
+    from rlkube_trainer.data import DataError  # noqa: PLC0415
+    from rlkube_trainer.data_prep import prepare  # noqa: PLC0415
+
+    try:
+        written = prepare(args.dataset, args.src, args.dest)
+    except (DataError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for split, path in written.items():
+        print(f"{split}: {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube-trainer", description="rlkube's RL trainer")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     convert = sub.add_parser("convert", help="map a verl config to a trainer YAML (or, with --rljob, an RLJob)")
     verl_config.add_arguments(convert)
     convert.set_defaults(handler=verl_config.run)
+    data = sub.add_parser("data", help="turn Hugging Face parquet files of a dataset into verl-format rows")
+    data.add_argument("dataset", choices=["gsm8k", "math"])
+    data.add_argument("src", type=Path, help="a parquet file, or a folder of them (split from each file's name)")
+    data.add_argument("dest", type=Path, help="folder for <split>.parquet")
+    data.set_defaults(handler=_data)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     return int(args.handler(args))

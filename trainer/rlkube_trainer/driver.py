@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,7 @@ from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import LocalRankGroup, RankGroup
 from rlkube_trainer.reward import RewardScorer, build_reward_scorer
 from rlkube_trainer.tracking import Tracker
+from rlkube_trainer.validation import Validation, headline_score, validation_prompts
 
 log = logging.getLogger("rlkube.trainer")
 
@@ -168,6 +170,12 @@ class GroupState:
         self.actor.call_all("export_hf", str(path))
 
 
+def validates_at(config: TrainerConfig, step: int, total_steps: int) -> bool:
+    """verl's schedule: every test_freq steps, and after the last."""
+    freq = config.trainer.test_freq
+    return freq > 0 and (step % freq == 0 or step == total_steps)
+
+
 # --- the loop -----------------------------------------------------------------------------------
 
 
@@ -191,6 +199,7 @@ class TrainingRun:
         state: GroupState,
         reporter: ProgressReporter | None = None,
         metrics: DriverMetrics | None = None,
+        validation: Validation | None = None,
     ) -> None:
         self.config = config
         self.ppo = ppo
@@ -198,10 +207,13 @@ class TrainingRun:
         self.state = state
         self.reporter = reporter or NullReporter()
         self.metrics = metrics
+        self.validation = validation
         self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), config.checkpoint.max_to_keep)
         self.total_steps = total_steps_of(config, loader)
         self.step = 0
         self.last_checkpoint_step: int | None = None
+        # (step, score) of the latest validation: kept in checkpoints for the RLJob status.
+        self.last_validation: tuple[int, float] | None = None
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -215,6 +227,8 @@ class TrainingRun:
         self.ppo.kl_ctrl.load_state_dict(driver["kl_ctrl"])
         restore_rng(driver["rng"])
         self.last_checkpoint_step = self.step
+        validation = driver.get("validation")
+        self.last_validation = (int(validation[0]), float(validation[1])) if validation else None
         # The rollout engines started from the initial weights: give them the resumed ones.
         self.ppo.roles.rollout.sync_weights()
         log.info("resumed from %s (step %d)", found.path, self.step)
@@ -229,8 +243,11 @@ class TrainingRun:
                 "loader": self.loader.state_dict(),
                 "kl_ctrl": self.ppo.kl_ctrl.state_dict(),
                 "rng": capture_rng(),
+                "validation": self.last_validation,
             },
         )
+        if self.config.checkpoint.export_hf == "every_save":
+            self.state.export_hf(staging / "hf")
         path = self.checkpoints.commit(self.step, {"parts": sorted({f.split("/")[0] for f in files})})
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s", path)
@@ -240,35 +257,71 @@ class TrainingRun:
         while True:
             yield from self.loader
 
+    def validate(self) -> dict[str, float]:
+        assert self.validation is not None
+        start = time.perf_counter()
+        metrics = self.validation.run(self.step)
+        metrics["timing_s/testing"] = time.perf_counter() - start  # verl's name for it
+        score = headline_score(metrics)
+        if score is not None:
+            self.last_validation = (self.step, score)
+        return metrics
+
+    def publish(self, metrics: dict[str, float], final: bool = False) -> None:
+        """The step's metrics to Prometheus, and the progress annotation."""
+        if self.metrics is not None:
+            self.metrics.update(self.step, metrics, self.total_steps)
+        val_step, val_score = self.last_validation or (None, None)
+        payload = progress_payload(
+            self.step, self.total_steps, metrics, self.last_checkpoint_step, val_score=val_score, val_step=val_step
+        )
+        self.reporter.report(payload, force=final)
+
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config
         if max_steps is not None:
             self.total_steps = min(self.total_steps, max_steps)
         self.resume()
-        tracker = Tracker(Path(config.checkpoint.dir), list(config.trainer.logger), config.trainer.experiment_name)
+        output_dir = Path(config.checkpoint.dir)
+        tracker = Tracker(
+            output_dir, list(config.trainer.logger), config.trainer.experiment_name, project=config.trainer.project_name
+        )
+        # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
+        resumed_at = self.step if self.last_checkpoint_step is not None else -1
+        tracker.rewind(resumed_at)
+        if self.validation is not None:
+            self.validation.rewind(resumed_at)
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="steps", unit="step")
         last_path: Path | None = None
         save_freq = config.trainer.save_freq
         try:
+            # Before training: a fresh run's initial model (a resumed run was validated on its
+            # schedule before its checkpoint), or the loaded model when only validating.
+            if self.validation is not None and (
+                config.trainer.val_only or (config.trainer.val_before_train and self.step == 0)
+            ):
+                metrics = self.validate()
+                tracker.log(self.step, metrics)
+                self.publish(metrics, final=config.trainer.val_only)
+            if config.trainer.val_only:
+                return RunResult(self.step, tracker.history(), output_dir, tracker.plot(), None)
             batches = self._batches()
             while self.step < self.total_steps:
                 self.step += 1
                 prompts = next(batches)
-                metrics = self.ppo.step(prompts, self.step)
+                metrics = self.ppo.step(prompts, self.step, more_prompts=lambda: next(batches))
                 metrics["data/order_checksum"] = float(order_checksum(prompts))
+                if self.validation is not None and validates_at(config, self.step, self.total_steps):
+                    metrics.update(self.validate())
+                # Logged before the checkpoint: a checkpoint's step always has its row.
+                tracker.log(self.step, metrics)
                 if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
                     last_path = self.save()
-                tracker.log(self.step, metrics)
-                if self.metrics is not None:
-                    self.metrics.update(self.step, metrics, self.total_steps)
-                final = self.step == self.total_steps
-                self.reporter.report(
-                    progress_payload(self.step, self.total_steps, metrics, self.last_checkpoint_step), force=final
-                )
+                self.publish(metrics, final=self.step == self.total_steps)
                 bar.update(1)
                 bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
-            if config.checkpoint.export_hf:
-                self.state.export_hf(Path(config.checkpoint.dir) / "hf")
+            if config.checkpoint.export_hf != "never":
+                self.state.export_hf(output_dir / "hf")
             curves = tracker.plot()
         finally:
             bar.close()
@@ -291,17 +344,21 @@ def train(
     seed_everything(config.trainer.seed)
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
     loader = PromptLoader.from_config(PromptDataset(config.data.train_files, tokenizer, config.data), config.data)
+    val_prompts = validation_prompts(config, tokenizer)
     groups = start_groups(config, placement, launch, total_steps_of(config, loader))
     try:
         function_reward: RewardScorer | None = None
-        if config.reward.function is not None:
+        if config.reward.model is None:  # a function, or the built-in scorers by data_source
             function_reward = build_reward_scorer(config.reward)
         roles = build_roles(config, placement, groups, function_reward)
         ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=max(placement.num_gpus, 1))
+        validation = None
+        if val_prompts is not None:
+            validation = Validation(config, val_prompts, ppo, Path(config.checkpoint.dir))
         metrics = DriverMetrics()
         metrics.serve(metrics_port)
         try:
-            run = TrainingRun(config, ppo, loader, GroupState(placement, groups), reporter, metrics)
+            run = TrainingRun(config, ppo, loader, GroupState(placement, groups), reporter, metrics, validation)
             return run.fit(max_steps, progress)
         finally:
             metrics.close()

@@ -1,7 +1,7 @@
 """The PPO / GRPO loop. One step reads like the algorithm:
 
-    generate → score → old and reference log-probs → values → advantages
-    → update critic → update actor → sync weights to the rollout → metrics
+    generate → score (→ keep informative groups, DAPO) → old and reference log-probs
+    → values → advantages → update critic → update actor → sync weights → metrics
 
 The roles are objects with a few methods (workers.py, rollout/); where they run
 (one process, or Ray worker groups across pods) is not this module's business.
@@ -21,12 +21,18 @@ from typing import Any, Protocol
 import torch
 
 from rlkube_api.config import TrainerConfig
-from rlkube_trainer.algos import apply_kl_penalty, get_adv_estimator_fn, get_kl_controller, masked_mean
+from rlkube_trainer.algos import (
+    apply_kl_penalty,
+    get_adv_estimator_fn,
+    get_kl_controller,
+    keep_mixed_groups,
+    masked_mean,
+)
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
 from rlkube_trainer.data import Prompt
 from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics
-from rlkube_trainer.reward import RewardInput, RewardScorer
-from rlkube_trainer.rollout import RolloutBatch, SamplingConfig
+from rlkube_trainer.reward import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
+from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
 Metrics = dict[str, float]
 
@@ -55,6 +61,62 @@ class Rollout(Protocol):
 
 # tokenizer.decode: token ids -> text (the response the reward function reads).
 Detokenize = Callable[..., Any]
+# The next batch of prompts (DAPO's dynamic sampling asks for more than one per step).
+MorePrompts = Callable[[], list[Prompt]]
+# A generation round's seed offset: rounds of one step never share a seed with other steps.
+ROUND_SEED_STRIDE = 2**32
+
+
+class TooManyGenerations(RuntimeError):
+    """algorithm.filter_groups: max_num_gen_batches rounds left too few informative groups."""
+
+
+@dataclass
+class Scored:
+    """The scores of a rollout's samples, in sample order."""
+
+    responses: list[str]  # decoded, as the scorer read them
+    scores: list[float]  # the rewards: the scorer's, plus the overlong penalty when enabled
+    raw_scores: list[float]  # the scorer's alone
+    extra: dict[str, list[float]]  # per-sample numbers a reward function returned (acc, ...)
+    labels: Labels  # per-sample text a reward function returned (pred, ...)
+
+    def metric(self, name: str) -> list[float]:
+        """A per-sample metric by verl's filter_groups names: score (the scorer's),
+        seq_reward (the reward, shaping included), or a reward function's own key."""
+        if name == "score":
+            return self.raw_scores
+        if name == "seq_reward":
+            return self.scores
+        if name in self.extra:
+            return self.extra[name]
+        known = ", ".join(["score", "seq_reward", *self.extra])
+        raise ValueError(f"algorithm.filter_groups.metric {name!r} is not among this batch's metrics: {known}")
+
+    def select(self, keep: list[bool]) -> Scored:
+        def pick(values: list[Any]) -> list[Any]:
+            return [v for v, k in zip(values, keep, strict=True) if k]
+
+        return Scored(
+            pick(self.responses),
+            pick(self.scores),
+            pick(self.raw_scores),
+            {k: pick(v) for k, v in self.extra.items()},
+            {k: pick(v) for k, v in self.labels.items()},
+        )
+
+    @staticmethod
+    def concat(parts: list[Scored]) -> Scored:
+        def join(key: str, field: str) -> list[Any]:
+            return [v for p in parts for v in getattr(p, field).get(key, [])]
+
+        return Scored(
+            [r for p in parts for r in p.responses],
+            [s for p in parts for s in p.scores],
+            [s for p in parts for s in p.raw_scores],
+            {k: join(k, "extra") for k in dict.fromkeys(k for p in parts for k in p.extra)},
+            {k: join(k, "labels") for k in dict.fromkeys(k for p in parts for k in p.labels)},
+        )
 
 
 @dataclass
@@ -120,7 +182,7 @@ class PPOTrainer:
         if algo.adv_estimator == "gae" and roles.critic is None:
             raise ValueError("algorithm.adv_estimator gae needs a critic role")
 
-    def sampling(self, step: int) -> SamplingConfig:
+    def sampling(self, step: int, round_: int = 0) -> SamplingConfig:
         rollout = self.config.rollout
         return SamplingConfig(
             n=rollout.n,
@@ -129,38 +191,109 @@ class PPOTrainer:
             top_k=rollout.top_k,
             max_tokens=self.config.data.max_response_length,
             # A seed per step: reproducible runs, and a resumed run samples as the original did.
-            seed=self.config.trainer.seed * 100_003 + step,
+            seed=self.config.trainer.seed * 100_003 + step + round_ * ROUND_SEED_STRIDE,
             ignore_eos=rollout.ignore_eos,
             # The loop recomputes old log-probs with the actor; the engine's are diagnostics.
             logprobs=rollout.calculate_log_probs,
         )
 
-    def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> tuple[list[float], Metrics]:
-        """Scores each response (decoded without special tokens) against its prompt's ground truth."""
-        rows = []
+    def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> Scored:
+        """Scores each response (decoded without special tokens) against its prompt's ground
+        truth; with reward.overlong_buffer, DAPO's overlong penalty is added (training and
+        validation alike, as in verl)."""
+        rows, responses = [], []
         for sample in rollout.samples:
             prompt = prompts[sample.prompt_index]
             text = str(self.decode(sample.token_ids, skip_special_tokens=True))
+            responses.append(text)
             rows.append(
                 RewardInput(prompt.data_source, text, prompt.ground_truth, prompt.extra_info, prompt.raw_prompt)
             )
-        scores, extra = self.roles.reward.score(rows)
-        metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in extra.items() if v}
-        return scores, metrics
+        result, labels = score_with_labels(self.roles.reward, rows)
+        raw, extra = list(result.scores), dict(result.extra)
+        scores = raw
+        buffer = self.config.reward.overlong_buffer
+        if buffer.enable:
+            max_length = self.config.data.max_response_length
+            penalty = [
+                overlong_reward(len(s.token_ids), max_length, buffer.len, buffer.penalty_factor)
+                for s in rollout.samples
+            ]
+            scores = [r + p for r, p in zip(raw, penalty, strict=True)]
+            if buffer.log:
+                extra["overlong_reward"] = penalty
+                extra["overlong"] = [float(p < 0) for p in penalty]
+        return Scored(responses, scores, raw, extra, labels)
 
-    def step(self, prompts: list[Prompt], step: int) -> Metrics:
-        """One PPO step on a batch of prompts; returns its metrics (verl's names)."""
+    def sample(
+        self, prompts: list[Prompt], step: int, more_prompts: MorePrompts | None, timer: Timer
+    ) -> tuple[TrainBatch, Metrics]:
+        """Generates and scores the step's samples. With algorithm.filter_groups (DAPO's dynamic
+        sampling) only groups whose metric varies are kept, and further batches of prompts are
+        generated until train_batch_size prompts are kept, for at most max_num_gen_batches rounds."""
+        filter_groups = self.config.algorithm.filter_groups
+        # Without filtering every prompt given is kept, whatever its number.
+        wanted = self.config.data.train_batch_size if filter_groups.enable else len(prompts)
+        kept_prompts: list[Prompt] = []
+        kept_samples: list[RolloutSample] = []
+        kept_scored: list[Scored] = []
+        generated_groups = 0
+        rounds = 0
+        while True:
+            with timer("gen"):
+                rollout = self.roles.rollout.generate(
+                    [p.prompt_token_ids for p in prompts], self.sampling(step, rounds)
+                )
+            rounds += 1
+            with timer("reward"):
+                scored = self.score(prompts, rollout)
+            keep = [True] * len(rollout.samples)
+            if filter_groups.enable:
+                index = [prompts[s.prompt_index].index for s in rollout.samples]
+                keep = keep_mixed_groups(scored.metric(filter_groups.metric), index)
+            # Whole groups in prompt order, up to the batch size (the last round may bring more).
+            kept_here = sorted({s.prompt_index for s, k in zip(rollout.samples, keep, strict=True) if k})
+            kept_here = kept_here[: wanted - len(kept_prompts)]
+            position = {p: len(kept_prompts) + i for i, p in enumerate(kept_here)}
+            keep = [k and s.prompt_index in position for s, k in zip(rollout.samples, keep, strict=True)]
+            kept_samples += [
+                RolloutSample(position[s.prompt_index], s.token_ids, s.logprobs, s.finish_reason)
+                for s, k in zip(rollout.samples, keep, strict=True)
+                if k
+            ]
+            kept_prompts += [prompts[p] for p in kept_here]
+            kept_scored.append(scored.select(keep))
+            generated_groups += len(prompts)
+            if not filter_groups.enable or len(kept_prompts) >= wanted:
+                break
+            cap = filter_groups.max_num_gen_batches
+            if cap > 0 and rounds >= cap:
+                raise TooManyGenerations(
+                    f"step {step}: {len(kept_prompts)} of {wanted} prompts kept after {rounds} generation rounds "
+                    "(algorithm.filter_groups.max_num_gen_batches); the data may be too easy or too hard "
+                    "for the policy, or set max_num_gen_batches to 0 for no cap"
+                )
+            if more_prompts is None:
+                raise TooManyGenerations("algorithm.filter_groups needs more prompts and none were given")
+            prompts = more_prompts()
+
+        batch = build_batch(kept_prompts, RolloutBatch(kept_samples, rollout.n), self.pad_token_id)
+        scored = Scored.concat(kept_scored)
+        batch.token_level_scores = token_level_scores(scored.scores, batch.response_mask)
+        metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
+        if filter_groups.enable:
+            metrics["train/num_gen_batches"] = float(rounds)
+            metrics["train/kept_groups_ratio"] = len(kept_prompts) / generated_groups
+        return batch, metrics
+
+    def step(self, prompts: list[Prompt], step: int, more_prompts: MorePrompts | None = None) -> Metrics:
+        """One PPO step on a batch of prompts (and, with DAPO's dynamic sampling, on as many
+        further batches from `more_prompts` as it needs); returns its metrics (verl's names)."""
         roles, algo = self.roles, self.config.algorithm
         timer = Timer()
         metrics: Metrics = {}
         with timer("step"):
-            with timer("gen"):
-                rollout = roles.rollout.generate([p.prompt_token_ids for p in prompts], self.sampling(step))
-            batch = build_batch(prompts, rollout, self.pad_token_id)
-
-            with timer("reward"):
-                scores, reward_metrics = self.score(prompts, rollout)
-                batch.token_level_scores = token_level_scores(scores, batch.response_mask)
+            batch, reward_metrics = self.sample(prompts, step, more_prompts, timer)
             with timer("old_log_prob"):
                 batch.old_log_probs = roles.actor.compute_log_prob(batch)
             if self.config.rollout.calculate_log_probs:
@@ -174,6 +307,7 @@ class PPOTrainer:
                     batch.values = roles.critic.compute_values(batch)
 
             with timer("adv"):
+                assert batch.token_level_scores is not None
                 if algo.use_kl_in_reward:
                     assert batch.ref_log_probs is not None
                     batch.token_level_rewards, kl_metrics = apply_kl_penalty(

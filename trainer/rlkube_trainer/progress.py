@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rlkube_api.names import ANNOTATION_PROGRESS, Env
+from rlkube_api.rljob import Progress
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -55,25 +56,26 @@ def progress_payload(
     total_steps: int | None,
     metrics: Mapping[str, Any],
     last_checkpoint_step: int | None,
+    val_score: float | None = None,
+    val_step: int | None = None,
 ) -> dict[str, Any]:
-    """The annotation's JSON, with the wire names of `rlkube_api.rljob.Progress`.
+    """The annotation's JSON: a `rlkube_api.rljob.Progress` on the wire.
 
     Keys without a value are left out rather than sent as null: the operator validates
     the report into `Progress`, where every field but `step` is optional.
     """
-    payload: dict[str, Any] = {"step": int(step)}
-    if total_steps is not None:
-        payload["totalSteps"] = int(total_steps)
-    reward = _finite(metrics.get("critic/score/mean"))
-    if reward is not None:
-        payload["rewardMean"] = reward
-    throughput = _finite(metrics.get("perf/throughput"))
-    if throughput is not None:
-        payload["tokensPerSecondPerGPU"] = throughput
-    if last_checkpoint_step is not None:
-        payload["lastCheckpointStep"] = int(last_checkpoint_step)
-    payload["updatedAt"] = rfc3339_now()
-    return payload
+    has_val = val_step is not None and _finite(val_score) is not None
+    progress = Progress(
+        step=int(step),
+        total_steps=None if total_steps is None else int(total_steps),
+        reward_mean=_finite(metrics.get("critic/score/mean")),
+        tokens_per_second_per_gpu=_finite(metrics.get("perf/throughput")),
+        last_checkpoint_step=None if last_checkpoint_step is None else int(last_checkpoint_step),
+        val_score=_finite(val_score) if has_val else None,
+        val_step=int(val_step) if has_val and val_step is not None else None,
+        updated_at=rfc3339_now(),
+    )
+    return progress.to_wire()
 
 
 # --- reporters -------------------------------------------------------------------------------

@@ -39,11 +39,15 @@ class DriverMetrics:
 
     STEP = "rlkube_trainer_step"
     TOTAL_STEPS = "rlkube_trainer_total_steps"
+    # Which RLJob a series belongs to (`job` and `namespace` are Prometheus' target labels).
+    JOB_LABELS = ("rljob", "rljob_namespace")
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
+        env = os.environ if env is None else env
+        self.job = {"rljob": env.get(Env.JOB_NAME, ""), "rljob_namespace": env.get(Env.NAMESPACE, "")}
         self.registry = CollectorRegistry()
-        self._step = Gauge(self.STEP, "Last completed training step.", registry=self.registry)
-        self._total_steps = Gauge(self.TOTAL_STEPS, "Training steps in the run.", registry=self.registry)
+        self._step = self._new_gauge(self.STEP, "Last completed training step.")
+        self._total_steps = self._new_gauge(self.TOTAL_STEPS, "Training steps in the run.")
         self._gauges: dict[str, Gauge] = {}  # metric name -> gauge
         # Prometheus name -> metric name, to catch two names that map to one series.
         self._owners: dict[str, str] = {self.STEP: "", self.TOTAL_STEPS: ""}
@@ -76,9 +80,14 @@ class DriverMetrics:
             log.warning("metric %r maps to %s, already used by %r: not exported", name, prom, owner or prom)
             self._skipped.add(name)
             return None
-        gauge = Gauge(prom, f"verl metric {name}", registry=self.registry)
+        gauge = self._new_gauge(prom, f"verl metric {name}")
         self._owners[prom] = name
         self._gauges[name] = gauge
+        return gauge
+
+    def _new_gauge(self, name: str, documentation: str) -> Gauge:
+        """A gauge of this job's one series (the job's labels already set)."""
+        gauge: Gauge = Gauge(name, documentation, self.JOB_LABELS, registry=self.registry).labels(**self.job)
         return gauge
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:

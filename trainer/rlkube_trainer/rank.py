@@ -100,6 +100,7 @@ class Rank:
         self.reference: Reference | None = None
         self.reward_model: RewardScorer | None = None
         self.engine: RolloutEngine | None = None
+        self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
         self.broadcast: BroadcastGroup | None = None
 
     def setup(self) -> str:
@@ -156,9 +157,14 @@ class Rank:
     # --- rollout ---------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
         assert self.engine is not None
+        if self.engine_asleep:
+            # A second generate before the next update (validation, DAPO's extra rounds):
+            # wake with the current weights (a level-2 sleep dropped them).
+            self.sync_colocated()
         batch = self.engine.generate(prompt_token_ids, sampling)
         if self.actor is not None and self.config.rollout.free_cache_engine:
             self.engine.sleep()  # colocated: free the KV cache while the actor trains
+            self.engine_asleep = True
         return batch
 
     def sync_colocated(self) -> int:
@@ -166,6 +172,7 @@ class Rank:
         assert self.actor is not None and self.engine is not None
         if self.config.rollout.free_cache_engine:
             self.engine.wake_up()
+            self.engine_asleep = False
         return load_into_engine(self.engine, self.actor.named_weights())
 
     def weight_manifest(self) -> Manifest:

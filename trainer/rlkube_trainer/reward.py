@@ -52,6 +52,11 @@ class RewardScores(NamedTuple):
     extra: dict[str, list[float]]  # per-row metrics, each list as long as scores
 
 
+# Per-row text a reward function returned (e.g. `pred`, the extracted answer that validation's
+# majority vote counts), each list as long as the scores.
+Labels = dict[str, list[str]]
+
+
 class RewardScorer(Protocol):
     def score(self, batch: Sequence[RewardInput]) -> RewardScores: ...
 
@@ -123,8 +128,13 @@ class FunctionRewardScorer:
         self.description = f"{name} ({source})" if source else name
 
     def score(self, batch: Sequence[RewardInput]) -> RewardScores:
+        return self.score_labeled(batch)[0]
+
+    def score_labeled(self, batch: Sequence[RewardInput]) -> tuple[RewardScores, Labels]:
+        """The scores, and the text entries of dict results (such as `pred`)."""
         scores: list[float] = []
         metrics: list[dict[str, float]] = []
+        labels: list[dict[str, str]] = []
         for row, item in enumerate(batch):
             where = f"reward function {self.description} on batch row {row} (data_source {item.data_source!r})"
             try:
@@ -139,7 +149,18 @@ class FunctionRewardScorer:
             score, row_metrics = _parse_result(result, where)
             scores.append(score)
             metrics.append(row_metrics)
-        return RewardScores(scores, _align_metrics(metrics))
+            labels.append(_text_entries(result))
+        names = list(dict.fromkeys(name for row in labels for name in row))
+        return RewardScores(scores, _align_metrics(metrics)), {
+            name: [row.get(name, "") for row in labels] for name in names
+        }
+
+
+def score_with_labels(scorer: RewardScorer, batch: Sequence[RewardInput]) -> tuple[RewardScores, Labels]:
+    """Scores and, from reward functions, their text entries; a reward model has none."""
+    if isinstance(scorer, FunctionRewardScorer):
+        return scorer.score_labeled(batch)
+    return scorer.score(batch), {}
 
 
 def _parse_result(result: Any, where: str) -> tuple[float, dict[str, float]]:
@@ -153,6 +174,20 @@ def _parse_result(result: Any, where: str) -> tuple[float, dict[str, float]]:
         }
         return _as_score(result["score"], where), row_metrics
     return _as_score(result, where), {}
+
+
+def _text_entries(result: Any) -> dict[str, str]:
+    if not isinstance(result, Mapping):
+        return {}
+    return {str(key): value for key, value in result.items() if isinstance(value, str)}
+
+
+def overlong_reward(response_length: int, max_response_length: int, buffer_length: int, penalty_factor: float) -> float:
+    """DAPO's soft overlong punishment: 0 up to `max_response_length - buffer_length` tokens,
+    then falling linearly to `-penalty_factor` at `max_response_length`."""
+    expected = max_response_length - buffer_length
+    exceed = response_length - expected
+    return min(-exceed / buffer_length * penalty_factor, 0.0)
 
 
 def _as_score(value: Any, where: str) -> float:
@@ -260,12 +295,17 @@ def _load_reward_model(model_path: str, dtype: torch.dtype) -> Any:
 def build_reward_scorer(
     cfg: RewardConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> RewardScorer:
-    """The scorer for reward.function or reward.model (exactly one is set).
+    """The scorer for reward.function or reward.model, or with neither the built-in scorers
+    chosen by each row's data_source (`rlkube_trainer.scorers`).
 
     A reward model runs in float32 on CPU and bfloat16 on GPU unless `dtype` says otherwise.
     """
-    if (cfg.function is None) == (cfg.model is None):
-        raise RewardConfigError("exactly one of reward.function and reward.model must be set")
+    if cfg.function is not None and cfg.model is not None:
+        raise RewardConfigError("at most one of reward.function and reward.model may be set")
+    if cfg.function is None and cfg.model is None:
+        from rlkube_trainer.scorers import default_compute_score  # noqa: PLC0415  (math-verify: only when used)
+
+        return FunctionRewardScorer(default_compute_score, source="built-in, by data_source")
     if cfg.function is not None:
         if cfg.function.path is None:
             raise RewardConfigError(

@@ -27,6 +27,7 @@ DATA_SOURCE = "tiny_first_digit"
 # Inside the package, so `rlkube-trainer tiny-task` works from an installed image too;
 # examples/rewards/tiny_task.py links here.
 REWARD_FILE = Path(__file__).with_name("tiny_reward.py")
+VAL_PROMPTS = 64
 WORDS = ("<pad>", "<eos>", "<bos>", *(str(d) for d in range(10)), "=")
 
 
@@ -102,6 +103,8 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
         "model": {"path": str(workdir / "model")},
         "data": {
             "train_files": [str(workdir / "data" / "train.parquet")],
+            # Held-out prompts (another seed), scored greedily every test_freq steps.
+            "val_files": [str(workdir / "data" / "val.parquet")],
             "max_prompt_length": 16,
             "max_response_length": 2,
             "train_batch_size": 32,
@@ -115,7 +118,15 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
             "gpu_memory_utilization": 0.02,
         },
         "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
-        "trainer": {"total_training_steps": steps, "save_freq": 20, "seed": 1},
+        # Validated every 10 steps and after the last, inside those steps' rows (no row of its
+        # own before training, so every row of metrics.jsonl is a step).
+        "trainer": {
+            "total_training_steps": steps,
+            "save_freq": 20,
+            "test_freq": 10,
+            "val_before_train": False,
+            "seed": 1,
+        },
         "checkpoint": {"dir": str(workdir / "checkpoints")},
         "roles": {"actor": {"replicas": 1, "gpus_per_replica": 0}},
     }
@@ -126,9 +137,10 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
 
 
 def init(workdir: Path, adv_estimator: str = "grpo", steps: int = 60, seed: int = 0) -> Path:
-    """Writes model/, data/train.parquet, reward.py and config.yaml into workdir."""
+    """Writes model/, data/train.parquet, data/val.parquet, reward.py and config.yaml into workdir."""
     build_model(workdir / "model", seed=seed)
     write_dataset(workdir / "data" / "train.parquet", seed=seed)
+    write_dataset(workdir / "data" / "val.parquet", count=VAL_PROMPTS, seed=seed + 1)
     shutil.copyfile(REWARD_FILE, workdir / "reward.py")
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(trainer_config(workdir, adv_estimator, steps), sort_keys=False))

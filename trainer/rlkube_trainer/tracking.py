@@ -175,6 +175,17 @@ EXPERIMENT_TRACKERS: dict[str, Callable[[Path, str, str], ExperimentTracker]] = 
 }
 
 
+def keep_rows_through(jsonl: Path, step: int) -> None:
+    """Drops the rows of a metrics-style JSON-lines file logged after `step` (all of them for a
+    negative step): a resumed run redoes those steps and would log them twice."""
+    if not jsonl.exists():
+        return
+    lines = [line for line in jsonl.read_text().splitlines() if line.strip()]
+    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
+    if len(kept) != len(lines):
+        jsonl.write_text("".join(line + "\n" for line in kept))
+
+
 class Tracker:
     def __init__(self, output_dir: Path, loggers: list[str], experiment: str, *, project: str = "rlkube") -> None:
         self.output_dir = output_dir
@@ -194,13 +205,17 @@ class Tracker:
         with self.jsonl.open("a") as out:
             out.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.console:
-            shown = " ".join(f"{k}={metrics[k]:.4g}" for k in CONSOLE_KEYS if k in metrics)
+            keys = [*CONSOLE_KEYS, *(k for k in metrics if k.startswith("val-core/"))]
+            shown = " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
             log.info("step %d %s", step, shown)
         if self.tensorboard is not None:
             for key, value in metrics.items():
                 self.tensorboard.add_scalar(key, value, step)
         for tracker in self.trackers:
             tracker.log(step, metrics)
+
+    def rewind(self, step: int) -> None:
+        keep_rows_through(self.jsonl, step)
 
     def history(self) -> list[dict[str, float]]:
         if not self.jsonl.exists():
@@ -220,8 +235,21 @@ class Tracker:
         import matplotlib.pyplot as plt  # noqa: PLC0415
 
         rows = self.history()
-        fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3.2))
-        for ax, (title, keys) in zip(axes, CURVES, strict=True):
+        # Validation: the core mean@N of each data source, when the run validated.
+        validation = sorted({k for r in rows for k in r if k.startswith("val-core/") and "/mean@" in k})
+        panels = len(CURVES) + bool(validation)
+        fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2))
+        if validation:
+            ax = axes[-1]
+            for name in validation:
+                points = [(r["step"], r[name]) for r in rows if name in r]
+                ax.plot(
+                    [p[0] for p in points], [p[1] for p in points], marker="o", label=name.removeprefix("val-core/")
+                )
+            ax.set_title("validation (val-core)")
+            ax.set_xlabel("step")
+            ax.legend(fontsize="small")
+        for ax, (title, keys) in zip(axes, CURVES, strict=False):
             key = next((k for k in keys if any(k in r for r in rows)), None)
             if key is not None:
                 points = [(r["step"], r[key]) for r in rows if key in r]
