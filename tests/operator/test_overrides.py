@@ -93,8 +93,11 @@ def test_the_job_template_reaches_every_role() -> None:
         assert trainer["resources"]["limits"]["rdma/ib"] == "1"
         assert trainer["resources"]["requests"]["rdma/ib"] == "1"
         assert {"name": "extra-registry"} in pod["imagePullSecrets"]
-        assert pod["securityContext"] == {"runAsUser": 1000, "fsGroup": 1000}
-        assert trainer["securityContext"] == {"allowPrivilegeEscalation": False}
+        # Key by key over the "restricted" defaults, which stay.
+        assert pod["securityContext"]["runAsUser"] == 1000 and pod["securityContext"]["fsGroup"] == 1000
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert trainer["securityContext"]["allowPrivilegeEscalation"] is False
+        assert trainer["securityContext"]["capabilities"] == {"drop": ["ALL"]}
         assert {"name": "cache", "emptyDir": {}} in pod["volumes"]
         assert {"shm", "config"} <= {v["name"] for v in pod["volumes"]}
         assert {"name": "cache", "mountPath": "/cache"} in trainer["volumeMounts"]
@@ -117,10 +120,10 @@ def test_the_role_template_wins_over_the_job_template_for_that_role_only() -> No
     assert limits["rdma/ib"] == "1"
     assert limits["vpc.amazonaws.com/efa"] == "4"
     assert limits["nvidia.com/gpu"] == "8", "the operator's GPUs stay"
-    assert _trainer(actor)["securityContext"] == {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"add": ["IPC_LOCK"]},
-    }
+    context = _trainer(actor)["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"add": ["IPC_LOCK"]}, "the role's value replaces the key"
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}, "rlkube's other defaults stay"
     sidecars = [c for c in actor["spec"]["containers"] if c["name"] == "log-shipper"]
     assert sidecars == [{"name": "log-shipper", "image": "fluent-bit:4"}], "containers merge by name"
     assert actor["spec"]["serviceAccountName"] == "actor-sa"

@@ -134,8 +134,8 @@ def test_driver_metrics_refuse_a_second_name_for_one_series(
     caplog.set_level(logging.WARNING, LOGGER)
     for step in (1, 2):
         metrics.update(step, {"actor/pg_loss": 1.0, "actor_pg_loss": 2.0, "trainer/step": 99.0})
-    assert metrics.registry.get_sample_value("rlkube_actor_pg_loss") == 1.0
-    assert metrics.registry.get_sample_value("rlkube_trainer_step") == 2
+    assert metrics.registry.get_sample_value("rlkube_actor_pg_loss", metrics.job) == 1.0
+    assert metrics.registry.get_sample_value("rlkube_trainer_step", metrics.job) == 2
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 2, warnings  # once per refused name, not every step
     assert "'actor_pg_loss' maps to rlkube_actor_pg_loss" in warnings[0]
@@ -144,7 +144,7 @@ def test_driver_metrics_refuse_a_second_name_for_one_series(
 def test_driver_metrics_port_zero_serves_nothing(metrics: DriverMetrics) -> None:
     metrics.serve(0)
     metrics.update(1, STEP_METRICS)
-    assert metrics.registry.get_sample_value("rlkube_critic_score_mean") == 0.5
+    assert metrics.registry.get_sample_value("rlkube_critic_score_mean", metrics.job) == 0.5
 
 
 def test_driver_metrics_on_a_busy_port_warn_and_the_run_goes_on(
@@ -158,7 +158,7 @@ def test_driver_metrics_on_a_busy_port_warn_and_the_run_goes_on(
             metrics.serve(port)
     assert f"driver metrics not served: port {port}" in caplog.text
     metrics.update(1, STEP_METRICS)
-    assert metrics.registry.get_sample_value("rlkube_critic_score_mean") == 0.5
+    assert metrics.registry.get_sample_value("rlkube_critic_score_mean", metrics.job) == 0.5
 
 
 # --- /healthz ----------------------------------------------------------------------------------

@@ -198,11 +198,12 @@ def test_a_resumed_run_neither_repeats_nor_skips_a_validation(tmp_path: Path) ->
 
 
 def test_validation_metrics_reach_prometheus() -> None:
-    metrics = DriverMetrics()
+    metrics = DriverMetrics({})
     metrics.update(4, {CORE: 0.75, f"val-aux/{DATA_SOURCE}/reward/std@2": 0.1})
     text = generate_latest(metrics.registry).decode()
-    assert f"rlkube_val_core_{DATA_SOURCE}_reward_mean_1 0.75" in text
-    assert f"rlkube_val_aux_{DATA_SOURCE}_reward_std_2 0.1" in text
+    job = '{rljob="",rljob_namespace=""}'
+    assert f"rlkube_val_core_{DATA_SOURCE}_reward_mean_1{job} 0.75" in text
+    assert f"rlkube_val_aux_{DATA_SOURCE}_reward_std_2{job} 0.1" in text
 
 
 def test_the_progress_payload_carries_the_latest_validation() -> None:
