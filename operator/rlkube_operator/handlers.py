@@ -177,6 +177,8 @@ async def job_changed(
         gone = operator.jobs.pop(key, None)
         if gone is not None and gone.task is not None:
             gone.task.cancel()
+        if gone is not None:
+            METRICS.set_job(gone.namespace, gone.name, None, 0, was=gone.state)
         operator.publish_states()
         return
     tracked = operator.job(key)
@@ -225,7 +227,10 @@ async def _job_loop(
                 kopf.Body(cast(kopf.RawBody, tracked.body)), type=event.type, reason=event.reason, message=event.message
             )
         if result.state:
-            tracked.state = result.state
+            was, tracked.state = tracked.state, result.state
+            latest = result.written or tracked.body
+            restarts = int((latest.get("status") or {}).get("restartCount") or 0)
+            METRICS.set_job(tracked.namespace, tracked.name, tracked.state, restarts, was=was)
             operator.publish_states()
         idle = IDLE_SECONDS * random.uniform(1 - IDLE_JITTER, 1 + IDLE_JITTER)
         timeout = idle if result.requeue_after is None else min(result.requeue_after, idle)

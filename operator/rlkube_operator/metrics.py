@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,6 +28,16 @@ class OperatorMetrics:
             registry=r,
         )
         self.restarts = Counter("rlkube_job_restarts", "Gang restarts", ["namespace"], registry=r)
+        # Per job, for dashboards: 1 on the series of the job's current state.
+        self.job_state = Gauge(
+            "rlkube_job_state", "1 for each RLJob's current state", ["namespace", "rljob", "state"], registry=r
+        )
+        self.job_restart_count = Gauge(
+            "rlkube_job_restart_count",
+            "Gang restarts of each RLJob (status.restartCount)",
+            ["namespace", "rljob"],
+            registry=r,
+        )
         self.time_to_running = Histogram(
             "rlkube_job_time_to_running_seconds",
             "From RLJob creation to all pods ready",
@@ -37,6 +48,19 @@ class OperatorMetrics:
     def set_job_states(self, states: list[str]) -> None:
         for state in State:
             self.jobs.labels(state=state).set(sum(1 for s in states if s == state))
+
+    def set_job(self, namespace: str, name: str, state: str | None, restarts: int, was: str | None = None) -> None:
+        """One job's state (its previous one's series removed) and restart count; a job
+        without a state (deleted) loses its series."""
+        if was is not None and was != state:
+            with contextlib.suppress(KeyError):
+                self.job_state.remove(namespace, name, was)
+        if state is None:
+            with contextlib.suppress(KeyError):
+                self.job_restart_count.remove(namespace, name)
+            return
+        self.job_state.labels(namespace=namespace, rljob=name, state=state).set(1)
+        self.job_restart_count.labels(namespace=namespace, rljob=name).set(restarts)
 
 
 METRICS = OperatorMetrics()

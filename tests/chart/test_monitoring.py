@@ -107,6 +107,7 @@ def _one_real_step(tmp_path: Path) -> dict[str, float]:
     raw["rollout"]["name"] = "hf"
     raw["data"]["train_batch_size"] = 8
     raw["actor"]["ppo_mini_batch_size"] = 4
+    raw["actor"]["ppo_micro_batch_size_per_gpu"] = 8  # divides a mini-batch's 4 × 4 samples
     raw["algorithm"]["use_kl_in_reward"] = True  # the reference's phase too
     result = run_in_process(parse_trainer_config(raw), 1, False)
     step: dict[str, float] = result.history[-1]

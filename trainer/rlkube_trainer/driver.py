@@ -269,9 +269,9 @@ class TrainingRun:
 
     def publish(self, metrics: dict[str, float], final: bool = False) -> None:
         """The step's metrics to Prometheus, and the progress annotation."""
-        if self.metrics is not None:
-            self.metrics.update(self.step, metrics, self.total_steps)
         val_step, val_score = self.last_validation or (None, None)
+        if self.metrics is not None:
+            self.metrics.update(self.step, metrics, self.total_steps, val_score)
         payload = progress_payload(
             self.step, self.total_steps, metrics, self.last_checkpoint_step, val_score=val_score, val_step=val_step
         )

@@ -39,6 +39,7 @@ class DriverMetrics:
 
     STEP = "rlkube_trainer_step"
     TOTAL_STEPS = "rlkube_trainer_total_steps"
+    VAL_SCORE = "rlkube_trainer_val_score"
     # Which RLJob a series belongs to (`job` and `namespace` are Prometheus' target labels).
     JOB_LABELS = ("rljob", "rljob_namespace")
 
@@ -48,14 +49,19 @@ class DriverMetrics:
         self.registry = CollectorRegistry()
         self._step = self._new_gauge(self.STEP, "Last completed training step.")
         self._total_steps = self._new_gauge(self.TOTAL_STEPS, "Training steps in the run.")
+        self._val_score = self._new_gauge(
+            self.VAL_SCORE, "The latest validation score (status.progress.valScore: val-core mean@N over data sources)."
+        )
         self._gauges: dict[str, Gauge] = {}  # metric name -> gauge
         # Prometheus name -> metric name, to catch two names that map to one series.
-        self._owners: dict[str, str] = {self.STEP: "", self.TOTAL_STEPS: ""}
+        self._owners: dict[str, str] = {self.STEP: "", self.TOTAL_STEPS: "", self.VAL_SCORE: ""}
         self._skipped: set[str] = set()  # names refused for a clash: warned about once
         self._lock = threading.Lock()
         self._server: Any = None
 
-    def update(self, step: int, metrics: Mapping[str, Any], total_steps: int | None = None) -> None:
+    def update(
+        self, step: int, metrics: Mapping[str, Any], total_steps: int | None = None, val_score: float | None = None
+    ) -> None:
         with self._lock:
             for name, value in metrics.items():
                 number = _number(value)
@@ -67,6 +73,8 @@ class DriverMetrics:
             self._step.set(step)
             if total_steps is not None:
                 self._total_steps.set(total_steps)
+            if val_score is not None:
+                self._val_score.set(val_score)
 
     def _gauge(self, name: str) -> Gauge | None:
         gauge = self._gauges.get(name)
