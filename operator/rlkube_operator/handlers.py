@@ -220,6 +220,12 @@ async def _job_loop(
         if result is None:
             await asyncio.sleep(5)  # the pass raised; logged and counted
             continue
+        if result.gone:
+            if operator.jobs.get(tracked.key) is tracked:
+                del operator.jobs[tracked.key]
+                METRICS.set_job(tracked.namespace, tracked.name, None, 0, was=tracked.state)
+                operator.publish_states()
+            return
         if result.written is not None:
             tracked.remember_written(result.written)
         for event in result.events:

@@ -59,6 +59,8 @@ class ReconcileResult:
     requeue_after: float | None = None
     # The pass stopped after applying, its plan out of date: nothing it saw has been used up.
     replan: bool = False
+    # The RLJob is gone (its status patch found nothing): the job's loop ends.
+    gone: bool = False
 
 
 # After an apply whose refusals differ from what the plan assumed, the pass stops before
@@ -111,7 +113,14 @@ class Reconciler:
                 case DeleteChildren():
                     self.kube.delete_children(namespace, name)
                 case WriteStatus(status=status):
-                    written = self.kube.patch_status(namespace, name, status_patch(status))
+                    try:
+                        written = self.kube.patch_status(namespace, name, status_patch(status))
+                    except ApiException as exc:
+                        if exc.status != 404:
+                            raise
+                        # Deleted while this pass ran (or its DELETED event was missed).
+                        log.info("RLJob %s/%s is gone; its loop ends", namespace, name)
+                        return ReconcileResult(gone=True)
                     tracked.last_write = time.monotonic()
                 case CountRestart():
                     METRICS.restarts.labels(namespace=namespace).inc()
