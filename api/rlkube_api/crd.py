@@ -25,6 +25,8 @@ PRINTER_COLUMNS = [
     {"name": "State", "type": "string", "jsonPath": ".status.state"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
+    {"name": "%", "type": "number", "jsonPath": ".status.progress.percentDone"},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.estimatedCompletionTime", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Val", "type": "number", "jsonPath": ".status.progress.valScore"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},

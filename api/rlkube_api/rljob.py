@@ -292,13 +292,19 @@ class Progress(ApiModel):
         "data sources.",
     )
     val_step: int | None = Field(None, description="The step the latest validation score was measured at.")
+    percent_done: float | None = Field(None, ge=0, le=100, description="step / totalSteps, in percent.")
+    estimated_completion_time: str | None = Field(
+        None,
+        description="When the last step should end (RFC 3339): the steps left at this attempt's mean step "
+        "time so far (checkpoints and validation included).",
+    )
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
 
     # `kubectl get` prints numbers as stored; these are for reading (the exact values are
     # in the driver's metrics), so they are stored rounded. Digits after the point:
-    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {"reward_mean": 4, "tokens_per_second_per_gpu": 1}
+    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {"reward_mean": 4, "tokens_per_second_per_gpu": 1, "percent_done": 1}
 
-    @field_validator("reward_mean", "tokens_per_second_per_gpu")
+    @field_validator("reward_mean", "tokens_per_second_per_gpu", "percent_done")
     @classmethod
     def _round_for_display(cls, value: float | None, info: ValidationInfo) -> float | None:
         return None if value is None else round(value, cls._DISPLAY_DIGITS[str(info.field_name)])

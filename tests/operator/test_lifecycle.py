@@ -297,13 +297,23 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
     jobs.wait_running(JOB)
     jobs.wait_pods(JOB, TINY_PODS)
 
-    progress = {"step": 3, "totalSteps": 30, "rewardMean": 0.5, "tokensPerSecondPerGPU": 123.0, "lastCheckpointStep": 0}
+    progress = {
+        "step": 3,
+        "totalSteps": 30,
+        "percentDone": 10.0,
+        "estimatedCompletionTime": "2026-12-01T12:00:00Z",
+        "rewardMean": 0.5,
+        "tokensPerSecondPerGPU": 123.0,
+        "lastCheckpointStep": 0,
+    }
     jobs.report_progress(JOB, progress)
     job = jobs.wait(JOB, lambda j: (j["status"].get("progress") or {}).get("step") == 3, "progress step 3")
     assert job["status"]["progress"] == progress
     row = jobs.table("rlj", JOB)
-    assert (row["STATE"], row["STEP"], row["TOTAL"], row["REWARD"]) == ("Running", "3", "30", "0.5")
-    assert jobs.table("rlj", JOB, "-o", "wide")["TOKENS/S/GPU"] == "123"
+    assert (row["STATE"], row["STEP"], row["TOTAL"], row["%"], row["REWARD"]) == ("Running", "3", "30", "10", "0.5")
+    wide = jobs.table("rlj", JOB, "-o", "wide")
+    assert wide["TOKENS/S/GPU"] == "123"
+    assert wide["ETA"] == "2026-12-01T12:00:00Z"
 
     # A later report replaces it.
     jobs.report_progress(JOB, {**progress, "step": 4, "lastCheckpointStep": 4})

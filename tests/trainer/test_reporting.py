@@ -10,7 +10,7 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -57,6 +57,7 @@ def test_progress_payload_maps_verl_metrics_to_the_progress_fields() -> None:
     assert payload == {
         "step": 3,
         "totalSteps": 30,
+        "percentDone": 10.0,
         "rewardMean": 0.5,
         "tokensPerSecondPerGPU": 1234.5,
         "lastCheckpointStep": 0,
@@ -66,6 +67,17 @@ def test_progress_payload_maps_verl_metrics_to_the_progress_fields() -> None:
     assert (progress.step, progress.total_steps, progress.reward_mean) == (3, 30, 0.5)
     assert progress.tokens_per_second_per_gpu == 1234.5
     assert progress.last_checkpoint_step == 0
+
+
+def test_progress_payload_estimates_the_completion_time_from_the_pace() -> None:
+    before = datetime.now(UTC).replace(microsecond=0)
+    payload = progress_payload(25, 100, {}, None, seconds_per_step=12.0)
+    eta = datetime.strptime(payload["estimatedCompletionTime"], "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    # 75 steps left at 12 s each.
+    assert before + timedelta(seconds=900) <= eta <= datetime.now(UTC) + timedelta(seconds=900)
+    assert payload["percentDone"] == 25.0
+    assert Progress.model_validate(progress_payload(2, 3, {}, None)).percent_done == 66.7  # stored rounded
+    assert "estimatedCompletionTime" not in progress_payload(3, 30, {}, None)  # no pace yet
 
 
 def test_progress_payload_leaves_out_missing_and_non_finite_values() -> None:

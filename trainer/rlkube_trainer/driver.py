@@ -211,6 +211,8 @@ class TrainingRun:
         self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), config.checkpoint.max_to_keep)
         self.total_steps = total_steps_of(config, loader)
         self.step = 0
+        # When this attempt's steps began, and from which step: its pace gives the ETA.
+        self.pace_from: tuple[float, int] | None = None
         self.last_checkpoint_step: int | None = None
         # (step, score) of the latest validation: kept in checkpoints for the RLJob status.
         self.last_validation: tuple[int, float] | None = None
@@ -272,8 +274,17 @@ class TrainingRun:
         val_step, val_score = self.last_validation or (None, None)
         if self.metrics is not None:
             self.metrics.update(self.step, metrics, self.total_steps, val_score)
+        seconds_per_step = None
+        if self.pace_from is not None and self.step > self.pace_from[1]:
+            seconds_per_step = (time.perf_counter() - self.pace_from[0]) / (self.step - self.pace_from[1])
         payload = progress_payload(
-            self.step, self.total_steps, metrics, self.last_checkpoint_step, val_score=val_score, val_step=val_step
+            self.step,
+            self.total_steps,
+            metrics,
+            self.last_checkpoint_step,
+            val_score=val_score,
+            val_step=val_step,
+            seconds_per_step=seconds_per_step,
         )
         self.reporter.report(payload, force=final)
 
@@ -282,6 +293,7 @@ class TrainingRun:
         if max_steps is not None:
             self.total_steps = min(self.total_steps, max_steps)
         self.resume()
+        self.pace_from = (time.perf_counter(), self.step)
         output_dir = Path(config.checkpoint.dir)
         tracker = Tracker(
             output_dir, list(config.trainer.logger), config.trainer.experiment_name, project=config.trainer.project_name

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -47,8 +47,8 @@ def _finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def rfc3339_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def _rfc3339(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def progress_payload(
@@ -58,13 +58,22 @@ def progress_payload(
     last_checkpoint_step: int | None,
     val_score: float | None = None,
     val_step: int | None = None,
+    seconds_per_step: float | None = None,
 ) -> dict[str, Any]:
-    """The annotation's JSON: a `rlkube_api.rljob.Progress` on the wire.
+    """The annotation's JSON: a `rlkube_api.rljob.Progress` on the wire. With the mean step
+    time so far, the estimated completion time of the run.
 
     Keys without a value are left out rather than sent as null: the operator validates
     the report into `Progress`, where every field but `step` is optional.
     """
     has_val = val_step is not None and _finite(val_score) is not None
+    now = datetime.now(UTC)
+    percent = eta = None
+    if total_steps:
+        percent = min(100.0, 100.0 * step / total_steps)
+        pace = _finite(seconds_per_step)
+        if pace is not None:
+            eta = _rfc3339(now + timedelta(seconds=pace * max(0, total_steps - step)))
     progress = Progress(
         step=int(step),
         total_steps=None if total_steps is None else int(total_steps),
@@ -73,7 +82,9 @@ def progress_payload(
         last_checkpoint_step=None if last_checkpoint_step is None else int(last_checkpoint_step),
         val_score=_finite(val_score) if has_val else None,
         val_step=int(val_step) if has_val and val_step is not None else None,
-        updated_at=rfc3339_now(),
+        percent_done=percent,
+        estimated_completion_time=eta,
+        updated_at=_rfc3339(now),
     )
     return progress.to_wire()
 
