@@ -139,7 +139,11 @@ def test_a_pod_replaced_within_the_second_the_gang_became_ready_is_noticed(
     victim = jobs.pod(f"{JOB}-actor-0")["metadata"]["uid"]
     jobs.fail_pod(f"{JOB}-actor-0")
     wait_for(lambda: victim not in uids(jobs.pods(JOB, include_deleting=True)), "the failed pod to be replaced")
-    replacement = jobs.pod(f"{JOB}-actor-0")
+
+    def replaced() -> dict[str, Any] | None:  # the StatefulSet recreates it a moment after the old one goes
+        return next((p for p in jobs.pods(JOB) if p["metadata"]["name"] == f"{JOB}-actor-0"), None)
+
+    replacement = wait_for(replaced, "the replacement pod")
     # What the operator would have written had the gang become ready earlier in that same second:
     # the timestamps it compares cannot tell the two apart.
     job = jobs.get(JOB)

@@ -61,6 +61,9 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> N
     )
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))
+    # Every rank done with every collective before any closes its connections: gloo aborts
+    # the process (SIGABRT) whose peer goes away in the middle of one.
+    dist.barrier()
     dist.destroy_process_group()
 
 
