@@ -187,6 +187,12 @@ class FSDPConfig(ApiModel):
         "each layer's weights reach the GPU only for its forward and backward, and the optimizer steps on "
         "the CPU. The most GPU memory saved, at the optimizer's speed on the CPU.",
     )
+    reshard_after_forward: bool = Field(
+        True,
+        description="Free each layer's gathered weights after its forward and gather them again for the "
+        "backward. false keeps them from the forward to the backward: fewer gathers (on one GPU, fewer "
+        "casts to the compute dtype) for the memory of a full compute-dtype copy of the model.",
+    )
 
 
 class ActorConfig(ApiModel):
@@ -306,6 +312,17 @@ class RolloutConfig(ApiModel):
     )
     update_weights_bucket_megabytes: int = Field(
         512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
+    )
+    enable_prefix_caching: bool = Field(
+        True,
+        description="vLLM's prefix caching: the samples of a prompt share its prefill. Off saves the "
+        "engine's per-step block hashing.",
+    )
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Most sequences the engine schedules in one step (vLLM's default when unset)."
+    )
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Most tokens the engine schedules in one step (vLLM's default when unset)."
     )
     val_kwargs: ValidationSampling = Field(
         default_factory=ValidationSampling, description="Sampling during validation."

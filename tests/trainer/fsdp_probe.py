@@ -56,8 +56,14 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> N
     metrics = actor.update(batch)
     weights = {name: t.clone() for name, t in actor.named_weights()}
     offloaded = offloads_parameters(actor.model)
+    # Per FSDP2 unit: whether it frees its gathered weights after the forward.
+    reshards = [
+        m._get_fsdp_state()._fsdp_param_group._reshard_after_forward  # type: ignore[operator, union-attr]
+        for m in actor.model.modules()
+        if type(m).__name__.endswith("DecoderLayer")
+    ]
     Path(out, f"rank_{rank}.json").write_text(
-        json.dumps({"shapes": shapes, "metrics": metrics, "offloaded": offloaded})
+        json.dumps({"shapes": shapes, "metrics": metrics, "offloaded": offloaded, "reshards": reshards})
     )
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))
@@ -72,7 +78,13 @@ def main(world: int, port: int, config_path: str, out: str) -> None:
 
 
 def config_for(
-    workdir: Path, world: int, strategy: str, fsdp_size: int | None, param_dtype: str, offload: bool = False
+    workdir: Path,
+    world: int,
+    strategy: str,
+    fsdp_size: int | None,
+    param_dtype: str,
+    offload: bool = False,
+    reshard: bool = True,
 ) -> dict[str, Any]:
     from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
 
@@ -86,7 +98,11 @@ def config_for(
             "strategy": strategy,
             "ppo_mini_batch_size": SAMPLES // 8,
             "ppo_micro_batch_size_per_gpu": 2,
-            "fsdp_config": {"mixed_precision": {"param_dtype": param_dtype}, "param_offload": offload},
+            "fsdp_config": {
+                "mixed_precision": {"param_dtype": param_dtype},
+                "param_offload": offload,
+                "reshard_after_forward": reshard,
+            },
         }
     )
     return raw

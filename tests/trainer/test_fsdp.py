@@ -1,7 +1,8 @@
 """FSDP2 on CPU over gloo ranks (what the GPU path runs over NCCL): HSDP with fsdpSize
 shards within groups and replicates across them and trains exactly as full replicas do;
 bf16 mixed precision updates as fp32 does, within a stated tolerance; paramOffload keeps
-the shards in host memory and updates as without it."""
+the shards in host memory and updates as without it; reshardAfterForward false keeps each
+layer's gathered weights for its backward and updates the same."""
 
 from __future__ import annotations
 
@@ -40,7 +41,14 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def update(
-    workdir: Path, name: str, world: int, strategy: str, fsdp_size: int | None, dtype: str, offload: bool = False
+    workdir: Path,
+    name: str,
+    world: int,
+    strategy: str,
+    fsdp_size: int | None,
+    dtype: str,
+    offload: bool = False,
+    reshard: bool = True,
 ) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
     from fsdp_probe import config_for  # noqa: PLC0415
@@ -50,7 +58,7 @@ def update(
         return RUNS[out]
     out.mkdir()
     config = out / "config.yaml"
-    config.write_text(yaml.safe_dump(config_for(workdir, world, strategy, fsdp_size, dtype, offload)))
+    config.write_text(yaml.safe_dump(config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard)))
     result = subprocess.run(
         [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out)],
         capture_output=True,
@@ -120,6 +128,17 @@ def test_param_offload_keeps_the_shards_in_host_memory_and_updates_the_same(work
     assert not any(rank["offloaded"] for rank in on_device["ranks"])
     for name, tensor in on_device["weights"].items():
         assert torch.allclose(offloaded["weights"][name], tensor, atol=1e-6), name
+
+
+@pytest.mark.trainer
+def test_reshard_after_forward_false_keeps_the_gathered_layers_and_updates_the_same(workdir: Path) -> None:
+    resharding = update(workdir, "fp32-one-rank", 1, "fsdp2", None, "fp32")
+    kept = update(workdir, "no-reshard", 1, "fsdp2", None, "fp32", reshard=False)
+    assert resharding["ranks"][0]["reshards"] and all(resharding["ranks"][0]["reshards"])
+    assert kept["ranks"][0]["reshards"] and not any(kept["ranks"][0]["reshards"])
+    assert kept["ranks"][0]["metrics"] == pytest.approx(resharding["ranks"][0]["metrics"], rel=1e-6, abs=1e-7)
+    for name, tensor in resharding["weights"].items():
+        assert torch.equal(kept["weights"][name], tensor), name
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -105,3 +105,6 @@ def test_the_vllm_engine_is_seeded_once_per_batch(tmp_path: Path, monkeypatch: p
     assert built["name"] == "vllm"
     assert built["seed_mode"] == "batch"
     assert built["seed"] == config.trainer.seed
+    # The engine's scheduling settings come from the rollout section.
+    assert built["enable_prefix_caching"] is config.rollout.enable_prefix_caching
+    assert (built["max_num_seqs"], built["max_num_batched_tokens"]) == (None, None)

@@ -88,9 +88,27 @@ def vllm_w0(w0_path: Path) -> Iterator[RolloutEngine]:
 
 @pytest.fixture(scope="module")
 def vllm_to_update(w0_path: Path) -> Iterator[RolloutEngine]:
-    """Started from W0 like vllm_w0, but for the update test alone, which changes its weights."""
-    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS) as engine:
+    """Started from W0 like vllm_w0, but for the update test alone, which changes its weights;
+    with scheduling settings of its own (test_engine_settings_reach_vllm)."""
+    with build_rollout_engine("vllm", model_path=w0_path, **VLLM_KWARGS, **SCHEDULING) as engine:
         yield engine
+
+
+SCHEDULING = {"enable_prefix_caching": False, "max_num_seqs": 24, "max_num_batched_tokens": 1024}
+
+
+@pytest.mark.trainer
+def test_engine_settings_reach_vllm(vllm_to_update: RolloutEngine, vllm_w0: RolloutEngine) -> None:
+    def settings(engine: RolloutEngine) -> dict[str, object]:
+        config = engine._llm.llm_engine.vllm_config  # type: ignore[attr-defined]
+        return {
+            "enable_prefix_caching": config.cache_config.enable_prefix_caching,
+            "max_num_seqs": config.scheduler_config.max_num_seqs,
+            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        }
+
+    assert settings(vllm_to_update) == SCHEDULING
+    assert settings(vllm_w0)["enable_prefix_caching"] is True
 
 
 @pytest.fixture(scope="module")

@@ -72,10 +72,35 @@ def test_grpo_dapo_reinforce_and_reward_model_settings_arrive() -> None:
     assert rm.reward.function is None and rm.roles.reward is not None
 
 
+def test_fsdp_settings_arrive_for_each_role() -> None:
+    config = convert(
+        variant(
+            **{
+                "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+                "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+                "actor_rollout_ref.actor.fsdp_config.model_dtype": "bfloat16",
+                "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": False,
+                "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+                "critic.model.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"},
+                "actor_rollout_ref.rollout.enable_prefix_caching": False,
+                "actor_rollout_ref.rollout.max_num_seqs": 512,
+                "actor_rollout_ref.rollout.max_num_batched_tokens": 16384,
+            }
+        )
+    ).config
+    actor = config.actor.fsdp_config
+    assert (actor.param_offload, actor.model_dtype, actor.reshard_after_forward) == (True, "bf16", False)
+    assert config.ref.fsdp_config.param_offload is True
+    assert config.critic.fsdp_config.mixed_precision.param_dtype == "fp32"
+    rollout = config.rollout
+    assert (rollout.enable_prefix_caching, rollout.max_num_seqs, rollout.max_num_batched_tokens) == (False, 512, 16384)
+
+
 REFUSED = [
     ("unknown-key", {"actor_rollout_ref.actor.use_magic": True}, "actor_rollout_ref.actor.use_magic: unknown verl key"),
     ("unknown-section", {"fancy": {"x": 1}}, "fancy.x: unknown verl key"),
-    ("param-offload", {"actor_rollout_ref.actor.fsdp_config.param_offload": True}, "actor_rollout_ref.actor.fsdp_config.param_offload: parameter offload is not supported"),
+    ("optimizer-offload-alone", {"actor_rollout_ref.actor.fsdp_config.optimizer_offload": True}, "actor_rollout_ref.actor.fsdp_config.optimizer_offload: offloading the optimizer state alone"),
+    ("fp16", {"actor_rollout_ref.actor.fsdp_config.model_dtype": "fp16"}, "actor_rollout_ref.actor.fsdp_config.model_dtype: only bf16 and fp32"),
     ("lora", {"actor_rollout_ref.model.lora_rank": 32}, "actor_rollout_ref.model.lora_rank: LoRA is not supported"),
     ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
     ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),

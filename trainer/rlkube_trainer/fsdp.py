@@ -88,13 +88,16 @@ def shard_with_fsdp2(
     param_dtype: torch.dtype | None = None,
     reduce_dtype: torch.dtype | None = None,
     offload: bool = False,
+    reshard_after_forward: bool = True,
 ) -> nn.Module:
     """FSDP2 over `mesh`: each decoder layer its own unit, then the root. With `param_dtype`
     the gathered weights the forward and backward compute with are cast to it, while the
     sharded parameters the optimizer steps (the master weights) keep their own dtype, and
     gradients are reduced in `reduce_dtype` (verl's FSDP mixed precision). With `offload` the
     sharded parameters and gradients live in (pinned) host memory, and with them the optimizer
-    state and step."""
+    state and step. Without `reshard_after_forward` each layer's gathered weights stay from its
+    forward to its backward (the root's always do: FSDP2 keeps them for the backward that
+    follows at once)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard  # noqa: PLC0415
 
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
@@ -102,7 +105,13 @@ def shard_with_fsdp2(
     placement = CPUOffloadPolicy(pin_memory=torch.cuda.is_available()) if offload else OffloadPolicy()
     for module in model.modules():
         if type(module).__name__.endswith("DecoderLayer"):
-            fully_shard(module, mesh=mesh, mp_policy=policy, offload_policy=placement)
+            fully_shard(
+                module,
+                mesh=mesh,
+                mp_policy=policy,
+                offload_policy=placement,
+                reshard_after_forward=reshard_after_forward,
+            )
     fully_shard(model, mesh=mesh, mp_policy=policy, offload_policy=placement)
     return model
 

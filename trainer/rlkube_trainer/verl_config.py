@@ -74,25 +74,34 @@ def _strategy(value: Any) -> str:
 
 PERF = "a performance setting of verl's engines; rlkube sizes its own"
 DERIVED = "derived from other keys in rlkube"
-NO_OFFLOAD = "rlkube does not offload parameters or optimizer state to CPU"
+NO_OFFLOAD = "rlkube offloads parameters and optimizer state together (param_offload)"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
 VAL = "rlkube validates with the training sampling settings"
 STRATEGIES = ("fsdp", "fsdp2")
 
 
-def _offload(role: str, trains: bool = True) -> dict[str, Rule]:
-    """A role that trains would not fit without the offload it asks for: refused. The frozen
-    reference's offload only saves memory between its forward passes: ignored."""
-    accepts = _falsy if trains else (lambda _: True)
+def _dtype(value: Any) -> str:
+    names = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}
+    if value not in names:
+        raise ValueError("only bf16 and fp32 are supported")
+    return names[value]
+
+
+def _fsdp(role: str, target: str) -> dict[str, Rule]:
+    """A role's fsdp_config, mapped to the rlkube section `target`."""
+    fsdp = f"{target}.fsdp_config"
     return {
-        f"{role}.fsdp_config.param_offload": Ignored(NO_OFFLOAD, accepts, "parameter offload is not supported"),
-        f"{role}.fsdp_config.optimizer_offload": Ignored(NO_OFFLOAD, accepts, "optimizer offload is not supported"),
-        f"{role}.fsdp_config.offload_policy": Ignored(NO_OFFLOAD, accepts, "offload is not supported"),
+        f"{role}.fsdp_config.param_offload": To(f"{fsdp}.param_offload"),
+        # Judged beside param_offload in _finish: rlkube offloads both or neither.
+        f"{role}.fsdp_config.optimizer_offload": Ignored(NO_OFFLOAD),
+        f"{role}.fsdp_config.offload_policy": Ignored(NO_OFFLOAD, _falsy, "offload_policy is not supported"),
         f"{role}.fsdp_config.wrap_policy": Ignored(FSDP),
-        f"{role}.fsdp_config.reshard_after_forward": Ignored(FSDP),
+        f"{role}.fsdp_config.reshard_after_forward": To(f"{fsdp}.reshard_after_forward"),
         f"{role}.fsdp_config.forward_prefetch": Ignored(FSDP),
-        f"{role}.fsdp_config.model_dtype": Ignored("rlkube trains in bf16 with fp32 master weights"),
-        f"{role}.fsdp_config.mixed_precision": Ignored("rlkube trains in bf16 with fp32 master weights"),
+        f"{role}.fsdp_config.model_dtype": To(f"{fsdp}.model_dtype", _dtype),
+        f"{role}.fsdp_config.mixed_precision.param_dtype": To(f"{fsdp}.mixed_precision.param_dtype", _dtype),
+        f"{role}.fsdp_config.mixed_precision.reduce_dtype": To(f"{fsdp}.mixed_precision.reduce_dtype", _dtype),
+        f"{role}.fsdp_config.mixed_precision.buffer_dtype": Ignored("buffers keep the model's dtype"),
     }
 
 
@@ -219,7 +228,7 @@ RULES: dict[str, Rule] = {
     f"{_ACTOR}.fsdp_config.fsdp_size": To("roles.actor.fsdp_size", _none_if_negative),
     **_micro_batch(_ACTOR),
     **_optim(f"{_ACTOR}.optim", "actor.optim"),
-    **_offload(_ACTOR),
+    **_fsdp(_ACTOR, "actor"),
     # --- reference ----------------------------------------------------------------------------
     f"{_REF}.strategy": Ignored("the reference runs where the actor runs", _is(*STRATEGIES), "only fsdp is supported"),
     f"{_REF}.log_prob_micro_batch_size": Ignored(DERIVED),
@@ -233,7 +242,7 @@ RULES: dict[str, Rule] = {
     f"{_REF}.entropy_from_logits_with_chunking": Ignored(PERF),
     f"{_REF}.entropy_checkpointing": Ignored(PERF),
     f"{_REF}.profiler": Ignored("profiling is a benchmark concern here"),
-    **_offload(_REF, trains=False),
+    **_fsdp(_REF, "ref"),
     # --- rollout ------------------------------------------------------------------------------
     f"{_ROLLOUT}.name": To("rollout.name"),
     f"{_ROLLOUT}.n": To("rollout.n"),
@@ -250,6 +259,9 @@ RULES: dict[str, Rule] = {
             "free_cache_engine",
             "calculate_log_probs",
             "update_weights_bucket_megabytes",
+            "enable_prefix_caching",
+            "max_num_seqs",
+            "max_num_batched_tokens",
         )
     },
     f"{_ROLLOUT}.tensor_model_parallel_size": To("roles.rollout.tensor_parallel_size"),
@@ -261,9 +273,7 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.response_length": Ignored("rlkube uses data.max_response_length"),
     f"{_ROLLOUT}.load_format": Ignored("weights come from the actor"),
     f"{_ROLLOUT}.layered_summon": Ignored(PERF),
-    f"{_ROLLOUT}.max_num_batched_tokens": Ignored(PERF),
     f"{_ROLLOUT}.max_model_len": Ignored(DERIVED),
-    f"{_ROLLOUT}.max_num_seqs": Ignored(PERF),
     f"{_ROLLOUT}.disable_log_stats": Ignored(PERF),
     f"{_ROLLOUT}.enable_chunked_prefill": Ignored(PERF),
     f"{_ROLLOUT}.log_prob_micro_batch_size": Ignored(DERIVED),
@@ -307,7 +317,7 @@ RULES: dict[str, Rule] = {
     "critic.forward_max_token_len_per_gpu": Ignored(DERIVED),
     **_micro_batch("critic"),
     **_optim("critic.optim", "critic.optim"),
-    **_offload("critic.model"),
+    **_fsdp("critic.model", "critic"),
     "critic.model.fsdp_config.fsdp_size": Ignored("a colocated critic shards like the actor"),
     # --- reward -------------------------------------------------------------------------------
     "custom_reward_function.path": To("reward.function.path"),
@@ -428,6 +438,14 @@ class Conversion:
 _REF_PATTERN = re.compile(r"\$\{([^}]*)\}")
 
 
+def _lookup_or(root: Mapping[str, Any], dotted: str) -> Any:
+    """The value at `dotted`, or None where a part is missing."""
+    try:
+        return _lookup(root, dotted)
+    except KeyError:
+        return None
+
+
 def _lookup(root: Mapping[str, Any], dotted: str) -> Any:
     node: Any = root
     for part in dotted.split("."):
@@ -542,7 +560,16 @@ def convert(verl: Mapping[str, Any], source: str = "config") -> Conversion:
 def _finish(
     tree: dict[str, Any], verl: Mapping[str, Any], mapped: list[tuple[str, str]], ignored: list[tuple[str, str]]
 ) -> list[str]:
-    """What depends on more than one key: which reward source verl would use, and resume paths."""
+    """What depends on more than one key: which reward source verl would use, resume paths,
+    and optimizer offload (only together with parameter offload, as rlkube does it)."""
+    errors: list[str] = []
+    for role in (_ACTOR, "critic.model"):
+        fsdp = _lookup_or(verl, f"{role}.fsdp_config") or {}
+        if fsdp.get("optimizer_offload") and not fsdp.get("param_offload"):
+            errors.append(
+                f"{role}.fsdp_config.optimizer_offload: offloading the optimizer state alone is not "
+                "supported; set param_offload too (rlkube offloads both)"
+            )
     reward = tree.setdefault("reward", {})
     if not reward.get("function", {}).get("path"):
         reward.pop("function", None)  # a name without a path (verl's default name) selects nothing
@@ -557,8 +584,10 @@ def _finish(
         _set(tree, "checkpoint.resume", trainer["resume_from_path"])
         mapped.append(("trainer.resume_from_path", "checkpoint.resume"))
     if not reward:
-        return ["custom_reward_function.path: required (verl's built-in scorers by data_source have no counterpart)"]
-    return []
+        errors.append(
+            "custom_reward_function.path: required (verl's built-in scorers by data_source have no counterpart)"
+        )
+    return errors
 
 
 def _place_roles(tree: dict[str, Any]) -> None:

@@ -52,7 +52,14 @@ def distribute(
     if mixed_precision:
         param_dtype = DTYPES[fsdp.mixed_precision.param_dtype]
         reduce_dtype = DTYPES[fsdp.mixed_precision.reduce_dtype]
-    return shard_with_fsdp2(model, device_mesh(device, fsdp_size), param_dtype, reduce_dtype, fsdp.param_offload)
+    return shard_with_fsdp2(
+        model,
+        device_mesh(device, fsdp_size),
+        param_dtype,
+        reduce_dtype,
+        fsdp.param_offload,
+        reshard_after_forward=fsdp.reshard_after_forward,
+    )
 
 
 def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -107,6 +107,7 @@ class VLLMRolloutEngine(RolloutEngine):
         kv_cache_memory_bytes: int | None = None,
         max_model_len: int | None = None,
         max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
         enforce_eager: bool = False,
         seed: int = 0,
         enable_prefix_caching: bool = True,
@@ -187,6 +188,8 @@ class VLLMRolloutEngine(RolloutEngine):
         }
         if max_num_seqs is not None:
             engine_kwargs["max_num_seqs"] = max_num_seqs
+        if max_num_batched_tokens is not None:
+            engine_kwargs["max_num_batched_tokens"] = max_num_batched_tokens
         started = time.perf_counter()
         self._llm: Any = vllm.LLM(**engine_kwargs)
         VLLMRolloutEngine._live += 1
