@@ -245,8 +245,10 @@ def trainer_config(
     gradient_checkpointing: bool = False,
     gpu_memory_utilization: float = 0.25,
     steps: int = 10,
+    overrides: list[str] | None = None,
 ) -> Any:
-    """The trainer config (verl's keys), as a user would write it in YAML."""
+    """The trainer config (verl's keys), as a user would write it in YAML; `overrides` are
+    `dotted.key=yaml-value` settings put on top (`--set`)."""
     from rlkube_api.validation import parse_trainer_config
 
     (workdir / "reward.py").write_text(REWARD_SOURCE)
@@ -283,6 +285,15 @@ def trainer_config(
     if estimator == "gae":
         cfg["critic"] = {"optim": {"lr": 1e-5}, "ppo_micro_batch_size_per_gpu": micro}
         cfg["roles"]["critic"] = {"colocate_with": "actor"}
+    for item in overrides or []:
+        import yaml
+
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = cfg
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
     return parse_trainer_config(cfg, "grpo_bench")
 
 
@@ -659,6 +670,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     res.put("shape", shape)
+    res.put("settings", args.set)
     res.put("env", environment())
     res.put("ceilings", matmul_tflops())
     matmul_rate = res["ceilings"].get("bf16_matmul_tflops", 0.0) * 1e12
@@ -677,6 +689,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
         device=device.type,
         micro=micro,
         gpu_memory_utilization=args.gpu_util if not args.tiny else 0.02,
+        overrides=args.set,
     )
     log("starting the vLLM engine (rollout.build_engine)")
     engine = build_engine(grpo_cfg, device)
@@ -735,7 +748,14 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     with section(res, "ppo", args.budget if "ppo" not in skip else 0, 120) as ok:
         if ok:
             ppo_cfg = trainer_config(
-                workdir, model_dir, shape, "gae", device=device.type, micro=micro, gpu_memory_utilization=args.gpu_util
+                workdir,
+                model_dir,
+                shape,
+                "gae",
+                device=device.type,
+                micro=micro,
+                gpu_memory_utilization=args.gpu_util,
+                overrides=args.set,
             )
             ppo_actor = Actor(ppo_cfg, device, 100)
             critic = Critic(ppo_cfg, device, 100)
@@ -769,6 +789,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
                 micro=micro,
                 kl_loss=True,
                 gpu_memory_utilization=args.gpu_util,
+                overrides=args.set,
             )
             reference = Reference(kl_cfg, device)
             roles = Roles(
@@ -1010,6 +1031,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=480.0, help="seconds; later sections are skipped past it")
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape on CPU (smoke test)")
     parser.add_argument("--skip", default="", help="rlkube: comma-separated sections to leave out")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="rlkube: a trainer-config setting (verl's dotted key, YAML value), e.g. rollout.enable_prefix_caching=false",
+    )
     args = parser.parse_args(argv)
     if args.phase == "report":
         return report(args.paths)
