@@ -24,6 +24,7 @@ from rlkube_api.placement import Role
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
+from rlkube_trainer.memory import check_rank
 from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
@@ -111,6 +112,8 @@ class Rank:
         rendezvous = rendezvous_from_env(spec.rendezvous)
         if rendezvous.world_size > 1 or self.device.type == "cuda":
             init_role_group(rendezvous, self.device)
+        if self.device.type == "cuda":
+            check_rank(config, hosts, spec.group, spec.rank, rendezvous.world_size)
         torch.manual_seed(config.trainer.seed + spec.rank)
         if Role.ACTOR in hosts:
             self.actor = Actor(config, self.device, spec.total_steps)

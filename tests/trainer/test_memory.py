@@ -1,0 +1,101 @@
+"""The start-time fit check (memory.py), against what one H200 showed (docs/benchmarks.md,
+"GPU: model size on one H200"): a 7B actor with fp32 master weights ran out of GPU memory in
+its first step, with paramOffload its host (128 GiB) ran out, and with bf16 master weights it
+trained. The check must refuse the first two at start, naming what to change, and let the
+third and the 0.5B benchmark through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from transformers import AutoModelForCausalLM
+
+from rlkube_api.placement import Role
+from rlkube_api.validation import parse_trainer_config
+from rlkube_trainer.memory import GIB, DoesNotFit, ModelShape, check_fit, rank_memory
+from rlkube_trainer.tiny_task import init
+
+H200 = int(139.8 * GIB)
+HOST = 128 * GIB
+# Qwen2.5-7B and -0.5B: parameter counts of their checkpoints; embeddings (and the untied head).
+QWEN_7B = ModelShape(parameters=7_615_616_512, root_parameters=2 * 152_064 * 3_584)
+QWEN_05B = ModelShape(parameters=494_032_768, root_parameters=151_936 * 896)
+COLOCATED = frozenset({Role.ACTOR, Role.ROLLOUT})
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("memory")
+    init(path, steps=2)
+    return path
+
+
+def config(workdir: Path, **actor_fsdp: Any) -> Any:
+    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+
+    raw = trainer_config(workdir)
+    raw["actor"]["fsdp_config"] = actor_fsdp
+    raw["rollout"]["gpu_memory_utilization"] = 0.3
+    raw["roles"]["actor"]["gpus_per_replica"] = 1
+    return parse_trainer_config(raw)
+
+
+def check(workdir: Path, shape: ModelShape, **actor_fsdp: Any) -> None:
+    memory = rank_memory(config(workdir, **actor_fsdp), COLOCATED, 1, H200, {"actor": shape})
+    check_fit(memory, H200, HOST, 1, "actor rank 0")
+
+
+@pytest.mark.trainer
+def test_7b_with_fp32_master_weights_is_refused_naming_the_options(workdir: Path) -> None:
+    with pytest.raises(DoesNotFit) as refused:
+        check(workdir, QWEN_7B)
+    message = str(refused.value)
+    assert message.startswith("actor rank 0: this configuration cannot fit: the actor update needs at least 14")
+    assert "actor AdamW moments 56.7" in message
+    assert "actor.fsdpConfig.modelDtype: bf16" in message and "paramOffload" in message
+    assert "host memory:" not in message
+
+
+@pytest.mark.trainer
+def test_7b_with_param_offload_is_refused_for_the_host(workdir: Path) -> None:
+    with pytest.raises(DoesNotFit) as refused:
+        check(workdir, QWEN_7B, param_offload=True)
+    message = str(refused.value)
+    assert "host memory: 1 rank(s) × 156.0 GiB" in message
+    assert "rollout engine's weights while asleep 14.2" in message
+    assert "the actor update needs" not in message
+
+
+@pytest.mark.trainer
+def test_what_trained_on_the_h200_passes(workdir: Path) -> None:
+    check(workdir, QWEN_7B, model_dtype="bf16")
+    check(workdir, QWEN_05B)
+
+
+@pytest.mark.trainer
+def test_sharding_and_an_awake_engine_change_the_sums(workdir: Path) -> None:
+    cfg = config(workdir)
+    one = rank_memory(cfg, COLOCATED, 1, H200, {"actor": QWEN_7B})
+    eight = rank_memory(cfg, COLOCATED, 8, H200, {"actor": QWEN_7B})
+    weights = [p.bytes for p in one.gpu[1].parts if p.what.startswith("actor weights")]
+    assert [p.bytes for p in eight.gpu[1].parts if p.what.startswith("actor weights")] == [weights[0] // 8]
+    check_fit(eight, H200, HOST, 8, "actor rank 0")  # 7B fp32 fits when sharded over 8 GPUs
+    # The engine asleep while the actor trains (freeCacheEngine, the default) is not in the update.
+    assert not any(p.what.startswith("rollout engine") for p in one.gpu[1].parts)
+    cfg.rollout.free_cache_engine = False
+    awake = rank_memory(cfg, COLOCATED, 8, H200, {"actor": QWEN_7B})
+    assert any(p.what.startswith("rollout engine") for p in awake.gpu[1].parts)
+    assert awake.gpu[1].total - eight.gpu[1].total == int(0.3 * H200)
+
+
+@pytest.mark.trainer
+def test_model_shape_reads_the_checkpoint_without_loading_it(workdir: Path) -> None:
+    shape = ModelShape.of(workdir / "model")
+    assert shape is not None
+    model = AutoModelForCausalLM.from_pretrained(workdir / "model")
+    assert shape.parameters == sum(p.numel() for p in model.parameters())
+    heads = 1 if model.config.tie_word_embeddings else 2
+    assert shape.root_parameters == heads * model.config.vocab_size * model.config.hidden_size
+    assert ModelShape.of(workdir / "data") is None
