@@ -718,10 +718,14 @@ def phase_rlkube(args: argparse.Namespace) -> int:
             update_flops = train_flops(n_matmul, arch, shape["prompts"] * shape["n"], seq)
             logprob_flops = train_flops(n_matmul, arch, shape["prompts"] * shape["n"], seq, passes=1)
             summary["actor_update_model_tflops"] = update_flops / summary["timing_s/update_actor"] / 1e12
-            summary["old_log_prob_model_tflops"] = logprob_flops / summary["timing_s/old_log_prob"] / 1e12
+            # An on-policy step has no old_log_prob phase (ppo.on_policy).
+            old = summary.get("timing_s/old_log_prob")
+            if old:
+                summary["old_log_prob_model_tflops"] = logprob_flops / old / 1e12
             if matmul_rate:
                 summary["actor_update_mfu"] = update_flops / summary["timing_s/update_actor"] / matmul_rate
-                summary["old_log_prob_mfu"] = logprob_flops / summary["timing_s/old_log_prob"] / matmul_rate
+                if old:
+                    summary["old_log_prob_mfu"] = logprob_flops / old / matmul_rate
             res.put("grpo", summary)
             log(f"GRPO summary: {json.dumps(summary)}")
     capture.active = False

@@ -162,6 +162,20 @@ def rollout_probs_diff(batch: TrainBatch) -> Metrics:
     }
 
 
+def on_policy(config: TrainerConfig, samples: int) -> bool:
+    """Whether the actor update is one optimizer step over the whole batch (one PPO epoch,
+    one mini-batch) with nothing reading the old log-probs before it (no KL in the reward, no
+    rollout-probs comparison). The weights then do not change between the old log-probs'
+    forward and the update's, so the update's own log-probs, detached, are the old ones and
+    their separate forward pass over the batch is skipped."""
+    return (
+        config.actor.ppo_epochs == 1
+        and samples <= config.actor.ppo_mini_batch_size * config.rollout.n
+        and not config.algorithm.use_kl_in_reward
+        and not config.rollout.calculate_log_probs
+    )
+
+
 class PPOTrainer:
     def __init__(
         self, config: TrainerConfig, roles: Roles, decode: Detokenize, pad_token_id: int, num_gpus: int = 1
@@ -294,8 +308,9 @@ class PPOTrainer:
         metrics: Metrics = {}
         with timer("step"):
             batch, reward_metrics = self.sample(prompts, step, more_prompts, timer)
-            with timer("old_log_prob"):
-                batch.old_log_probs = roles.actor.compute_log_prob(batch)
+            if not on_policy(self.config, len(batch)):
+                with timer("old_log_prob"):
+                    batch.old_log_probs = roles.actor.compute_log_prob(batch)
             if self.config.rollout.calculate_log_probs:
                 metrics.update(rollout_probs_diff(batch))
             if self.uses_reference:

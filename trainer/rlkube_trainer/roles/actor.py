@@ -24,11 +24,13 @@ def actor_loss(
 ) -> tuple[torch.Tensor, Metrics]:
     """verl's actor objective on one micro-batch: the policy loss, minus `entropy_coeff` ×
     the entropy (when computed), plus `kl_loss_coef` × KL(actor || reference) when
-    `use_kl_loss`; with verl's actor/* metrics."""
-    assert micro.old_log_probs is not None and micro.advantages is not None
+    `use_kl_loss`; with verl's actor/* metrics. Without old log-probs (an on-policy update,
+    see ppo.on_policy) the policy's own, detached, are the old ones."""
+    assert micro.advantages is not None
+    old_log_probs = micro.old_log_probs if micro.old_log_probs is not None else log_prob.detach()
     mask = micro.response_mask
     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
-        micro.old_log_probs,
+        old_log_probs,
         log_prob,
         micro.advantages,
         mask,
