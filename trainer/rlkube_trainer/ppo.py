@@ -324,7 +324,7 @@ class PPOTrainer:
             with timer("adv"):
                 assert batch.token_level_scores is not None
                 if algo.use_kl_in_reward:
-                    assert batch.ref_log_probs is not None
+                    assert batch.ref_log_probs is not None and batch.old_log_probs is not None  # not on_policy
                     batch.token_level_rewards, kl_metrics = apply_kl_penalty(
                         batch.token_level_scores,
                         batch.old_log_probs,
