@@ -21,6 +21,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import offloads_parameters
 from rlkube_trainer.rank_group import split
+from rlkube_trainer.roles import actor as actor_module
 from rlkube_trainer.roles.actor import Actor
 
 SAMPLES, PROMPT, RESPONSE = 16, 4, 3
@@ -48,6 +49,9 @@ def global_batch(vocab: int) -> TrainBatch:
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
+    reads = []  # the checkpoint reads of this rank (load_distributed: rank 0 only, when sharded)
+    read = actor_module.load_causal_lm
+    actor_module.load_causal_lm = lambda *a, **k: reads.append(1) or read(*a, **k)  # type: ignore[assignment]
     actor = Actor(config, torch.device("cpu"), total_steps=10)
     shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in actor.model.named_parameters()}
     vocab = int(actor.model.config.vocab_size)  # type: ignore[union-attr]
@@ -60,10 +64,12 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> N
     reshards = [
         m._get_fsdp_state()._fsdp_param_group._reshard_after_forward  # type: ignore[operator, union-attr]
         for m in actor.model.modules()
-        if type(m).__name__.endswith("DecoderLayer")
+        if type(m).__name__.endswith("DecoderLayer") and hasattr(m, "_get_fsdp_state")
     ]
     Path(out, f"rank_{rank}.json").write_text(
-        json.dumps({"shapes": shapes, "metrics": metrics, "offloaded": offloaded, "reshards": reshards})
+        json.dumps(
+            {"shapes": shapes, "metrics": metrics, "offloaded": offloaded, "reshards": reshards, "reads": len(reads)}
+        )
     )
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))

@@ -1,5 +1,6 @@
 """FSDP2 on CPU over gloo ranks (what the GPU path runs over NCCL): HSDP with fsdpSize
-shards within groups and replicates across them and trains exactly as full replicas do;
+shards within groups and replicates across them and trains exactly as full replicas do
+(its ranks loaded without a full copy each: rank 0 read the checkpoint and sent the shards);
 bf16 mixed precision updates as fp32 does, within a stated tolerance; paramOffload keeps
 the shards in host memory and updates as without it; reshardAfterForward false keeps each
 layer's gathered weights for its backward and updates the same."""
@@ -82,6 +83,9 @@ def test_hsdp_shards_within_groups_of_fsdp_size_and_trains_as_replicas(workdir: 
             # Dim 0 split over the 2 ranks of a shard group (the larger half first), not over 4.
             assert shape[0] in ((full[name][0] + 1) // 2, full[name][0] // 2), name
             assert shape[1:] == full[name][1:], name
+    # Sharded, only rank 0 read the checkpoint; the others received their shards from it.
+    assert [rank["reads"] for rank in hsdp["ranks"]] == [1, 0, 0, 0]
+    assert [rank["reads"] for rank in replicas["ranks"]] == [1, 1, 1, 1]
     embed = next(n for n in full if n.endswith("embed_tokens.weight"))
     assert hsdp["ranks"][0]["shapes"][embed][0] == (full[embed][0] + 1) // 2
     for key, value in replicas["ranks"][0]["metrics"].items():

@@ -46,6 +46,19 @@ def load_causal_lm(
     return model
 
 
+def causal_lm_skeleton(
+    path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
+) -> PreTrainedModel:
+    """The architecture of the checkpoint at `path` without its weights: call it under
+    `torch.device("meta")` to allocate nothing (roles.training.load_distributed)."""
+    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    config.use_cache = False
+    model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
+        config, dtype=dtype, trust_remote_code=trust_remote_code
+    )
+    return model
+
+
 class CriticModel(nn.Module):
     """A causal-LM backbone (without its LM head) and a scalar value head."""
 
@@ -66,6 +79,17 @@ class CriticModel(nn.Module):
             path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
         )
         critic = cls(backbone, config.hidden_size)
+        critic.value_head.to(dtype)
+        return critic
+
+    @classmethod
+    def skeleton(cls, path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> CriticModel:
+        """The critic's architecture without weights (see causal_lm_skeleton)."""
+        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+        critic = cls(
+            AutoModel.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code),  # type: ignore[no-untyped-call]
+            config.hidden_size,
+        )
         critic.value_head.to(dtype)
         return critic
 

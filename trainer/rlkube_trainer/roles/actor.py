@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
+from torch import nn
 
 from rlkube_api.config import ActorConfig, TrainerConfig
 from rlkube_trainer.algos import PolicyLossFn, agg_loss, compute_entropy_loss, get_policy_loss_fn, kl_penalty
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES, full_tensors
-from rlkube_trainer.models import load_causal_lm, response_log_probs
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute, uses_fsdp2
+from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, load_distributed, uses_fsdp2
 
 
 def actor_loss(
@@ -72,15 +73,20 @@ class Actor(Trainable):
         self.shuffle = config.actor.shuffle
         fsdp = config.actor.fsdp_config
         dtype = DTYPES[fsdp.model_dtype] if uses_fsdp2(device, config.actor.strategy) else torch.float32
-        model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
-        if config.model.enable_gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.model = distribute(
-            model,
+        path, remote = config.model.path, config.model.trust_remote_code
+
+        def prepare(model: nn.Module) -> None:
+            if config.model.enable_gradient_checkpointing:
+                model.gradient_checkpointing_enable()  # type: ignore[operator]
+
+        self.model = load_distributed(
+            lambda: load_causal_lm(path, "cpu", dtype, trust_remote_code=remote),
+            lambda: causal_lm_skeleton(path, dtype, trust_remote_code=remote),
             device,
             config.actor.strategy,
             config.roles.actor.fsdp_size,
             config.actor.fsdp_config,
+            prepare=prepare,
         )
         super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)

@@ -9,7 +9,7 @@ from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import CriticModel, response_values
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, distribute, uses_fsdp2
+from rlkube_trainer.roles.training import Metrics, Trainable, autocast, load_distributed, uses_fsdp2
 
 
 class Critic(Trainable):
@@ -20,12 +20,15 @@ class Critic(Trainable):
         self.config: CriticConfig = config.critic
         path = config.critic.model_path or config.model.path
         dtype = DTYPES[config.critic.fsdp_config.model_dtype] if uses_fsdp2(device, config.critic.strategy) else None
-        critic = CriticModel.from_pretrained(
-            path, dtype or torch.float32, trust_remote_code=config.model.trust_remote_code
-        ).to(device)
+        remote, master = config.model.trust_remote_code, dtype or torch.float32
         fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
-        self.model = distribute(  # type: ignore[assignment]
-            critic, device, config.critic.strategy, fsdp_size, config.critic.fsdp_config
+        self.model = load_distributed(  # type: ignore[assignment]
+            lambda: CriticModel.from_pretrained(path, master, trust_remote_code=remote),
+            lambda: CriticModel.skeleton(path, master, trust_remote_code=remote),
+            device,
+            config.critic.strategy,
+            fsdp_size,
+            config.critic.fsdp_config,
         )
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size

@@ -6,8 +6,8 @@ import torch
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.models import load_causal_lm, response_log_probs
-from rlkube_trainer.roles.training import autocast, distribute
+from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.roles.training import autocast, load_distributed
 
 
 class Reference:
@@ -17,11 +17,17 @@ class Reference:
         self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        model = load_causal_lm(config.model.path, device, dtype, trust_remote_code=config.model.trust_remote_code)
-        model.eval().requires_grad_(False)  # type: ignore[no-untyped-call]
+        path, remote = config.model.path, config.model.trust_remote_code
         fsdp_size = config.roles.reference.fsdp_size if config.roles.reference is not None else None
-        self.model = distribute(
-            model, device, config.actor.strategy, fsdp_size, config.ref.fsdp_config, mixed_precision=False
+        self.model = load_distributed(
+            lambda: load_causal_lm(path, "cpu", dtype, trust_remote_code=remote),
+            lambda: causal_lm_skeleton(path, dtype, trust_remote_code=remote),
+            device,
+            config.actor.strategy,
+            fsdp_size,
+            config.ref.fsdp_config,
+            mixed_precision=False,
+            prepare=lambda model: model.eval().requires_grad_(False),
         )
 
     @torch.no_grad()

@@ -9,7 +9,10 @@ what the loss of one micro-batch is.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import resource
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,13 +20,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from rlkube_api.config import FSDPConfig, OptimConfig, Strategy
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
 
 Metrics = dict[str, float]
+log = logging.getLogger("rlkube.trainer")
 
 
 def uses_fsdp2(device: torch.device, strategy: Strategy) -> bool:
@@ -59,6 +68,63 @@ def distribute(
         reduce_dtype,
         fsdp.param_offload,
         reshard_after_forward=fsdp.reshard_after_forward,
+    )
+
+
+def load_distributed(
+    load: Callable[[], nn.Module],
+    skeleton: Callable[[], nn.Module],
+    device: torch.device,
+    strategy: Strategy,
+    fsdp_size: int | None = None,
+    fsdp: FSDPConfig | None = None,
+    mixed_precision: bool = True,
+    prepare: Callable[[nn.Module], object] | None = None,
+) -> nn.Module:
+    """A role's model, spread over its group as `distribute` does, loaded without a full copy
+    per rank where it is sharded: rank 0 alone reads the checkpoint (`load`, into host memory);
+    every rank builds the architecture on the meta device (`skeleton`), shards it, and receives
+    its shard of each tensor from rank 0, one tensor at a time. A full copy per rank remains
+    for replicas, one rank, and parameter offload (whose shards live in host memory).
+    `prepare` runs on the model before sharding (gradient checkpointing, freezing)."""
+    fsdp = fsdp or FSDPConfig()
+    started = time.perf_counter()
+    if not uses_fsdp2(device, strategy) or world_size() == 1 or fsdp.param_offload:
+        model = load().to(device)
+        if prepare is not None:
+            prepare(model)
+        model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision)
+        _report_load(model, device, "every rank read the checkpoint", started)
+        return model
+    full = load() if dist.get_rank() == 0 else None
+    with torch.device("meta"):
+        model = skeleton()
+    if prepare is not None:
+        prepare(model)
+    model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision)
+    model.to_empty(device=device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full.state_dict() if full is not None else {}, options=options)
+    # Buffers are not in the state dict when non-persistent (rotary frequencies): from rank 0 too.
+    for name, buffer in model.named_buffers():
+        if full is not None:
+            buffer.copy_(full.get_buffer(name))
+        dist.broadcast(buffer, src=0)
+    del full
+    _report_load(model, device, "rank 0 read the checkpoint, the others received their shards", started)
+    return model
+
+
+def _report_load(model: nn.Module, device: torch.device, how: str, started: float) -> None:
+    peak_host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    gpu = f", GPU peak {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB" if device.type == "cuda" else ""
+    log.info(
+        "loaded %s in %.1f s (%s): host peak %.1f GiB%s",
+        type(model).__name__,
+        time.perf_counter() - started,
+        how,
+        peak_host,
+        gpu,
     )
 
 
