@@ -831,7 +831,8 @@ def environment() -> dict[str, Any]:
 def phase_trl(args: argparse.Namespace) -> int:
     """TRL's GRPOTrainer on the same model, shape and batch: 64 prompts x 8 per optimizer step
     (per-device batch 16 x 32 accumulation), beta=0 (no reference, as rlkube's GRPO run), bf16
-    autocast over fp32 weights, responses forced to 512 tokens."""
+    weights (--trl-dtype; TRL's default precision) under bf16 autocast, responses forced to 512
+    tokens."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -868,7 +869,7 @@ def phase_trl(args: argparse.Namespace) -> int:
         learning_rate=1e-6,
         bf16=torch.cuda.is_available() and not args.tiny,
         gradient_checkpointing=args.trl_gradient_checkpointing,
-        model_init_kwargs={"dtype": "float32"},
+        model_init_kwargs={"dtype": args.trl_dtype},
         temperature=1.0,
         generation_kwargs=generation_kwargs,
         use_vllm=use_vllm,
@@ -908,6 +909,7 @@ def phase_trl(args: argparse.Namespace) -> int:
     summary = {
         "generation": args.generation,
         "gradient_checkpointing": args.trl_gradient_checkpointing,
+        "dtype": args.trl_dtype,
         "per_device_batch": per_device,
         "accumulation": accumulation,
         "step_s": statistics.fmean(steady),
@@ -1029,6 +1031,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ppo-steps", type=int, default=3)
     parser.add_argument("--micro", type=int, default=16, help="rlkube ppo_micro_batch_size_per_gpu")
     parser.add_argument("--trl-micro", type=int, default=16, help="TRL per_device_train_batch_size")
+    parser.add_argument("--trl-dtype", default="bfloat16", choices=["bfloat16", "float32"], help="TRL's model dtype")
     parser.add_argument("--trl-gradient-checkpointing", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--generation", choices=["hf", "vllm"], default="hf", help="TRL's generation backend")
     parser.add_argument("--gpu-util", type=float, default=0.25, help="vLLM gpu_memory_utilization")
