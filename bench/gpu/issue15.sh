@@ -29,7 +29,7 @@ case "${1:?phase}" in
     if compgen -G "$here/carry-vllm-next/b*" >/dev/null; then
       mkdir -p /tmp/vllm-next-wheels
       for batch in "$here"/carry-vllm-next/b*/; do cp -u "$batch"/* /tmp/vllm-next-wheels/; done
-      echo "vllm-next staged: $(ls /tmp/vllm-next-wheels | wc -l) files"
+      echo "vllm-next staged: $(find /tmp/vllm-next-wheels -maxdepth 1 -type f | wc -l) files"
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     ;;
