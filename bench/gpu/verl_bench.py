@@ -10,6 +10,7 @@ validation, no checkpoints. verl runs with its own site (transformers 5.9.0, see
 requirements-verl.txt) in front of rlkube's: VERL_SITE (default /tmp/verl-site).
 
   python3 bench/gpu/verl_bench.py prepare                 # model, tokenizer with a chat template, parquet, reward.py
+  python3 bench/gpu/verl_bench.py check                   # no GPU: config validated by verl, prompt tokens, reward fn
   python3 bench/gpu/verl_bench.py config                  # the composed Hydra config (main_ppo --cfg job), no run
   python3 bench/gpu/verl_bench.py run --out OUT/verl.json # prepare + main_ppo + parse; log in OUT/verl.log
   python3 bench/gpu/verl_bench.py parse OUT/verl.log --out OUT/verl.json   # console log or file-logger JSONL
@@ -136,10 +137,13 @@ def overrides(args: argparse.Namespace, p: dict[str, Path]) -> list[str]:
         "data.shuffle=False",
         f"actor_rollout_ref.model.path={p['model']}",
         f"actor_rollout_ref.model.tokenizer_path={p['tokenizer']}",
-        # Packed sequences (no padding) in the actor's forward/backward. flash-attn is not on the
-        # host: SDPA, which transformers gives a block-diagonal mask from the packed position_ids;
-        # verl's unpad/pad helpers fall back to torch without flash_attn.
-        "actor_rollout_ref.model.use_remove_padding=True",
+        # verl recommends use_remove_padding (packed sequences) with flash-attn's varlen kernel;
+        # flash-attn is not on the host. Packed with SDPA, transformers masks a dense block-diagonal
+        # (packed length)^2 matrix: 16x the attention work of varlen at a 12288-token budget. At
+        # this shape nothing is padded (every prompt 256, every response 512), so the padded path
+        # with SDPA's causal kernel does exactly varlen's work: the default. --remove-padding
+        # --attn flex_attention is the packed path with block-sparse attention.
+        f"actor_rollout_ref.model.use_remove_padding={args.remove_padding}",
         f"+actor_rollout_ref.model.override_config.attn_implementation={args.attn}",
         # As rlkube's GRPO run in grpo_bench (its trainer_config leaves checkpointing off).
         f"actor_rollout_ref.model.enable_gradient_checkpointing={args.gradient_checkpointing}",
@@ -337,6 +341,66 @@ def phase_run(args: argparse.Namespace) -> int:
     return 0 if rc == 0 and "summary" in res else 1
 
 
+def phase_check(args: argparse.Namespace) -> int:
+    """No GPU needed: composes main_ppo's config with the overrides in-process, runs verl's own
+    validate_config and its dataclass conversion of the actor and rollout configs, loads and calls
+    the custom reward function the way verl does. Run with verl's site on PYTHONPATH."""
+    from hydra import compose, initialize_config_module
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    p = prepare(Path(args.workdir), args.steps, args.tiny)
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=overrides(args, p))
+    if need_reference_policy(cfg) or need_critic(cfg):
+        raise SystemExit("the GRPO config would build a reference model or a critic")
+    validate_config(config=cfg, use_reference_policy=False, use_critic=False)
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+    shape = gb.TINY_SHAPE if args.tiny else gb.FULL_SHAPE
+    assert rollout.prompt_length == shape["prompt_len"] and rollout.response_length == shape["response_len"]
+    assert rollout.n == shape["n"] and rollout.ignore_eos and actor.ppo_mini_batch_size == shape["prompts"]
+    score_fn = get_custom_reward_fn(cfg)
+    assert score_fn is not None, "verl did not load reward.custom_reward_function"
+    score = score_fn(data_source="bench", solution_str="abc", ground_truth="", extra_info={})
+    assert score == 3 / 7, score
+    packed_forward_check(args.attn)
+    gb.log(
+        f"config ok: actor mini {actor.ppo_mini_batch_size} micro {actor.ppo_micro_batch_size_per_gpu} dynamic "
+        f"{actor.use_dynamic_bsz} budget {actor.ppo_max_token_len_per_gpu}; rollout n {rollout.n} "
+        f"{rollout.prompt_length}+{rollout.response_length} util {rollout.gpu_memory_utilization} free_cache "
+        f"{rollout.free_cache_engine}; reward fn ok ({score:.3f})"
+    )
+    return 0
+
+
+def packed_forward_check(attn: str) -> None:
+    """verl's model patching (apply_monkey_patch, as its FSDP engine calls it) on a small Qwen2, then
+    a forward of two sequences packed the way use_remove_padding feeds them (attention_mask None,
+    position_ids restarting per sequence, use_cache False) must equal the separate forwards.
+
+    Also catches a TRL on the path that lacks trl.experimental.ppo (TRL 1.x): verl's patch imports
+    AutoModelForCausalLMWithValueHead whenever any trl is importable, hence TRL 0.27 in verl's site."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+
+    torch.manual_seed(0)
+    arch = {k: v for k, v in gb.TINY.items() if k != "vocab_size"}
+    model = Qwen2ForCausalLM(Qwen2Config(**arch, vocab_size=300, attn_implementation=attn)).eval()
+    apply_monkey_patch(model, use_remove_padding=True)
+    a, b = torch.randint(0, 300, (1, 7)), torch.randint(0, 300, (1, 5))
+    with torch.no_grad():
+        separate = torch.cat([model(input_ids=a, use_cache=False).logits, model(input_ids=b, use_cache=False).logits], 1)
+        position_ids = torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0)
+        packed = model(input_ids=torch.cat([a, b], 1), position_ids=position_ids, use_cache=False).logits
+    diff = (packed - separate).abs().max().item()
+    if diff > 1e-4:
+        raise SystemExit(f"packed {attn} forward differs from separate forwards by {diff}")
+    gb.log(f"verl-patched packed forward with {attn} equals separate forwards (max diff {diff:.1e})")
+
+
 def phase_config(args: argparse.Namespace) -> int:
     p = paths(Path(args.workdir), args.tiny)
     return main_ppo(args, p, ["--cfg", "job"], None, None)
@@ -352,7 +416,7 @@ def phase_parse(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["prepare", "config", "run", "parse"])
+    parser.add_argument("phase", choices=["prepare", "check", "config", "run", "parse"])
     parser.add_argument("path", nargs="?", type=Path, help="parse: verl's console log or file-logger JSONL")
     parser.add_argument("--out", type=Path, default=Path("bench-out/verl.json"))
     parser.add_argument("--workdir", default="/tmp/rlkube-bench")
@@ -363,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--free-cache-engine", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--gpu-util", type=float, default=0.5, help="rollout.gpu_memory_utilization")
+    parser.add_argument("--remove-padding", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--attn", default="sdpa", help="attn_implementation (flash_attention_2 needs flash-attn)")
     parser.add_argument("--verl-site", default=os.environ.get("VERL_SITE", "/tmp/verl-site"))
     parser.add_argument("--python", default=sys.executable)
@@ -372,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "prepare":
         prepare(Path(args.workdir), args.steps, args.tiny)
         return 0
+    if args.phase == "check":
+        return phase_check(args)
     if args.phase == "config":
         return phase_config(args)
     if args.phase == "parse":
