@@ -205,16 +205,19 @@ def verl_env(args: argparse.Namespace, jsonl: Path | None) -> dict[str, str]:
     return env
 
 
-def main_ppo(args: argparse.Namespace, p: dict[str, Path], extra: list[str], jsonl: Path | None, log: Path | None) -> int:
+def main_ppo(
+    args: argparse.Namespace, p: dict[str, Path], extra: list[str], jsonl: Path | None, log: Path | None
+) -> int:
     cmd = [args.python, "-m", "verl.trainer.main_ppo", *overrides(args, p), *extra]
     gb.log("running: " + " ".join(cmd))
     env = verl_env(args, jsonl)
     if log is None:
         return subprocess.call(cmd, env=env)
     log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f, subprocess.Popen(
-        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
-    ) as proc:
+    with (
+        log.open("w") as f,
+        subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc,
+    ):
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -227,6 +230,7 @@ def main_ppo(args: argparse.Namespace, p: dict[str, Path], extra: list[str], jso
 # verl's console logger (verl.utils.logger.aggregate_logger.concat_dict_to_str) prints one line
 # per step: "step:N - key:value - key:value ...", numbers formatted by pprint.pformat.
 _CONSOLE_STEP = re.compile(r"(?:^|\s)step:(\d+) - (.*)$")
+_SCALAR_WRAPPER = re.compile(r"^(?:np\.\w+|numpy\.\w+|tensor)\((.*)\)$")
 
 
 def parse_console(text: str) -> list[dict[str, float]]:
@@ -240,8 +244,10 @@ def parse_console(text: str) -> list[dict[str, float]]:
             key, sep, value = item.partition(":")
             if not sep:
                 continue
+            # numpy scalars print as np.float64(1.5) under numpy 2, tensors as tensor(1.5).
+            text = _SCALAR_WRAPPER.sub(r"\1", value.strip())
             try:
-                number = ast.literal_eval(value.strip())
+                number = ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 continue
             if isinstance(number, (int, float)) and not isinstance(number, bool):
@@ -278,7 +284,9 @@ def summarize(history: list[dict[str, float]], shape: dict[str, int]) -> dict[st
     return out
 
 
-def write_result(out: Path, history: list[dict[str, float]], shape: dict[str, int], extra: dict[str, Any]) -> dict[str, Any]:
+def write_result(
+    out: Path, history: list[dict[str, float]], shape: dict[str, int], extra: dict[str, Any]
+) -> dict[str, Any]:
     res = gb.Results(out)
     for key, value in extra.items():
         res.put(key, value)
@@ -310,7 +318,7 @@ def verl_versions(args: argparse.Namespace) -> dict[str, str]:
     )
     try:
         done = subprocess.run(
-            [args.python, "-c", code], env=verl_env(args, None), capture_output=True, text=True, timeout=60
+            [args.python, "-c", code], check=False, env=verl_env(args, None), capture_output=True, text=True, timeout=60
         )
         return json.loads(done.stdout.strip().splitlines()[-1])
     except Exception as exc:
@@ -392,7 +400,9 @@ def packed_forward_check(attn: str) -> None:
     apply_monkey_patch(model, use_remove_padding=True)
     a, b = torch.randint(0, 300, (1, 7)), torch.randint(0, 300, (1, 5))
     with torch.no_grad():
-        separate = torch.cat([model(input_ids=a, use_cache=False).logits, model(input_ids=b, use_cache=False).logits], 1)
+        separate = torch.cat(
+            [model(input_ids=a, use_cache=False).logits, model(input_ids=b, use_cache=False).logits], 1
+        )
         position_ids = torch.cat([torch.arange(7), torch.arange(5)]).unsqueeze(0)
         packed = model(input_ids=torch.cat([a, b], 1), position_ids=position_ids, use_cache=False).logits
     diff = (packed - separate).abs().max().item()
@@ -432,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verl-site", default=os.environ.get("VERL_SITE", "/tmp/verl-site"))
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape (CPU checks of prepare/config)")
-    parser.add_argument("--override", dest="extra", action="append", default=[], help="one more Hydra override (repeatable)")
+    parser.add_argument(
+        "--override", dest="extra", action="append", default=[], help="one more Hydra override (repeatable)"
+    )
     args = parser.parse_args(argv)
     if args.phase == "prepare":
         prepare(Path(args.workdir), args.steps, args.tiny)
