@@ -39,6 +39,10 @@ HERE = Path(__file__).resolve().parent
 # grpo_bench sets VLLM_ENABLE_V1_MULTIPROCESSING=0 for its in-process engine on import; verl's
 # vLLM server (AsyncLLM in a Ray actor) keeps vLLM's default, so the child gets the caller's env.
 _CALLER_ENV = dict(os.environ)
+# This process too (prepare's prompt check, check) uses verl's site: verl, transformers 5.9.
+VERL_SITE = os.environ.get("VERL_SITE", "/tmp/verl-site")
+if Path(VERL_SITE).is_dir():
+    sys.path.insert(0, VERL_SITE)
 sys.path.insert(0, str(HERE))
 import grpo_bench as gb  # noqa: E402
 
@@ -185,6 +189,10 @@ def overrides(args: argparse.Namespace, p: dict[str, Path]) -> list[str]:
         f"trainer.default_local_dir={p['ckpt']}",
         "trainer.total_epochs=1",
         f"trainer.total_training_steps={args.steps}",
+        # Ray's CPUs are logical: TransferQueue alone holds 9 (controller + 8 storage units,
+        # num_cpus=1 each), the task runner 1 and the FSDP worker pool's bundle up to 10; on a
+        # 16-core host actors could wait forever for CPUs (seen here on 2 cores with num_cpus=2).
+        f"ray_kwargs.ray_init.num_cpus={max(32, os.cpu_count() or 1)}",
         *args.extra,
     ]
 
@@ -439,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu-util", type=float, default=0.5, help="rollout.gpu_memory_utilization")
     parser.add_argument("--remove-padding", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--attn", default="sdpa", help="attn_implementation (flash_attention_2 needs flash-attn)")
-    parser.add_argument("--verl-site", default=os.environ.get("VERL_SITE", "/tmp/verl-site"))
+    parser.add_argument("--verl-site", default=VERL_SITE, help="verl's site for main_ppo (env VERL_SITE)")
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape (CPU checks of prepare/config)")
     parser.add_argument(
