@@ -339,6 +339,8 @@ def phase_run(args: argparse.Namespace) -> int:
     log, jsonl = out.with_suffix(".log"), out.with_suffix(".jsonl")
     started = time.monotonic()
     p = prepare(Path(args.workdir), args.steps, args.tiny)
+    # ensure_model may have built the model on the GPU in this process: give the cache back to verl.
+    gb.torch.cuda.empty_cache()
     jsonl.unlink(missing_ok=True)
     rc = main_ppo(args, p, [], jsonl, log)
     history = parse_jsonl(jsonl.read_text()) if jsonl.exists() else []
@@ -352,7 +354,9 @@ def phase_run(args: argparse.Namespace) -> int:
     }
     res = write_result(out, history, shape, meta)
     if rc != 0:
-        tail = log.read_text()[-3000:]
+        text = log.read_text()
+        start = text.rfind("Traceback (most recent call last)")
+        tail = text[start : start + 6000] if start >= 0 else text[-3000:]
         res.error("main_ppo", RuntimeError(f"exit status {rc}; log tail:\n{tail}"))
     return 0 if rc == 0 and "summary" in res else 1
 
