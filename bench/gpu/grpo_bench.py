@@ -999,11 +999,37 @@ def report(paths: list[Path]) -> int:
             lines.append(
                 f"| TRL GRPOTrainer ({s['generation']} generation) | {s['throughput']:.0f} | {s['step_s']:.2f} | | | | | | | | | |"
             )
+    # verl_bench.py's JSON files (verl.json, verl-*.json): summary in rlkube's metric names.
+    for key in sorted(k for k in data if k.startswith("verl")):
+        s = data[key].get("summary")
+        if not s:
+            continue
+
+        def gv(name: str, s: dict[str, Any] = s) -> str:
+            v = s.get(f"timing_s/{name}")
+            return f"{v:.2f}" if v is not None else "-"
+
+        mfu = "-"
+        if rate and "timing_s/update_actor" in s and "model" in rl:
+            flops = train_flops(rl["model"]["matmul_parameters"], QWEN25_05B, 512, 768)
+            mfu = f"{flops / s['timing_s/update_actor'] / (rate * 1e12):.1%}"
+        gen_tps = f"{s['gen_tokens_per_s']:.0f}" if "gen_tokens_per_s" in s else "-"
+        lines.append(
+            f"| verl {data[key].get('env', {}).get('verl_site_verl', '')} GRPO ({key}) | {s['perf/throughput']:.0f} | "
+            f"{s['timing_s/step']:.2f} | {gv('gen')} | {gen_tps} | {gv('old_log_prob')} | {gv('ref')} | {gv('values')} | "
+            f"{gv('update_critic')} | {gv('update_actor')} | {gv('update_weights')} | {mfu} |"
+        )
     grpo = rl.get("grpo")
     for key in sorted(k for k in data if k.startswith("trl")):
         s = data[key].get("summary")
         if s and grpo:
             lines.append(f"\nrlkube GRPO / TRL ({s['generation']}): {grpo['perf/throughput'] / s['throughput']:.2f}x")
+    for key in sorted(k for k in data if k.startswith("verl")):
+        s = data[key].get("summary")
+        if s and grpo:
+            lines.append(f"\nrlkube GRPO / verl ({key}): {grpo['perf/throughput'] / s['perf/throughput']:.2f}x")
+        if data[key].get("errors"):
+            lines.append(f"\n{key} errors: {json.dumps(data[key]['errors'], indent=1)}")
     for key in (
         "weight_sync",
         "rollout_variants",

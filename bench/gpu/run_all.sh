@@ -19,4 +19,9 @@ bench=(python3 "$here/grpo_bench.py")
 "${bench[@]}" trl --generation hf --out "$out/trl-hf.json" 2>&1 | tee "$out/trl-hf.log" || true
 "${bench[@]}" trl --generation vllm --out "$out/trl-vllm.json" 2>&1 | tee "$out/trl-vllm.log" || true
 "${bench[@]}" mp-engine --out "$out/mp.json" 2>&1 | tee "$out/mp.log" || true
+# verl 0.9.1 (issue 15), when its batch was fetched too (fetch_verl_wheels.sh): its own site in front.
+if [ -d "$here/carry/verl" ]; then
+  bash "$here/install-verl.sh"
+  python3 "$here/verl_bench.py" run --out "$out/verl.json" || true
+fi
 "${bench[@]}" report "$out"/*.json | tee "$out/report.md"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run on a machine WITH a package index (not on the GPU host): downloads the wheels of
+# requirements-verl.txt for Python 3.12 / x86-64 Linux (building the two sdist-only ones, pure
+# Python), checks their requirements against requirements-gpu.txt + the host's packages, and packs
+# them into bench/gpu/carry/verl/b1 (git-ignored; ~18 MiB, one transfer).
+#
+#   bench/gpu/fetch_verl_wheels.sh
+#
+# Then carry bench/gpu/carry/verl to the GPU host and run bench/gpu/install-verl.sh there (after
+# install.sh: verl runs on rlkube's site, /tmp/rlkube-site, with /tmp/verl-site in front).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+carry="${CARRY:-$here/carry/verl}"
+cache="${WHEEL_CACHE:-${TMPDIR:-/tmp}/rlkube-verl-wheels}"
+read -r -a pip <<<"${PIP:-python3 -m pip}"
+sdist_only='^(antlr4-python3-runtime|pylatexenc)=='
+
+mkdir -p "$cache"
+rm -rf "${cache:?}"/*.whl "$cache/sdist"
+grep -E '^[A-Za-z0-9]' "$here/requirements-verl.txt" | grep -vE "$sdist_only" >"$cache/binary.txt"
+grep -E "$sdist_only" "$here/requirements-verl.txt" >"$cache/sdist.txt"
+"${pip[@]}" download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform linux_x86_64 \
+  -d "$cache" -r "$cache/binary.txt"
+"${pip[@]}" download --no-deps --no-binary=:all: -d "$cache/sdist" -r "$cache/sdist.txt"
+"${pip[@]}" wheel --no-deps -w "$cache" "$cache"/sdist/*.tar.gz
+
+count=$(find "$cache" -maxdepth 1 -name "*.whl" | wc -l)
+expected=$(grep -cE '^[A-Za-z0-9]' "$here/requirements-verl.txt")
+if [ "$count" -ne "$expected" ]; then
+  echo "expected $expected wheels, got $count" >&2
+  exit 1
+fi
+# What verl's site may rely on: the host's packages and everything rlkube's site carries.
+present="$cache/present.txt"
+{ cat "$here/host-packages.txt"; grep -E '^[A-Za-z0-9]' "$here/requirements-gpu.txt" | sed 's/[=<>!;[ ].*//'; } >"$present"
+python3 "$here/wheels.py" check "$cache" "$present"
+python3 "$here/wheels.py" pack "$cache" "$carry" --part-mb "${PART_MB:-25}" --batch-mb "${BATCH_MB:-60}"
+ls -d "$carry"/b*
