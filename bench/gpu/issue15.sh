@@ -7,6 +7,9 @@
 #   bash bench/gpu/issue15.sh rollout    # rollout options (rollout_bench.py), 0.24 then 0.26
 #   bash bench/gpu/issue15.sh rlkube     # GRPO and PPO steps with the rollout options that paid
 #   bash bench/gpu/issue15.sh trl        # TRL 1.16 GRPOTrainer, its default precision, HF generation
+#   bash bench/gpu/issue15.sh verl-install  # with bench/gpu/carry/verl carried (fetch_verl_wheels.sh)
+#   bash bench/gpu/issue15.sh verl       # verl 0.9.1 main_ppo, GRPO, FSDP + vLLM, same shape
+#   bash bench/gpu/issue15.sh packing    # padded vs packed forward+backward (packing_bench.py)
 #
 # Every phase writes its JSON and log to $OUT (the device tool's folder) and /tmp/issue15.
 set -euo pipefail
@@ -76,6 +79,18 @@ PY
     python3 "$here/grpo_bench.py" trl --generation hf --steps 4 --out "$out/trl-hf.json" 2>&1 |
       grep -vE "^(INFO|WARNING)" | tail -20 | tee "$out/trl-hf.log"
     keep trl-hf.json
+    ;;
+  verl-install)
+    bash "$here/install-verl.sh"
+    PYTHONPATH="$site" python3 "$here/verl_bench.py" check 2>&1 | tail -5
+    ;;
+  verl)
+    PYTHONPATH="$site" python3 "$here/verl_bench.py" run --steps 4 --out "$out/verl.json" 2>&1 |
+      grep -E "verl summary|Error|error" | tail -20 || true
+    keep verl.json
+    ;;
+  packing)
+    python3 "$here/packing_bench.py" --out "$out/packing.json" 2>&1 | tail -20 | tee "$out/packing.log"
     ;;
   *)
     echo "unknown phase $1" >&2
