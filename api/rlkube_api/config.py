@@ -25,6 +25,10 @@ LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
 # Estimators that compare samples of the same prompt need more than one sample each.
 GROUP_ESTIMATORS = ("grpo", "rloo")
 
+# Token budgets of dynamic micro-batches (verl's *_max_token_len_per_gpu), bounded for the same reason.
+MAX_TOKEN_BUDGET = 1 << 30
+TokenBudget = Annotated[int, Field(ge=1, le=MAX_TOKEN_BUDGET)]
+
 # Bounds on batch sizes keep the batch arithmetic below (products of three of them) far from
 # CEL's 64-bit overflow, which the API server would report as an evaluation error.
 MAX_BATCH = 1_048_576
@@ -50,6 +54,12 @@ class ModelConfig(ApiModel):
     trust_remote_code: bool = Field(False, description="Allow model code shipped with the checkpoint.")
     enable_gradient_checkpointing: bool = Field(
         False, description="Recompute activations in the backward pass to save memory."
+    )
+    use_remove_padding: bool = Field(
+        False,
+        description="Sequence packing for the actor and the reference: a micro-batch's sequences are "
+        "concatenated into one row without padding and attend only within themselves (FlexAttention with a "
+        "document mask on GPU), so no compute goes to padding. The same numbers as padded batches.",
     )
 
 
@@ -220,6 +230,20 @@ class ActorConfig(ApiModel):
         description="Samples per forward/backward on each rank; a rank's share of a mini-batch "
         "(ppoMiniBatchSize × samplesPerPrompt / data-parallel ranks) must be a multiple of it.",
     )
+    use_dynamic_bsz: bool = Field(
+        False,
+        description="Micro-batches by token count instead of ppoMicroBatchSizePerGpu samples: each holds "
+        "as many samples as fit in ppoMaxTokenLenPerGpu (prompt + response tokens), for the update, the "
+        "old log-probs and the reference's log-probs. Gradients are those of the whole mini-batch.",
+    )
+    ppo_max_token_len_per_gpu: TokenBudget = Field(
+        16384, description="useDynamicBsz: tokens per update micro-batch on each rank."
+    )
+    log_prob_max_token_len_per_gpu: TokenBudget | None = Field(
+        None,
+        description="useDynamicBsz: tokens per micro-batch of the forward-only log-prob passes (old "
+        "log-probs; the reference's too unless ref.logProbMaxTokenLenPerGpu); default ppoMaxTokenLenPerGpu.",
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     shuffle: bool = Field(False, description="Shuffle samples between PPO epochs.")
     clip_ratio: float = Field(0.2, gt=0, description="PPO clip range (both sides unless set apart).")
@@ -255,6 +279,18 @@ class CriticConfig(ApiModel):
         8, ge=1, le=MAX_BATCH, description="Samples per forward/backward on each rank (as the actor's)."
     )
     ppo_epochs: int | None = Field(None, ge=1, description="Defaults to the actor's.")
+    use_remove_padding: bool | None = Field(
+        None, description="Sequence packing for the critic (as model.useRemovePadding, its default)."
+    )
+    use_dynamic_bsz: bool = Field(
+        False, description="Micro-batches by token count (as actor.useDynamicBsz) for the critic."
+    )
+    ppo_max_token_len_per_gpu: TokenBudget = Field(
+        32768, description="useDynamicBsz: tokens per update micro-batch on each rank."
+    )
+    forward_max_token_len_per_gpu: TokenBudget | None = Field(
+        None, description="useDynamicBsz: tokens per micro-batch of the value pass; default ppoMaxTokenLenPerGpu."
+    )
     cliprange_value: float = Field(0.5, gt=0, description="Value clipping range.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
@@ -266,6 +302,12 @@ class CriticConfig(ApiModel):
 
 class ReferenceConfig(ApiModel):
     """The frozen reference policy (verl's ref section)."""
+
+    log_prob_max_token_len_per_gpu: TokenBudget | None = Field(
+        None,
+        description="actor.useDynamicBsz: tokens per micro-batch of the reference's log-prob pass; default "
+        "the actor's logProbMaxTokenLenPerGpu.",
+    )
 
     fsdp_config: FSDPConfig = Field(
         default_factory=FSDPConfig,
@@ -519,6 +561,29 @@ BATCH_SPLIT_RULES = (
     ),
 )
 
+# A dynamic micro-batch holds at least one sequence: every budget must fit the longest.
+_LONGEST = "(self.data.maxPromptLength + self.data.maxResponseLength)"
+_LONGEST_TEXT = "the longest sequence (data.maxPromptLength + data.maxResponseLength)"
+
+
+def _budget_rule(use: str, budget: str, optional: bool = False) -> CelRule:
+    present = f"!has({budget}) || " if optional else ""
+    field = budget.removeprefix("self")
+    return CelRule(
+        f"!{use} || {present}{budget} >= {_LONGEST}",
+        f"{field.lstrip('.')} must hold {_LONGEST_TEXT} when {use.removeprefix('self.')} is set",
+        field,
+    )
+
+
+TOKEN_BUDGET_RULES = (
+    _budget_rule("self.actor.useDynamicBsz", "self.actor.ppoMaxTokenLenPerGpu"),
+    _budget_rule("self.actor.useDynamicBsz", "self.actor.logProbMaxTokenLenPerGpu", optional=True),
+    _budget_rule("self.actor.useDynamicBsz", "self.ref.logProbMaxTokenLenPerGpu", optional=True),
+    _budget_rule("self.critic.useDynamicBsz", "self.critic.ppoMaxTokenLenPerGpu"),
+    _budget_rule("self.critic.useDynamicBsz", "self.critic.forwardMaxTokenLenPerGpu", optional=True),
+)
+
 # A role with pods of its own that the algorithm never calls would hold its nodes (GPUs) idle
 # for the whole run.
 ROLE_USE_RULES = (
@@ -562,6 +627,7 @@ class TrainerConfig(ApiModel):
             ".actor.ppoMiniBatchSize",
         ),
         *BATCH_SPLIT_RULES,
+        *TOKEN_BUDGET_RULES,
         *ROLE_USE_RULES,
     )
 

@@ -8,13 +8,15 @@ whether it is padded on the left or on the right.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
 from transformers import (
     AutoConfig,
@@ -24,6 +26,8 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+
+from rlkube_trainer.packing import PackedBatch, pack
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
@@ -94,7 +98,7 @@ class CriticModel(nn.Module):
         return critic
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | BlockMask, position_ids: torch.Tensor
     ) -> torch.Tensor:
         """[batch, seq] values, one per position."""
         hidden = self.backbone(
@@ -207,23 +211,28 @@ def _plain_head(model: nn.Module) -> nn.Linear | None:
 
 
 @contextmanager
+def _head_returns(head: nn.Linear, forward: Callable[[torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """Within the block the LM head returns `forward(hidden)` instead of its logits: the scores of
+    the positions that matter. It still runs inside the model's own forward, where FSDP2 has
+    gathered the root's parameters (the head among them)."""
+    head.forward = forward  # type: ignore[method-assign]  # this instance only, for this block
+    try:
+        yield
+    finally:
+        del head.forward
+
+
 def _head_returns_scores(
     head: nn.Linear, input_ids: torch.Tensor, temperature: float, with_entropy: bool
-) -> Iterator[None]:
-    """Within the block the LM head returns the (log-prob, entropy) of each kept position's next
-    token instead of its logits. It still runs inside the model's own forward, where FSDP2 has
-    gathered the root's parameters (the head among them)."""
+) -> contextlib.AbstractContextManager[None]:
+    """The LM head returns the (log-prob, entropy) of each kept position's next token."""
     # Position t scores token t + 1; the last position predicts past the sequence (target 0).
     targets = torch.cat([input_ids[:, 1:], input_ids.new_zeros(input_ids.shape[0], 1)], dim=1)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         return chunked_scores(hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy)
 
-    head.forward = forward  # type: ignore[method-assign,assignment]  # this instance only, for this block
-    try:
-        yield
-    finally:
-        del head.forward
+    return _head_returns(head, forward)
 
 
 def response_log_probs(
@@ -233,9 +242,15 @@ def response_log_probs(
     response_length: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """[batch, response_length] log-probs (and entropies) of the response tokens, for
-    sequences laid out as prompt (left-padded) followed by response (right-padded).
+    sequences laid out as prompt (left-padded) followed by response (right-padded); 0 at
+    response padding when `packed`, whatever the model computes there otherwise.
+
+    `packed`: the sequences run as one packed row (`packing.py`; the model must have
+    `enable_packed_attention`), and the LM head only at the positions that score response
+    tokens.
 
     The LM head runs on the last response_length + 1 positions only: the [batch, seq, vocab]
     logits of the prompt are never made (with a 32-150 k vocabulary they dominate the memory
@@ -249,6 +264,8 @@ def response_log_probs(
     # see them still sharded. An int, unlike a tensor of positions, is understood by every
     # version of the argument; it keeps one position too many, the last, whose logits predict
     # past the sequence and are dropped below (1/(response_length+1) extra head work).
+    if packed:
+        return _packed_log_probs(model, pack(input_ids, attention_mask, response_length), temperature, with_entropy)
     keep = _logits_to_keep_argument(model)
     extra = {keep: response_length + 1} if keep is not None else {}
     position_ids = position_ids_from_mask(attention_mask)
@@ -265,10 +282,38 @@ def response_log_probs(
     return _taken_token_log_probs(logits, input_ids[:, -response_length:], temperature, with_entropy)
 
 
+def _packed_log_probs(
+    model: nn.Module, packed: PackedBatch, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    inputs = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask, "position_ids": packed.position_ids}
+    head = _plain_head(model)
+    if head is not None:
+        index, targets = packed.score_index, packed.targets.unsqueeze(0)
+
+        def forward(hidden: torch.Tensor) -> torch.Tensor:
+            return chunked_scores(hidden[:, index], head, targets, temperature, with_entropy)
+
+        with _head_returns(head, forward):
+            scores = model(**inputs).logits[0]
+        log_probs, entropy = scores[:, 0], scores[:, 1]
+    else:
+        logits = model(**inputs).logits[0, packed.score_index]
+        log_probs, entropy = _taken_token_log_probs(logits, packed.targets, temperature, with_entropy)  # type: ignore[assignment]
+    return packed.unpack(log_probs), packed.unpack(entropy) if with_entropy else None
+
+
 def response_values(
-    critic: CriticModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length: int
+    critic: CriticModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    packed: bool = False,
 ) -> torch.Tensor:
     """[batch, response_length]: the value at the position before each response token,
-    i.e. of the state in which that token was chosen."""
+    i.e. of the state in which that token was chosen. `packed` as in `response_log_probs`."""
+    if packed:
+        rows = pack(input_ids, attention_mask, response_length)
+        values = critic(rows.input_ids, rows.attention_mask, rows.position_ids)
+        return rows.unpack(values[0, rows.score_index].float())
     values: torch.Tensor = critic(input_ids, attention_mask, position_ids_from_mask(attention_mask))
     return values[:, -response_length - 1 : -1].float()
