@@ -151,7 +151,8 @@ def test_the_command_writes_a_trainer_yaml_rlkube_loads(tmp_path: Path, capsys: 
     assert config.rollout.n == 5
     report = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.n -> rollout.n" in report
-    assert "actor_rollout_ref.model.use_remove_padding:" in report
+    assert "actor_rollout_ref.model.use_remove_padding -> model.use_remove_padding" in report
+    assert config.model.use_remove_padding
 
 
 def test_the_command_refuses_naming_file_and_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

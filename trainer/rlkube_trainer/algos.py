@@ -24,6 +24,8 @@ _LossT = TypeVar("_LossT", bound=PolicyLossFn)
 
 ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
+# Policy losses that aggregate their own way whatever loss_agg_mode says (by registry name).
+FIXED_LOSS_AGG_MODES: dict[str, str] = {"gspo": "seq-mean-token-mean"}
 
 
 # --------------------------------------------------------------------------- registries
@@ -326,7 +328,7 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
-    pg_loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean")
+    pg_loss = agg_loss(pg_losses, response_mask, FIXED_LOSS_AGG_MODES["gspo"])
     pg_clipfrac = masked_mean((pg_losses2 > pg_losses1).to(log_prob.dtype), response_mask)
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)
     return pg_loss, pg_clipfrac, ppo_kl, torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)

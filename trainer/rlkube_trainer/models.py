@@ -215,7 +215,7 @@ def _head_returns(head: nn.Linear, forward: Callable[[torch.Tensor], torch.Tenso
     """Within the block the LM head returns `forward(hidden)` instead of its logits: the scores of
     the positions that matter. It still runs inside the model's own forward, where FSDP2 has
     gathered the root's parameters (the head among them)."""
-    head.forward = forward  # type: ignore[method-assign]  # this instance only, for this block
+    head.forward = forward  # type: ignore[method-assign,assignment]  # this instance only, for this block
     try:
         yield
     finally:
@@ -285,7 +285,11 @@ def response_log_probs(
 def _packed_log_probs(
     model: nn.Module, packed: PackedBatch, temperature: float, with_entropy: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    inputs = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask, "position_ids": packed.position_ids}
+    inputs = {
+        "input_ids": packed.input_ids,
+        "attention_mask": packed.attention_mask,
+        "position_ids": packed.position_ids,
+    }
     head = _plain_head(model)
     if head is not None:
         index, targets = packed.score_index, packed.targets.unsqueeze(0)
@@ -298,7 +302,7 @@ def _packed_log_probs(
         log_probs, entropy = scores[:, 0], scores[:, 1]
     else:
         logits = model(**inputs).logits[0, packed.score_index]
-        log_probs, entropy = _taken_token_log_probs(logits, packed.targets, temperature, with_entropy)  # type: ignore[assignment]
+        log_probs, entropy = _taken_token_log_probs(logits, packed.targets, temperature, with_entropy)
     return packed.unpack(log_probs), packed.unpack(entropy) if with_entropy else None
 
 
@@ -313,7 +317,7 @@ def response_values(
     i.e. of the state in which that token was chosen. `packed` as in `response_log_probs`."""
     if packed:
         rows = pack(input_ids, attention_mask, response_length)
-        values = critic(rows.input_ids, rows.attention_mask, rows.position_ids)
-        return rows.unpack(values[0, rows.score_index].float())
+        packed_values = critic(rows.input_ids, rows.attention_mask, rows.position_ids)
+        return rows.unpack(packed_values[0, rows.score_index].float())
     values: torch.Tensor = critic(input_ids, attention_mask, position_ids_from_mask(attention_mask))
     return values[:, -response_length - 1 : -1].float()

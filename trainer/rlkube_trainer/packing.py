@@ -23,6 +23,7 @@ the whole mini-batch, across ranks, however it is split.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,16 +135,11 @@ def document_block_mask(sequence: torch.Tensor) -> BlockMask:
     )
 
 
-_compiled_flex: Callable[..., torch.Tensor] | None = None
-
-
+@functools.cache
 def _flex() -> Callable[..., torch.Tensor]:
     """FlexAttention compiled once (its fused kernels exist only compiled), shapes left dynamic:
     packed rows differ in length from one micro-batch to the next."""
-    global _compiled_flex
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=True)
-    return _compiled_flex
+    return torch.compile(flex_attention, dynamic=True)
 
 
 def packed_attention(
@@ -159,7 +155,9 @@ def packed_attention(
     """transformers' attention-function interface: FlexAttention for a BlockMask, SDPA otherwise
     (dense document masks, and the padded batches of a model that packs)."""
     if not isinstance(attention_mask, BlockMask):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)  # type: ignore[no-any-return]
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     out = _flex()(
         query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=query.shape[1] != key.shape[1]
     )

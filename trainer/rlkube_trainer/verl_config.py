@@ -78,6 +78,7 @@ NO_OFFLOAD = "rlkube offloads parameters and optimizer state together (param_off
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
 VAL = "rlkube validates with the training sampling settings"
 STRATEGIES = ("fsdp", "fsdp2")
+ACTOR_DECIDES = "actor.use_dynamic_bsz decides for the actor's and the reference's forward passes too"
 
 
 def _dtype(value: Any) -> str:
@@ -124,25 +125,24 @@ def _optim(verl: str, rlkube: str) -> dict[str, Rule]:
 
 
 def _micro_batch(prefix: str) -> dict[str, Rule]:
+    role = prefix.rsplit(".", maxsplit=1)[-1]
     return {
         f"{prefix}.ppo_micro_batch_size": Ignored(
             "deprecated in verl", _falsy, "set ppo_micro_batch_size_per_gpu instead of the global micro batch size"
         ),
-        f"{prefix}.use_dynamic_bsz": Ignored(
-            "rlkube uses fixed micro batches", _falsy, "dynamic batch size is not supported"
-        ),
-        f"{prefix}.ppo_max_token_len_per_gpu": Ignored("only read with use_dynamic_bsz"),
+        f"{prefix}.use_dynamic_bsz": To(f"{role}.use_dynamic_bsz"),
+        f"{prefix}.ppo_max_token_len_per_gpu": To(f"{role}.ppo_max_token_len_per_gpu"),
         f"{prefix}.ulysses_sequence_parallel_size": Ignored(
             "no sequence parallelism in rlkube", _is(1, None), "sequence parallelism is not supported"
         ),
         f"{prefix}.use_torch_compile": Ignored(PERF),
         f"{prefix}.checkpoint": Ignored("rlkube checkpoints model, optimizer and loop state"),
-        f"{prefix}.use_remove_padding": Ignored(PERF),
+        f"{prefix}.use_remove_padding": Ignored("rlkube reads the model's use_remove_padding"),
         f"{prefix}.use_fused_kernels": Ignored(PERF),
         f"{prefix}.entropy_from_logits_with_chunking": Ignored(PERF),
         f"{prefix}.entropy_checkpointing": Ignored(PERF),
         f"{prefix}.profiler": Ignored("profiling is a benchmark concern here"),
-        f"{prefix}.strategy": To(f"{prefix.rsplit('.', maxsplit=1)[-1]}.strategy", _strategy),
+        f"{prefix}.strategy": To(f"{role}.strategy", _strategy),
     }
 
 
@@ -187,7 +187,7 @@ RULES: dict[str, Rule] = {
     f"{_MODEL}.enable_gradient_checkpointing": To("model.enable_gradient_checkpointing"),
     f"{_MODEL}.external_lib": Ignored("no extra imports", _falsy, "external_lib is not supported"),
     f"{_MODEL}.override_config": Ignored("model config is used as saved", _falsy, "override_config is not supported"),
-    f"{_MODEL}.use_remove_padding": Ignored(PERF),
+    f"{_MODEL}.use_remove_padding": To("model.use_remove_padding"),
     f"{_MODEL}.use_fused_kernels": Ignored(PERF),
     f"{_MODEL}.use_liger": Ignored(PERF),
     f"{_MODEL}.enable_activation_offload": Ignored(NO_OFFLOAD, _falsy, "activation offload is not supported"),
@@ -233,8 +233,8 @@ RULES: dict[str, Rule] = {
     f"{_REF}.strategy": Ignored("the reference runs where the actor runs", _is(*STRATEGIES), "only fsdp is supported"),
     f"{_REF}.log_prob_micro_batch_size": Ignored(DERIVED),
     f"{_REF}.log_prob_micro_batch_size_per_gpu": Ignored(DERIVED),
-    f"{_REF}.log_prob_use_dynamic_bsz": Ignored(DERIVED),
-    f"{_REF}.log_prob_max_token_len_per_gpu": Ignored(DERIVED),
+    f"{_REF}.log_prob_use_dynamic_bsz": Ignored(ACTOR_DECIDES),
+    f"{_REF}.log_prob_max_token_len_per_gpu": To("ref.log_prob_max_token_len_per_gpu"),
     f"{_REF}.ulysses_sequence_parallel_size": Ignored(
         "no sequence parallelism in rlkube", _is(1, None), "sequence parallelism is not supported"
     ),
@@ -278,8 +278,8 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.enable_chunked_prefill": Ignored(PERF),
     f"{_ROLLOUT}.log_prob_micro_batch_size": Ignored(DERIVED),
     f"{_ROLLOUT}.log_prob_micro_batch_size_per_gpu": Ignored(DERIVED),
-    f"{_ROLLOUT}.log_prob_use_dynamic_bsz": Ignored(DERIVED),
-    f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": Ignored(DERIVED),
+    f"{_ROLLOUT}.log_prob_use_dynamic_bsz": Ignored(ACTOR_DECIDES),
+    f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": To("actor.log_prob_max_token_len_per_gpu"),
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
     f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
     f"{_ROLLOUT}.multi_turn": Ignored(
@@ -297,7 +297,7 @@ RULES: dict[str, Rule] = {
     ),
     "critic.model.external_lib": Ignored("no extra imports", _falsy, "external_lib is not supported"),
     "critic.model.enable_gradient_checkpointing": Ignored("model.enable_gradient_checkpointing applies to both"),
-    "critic.model.use_remove_padding": Ignored(PERF),
+    "critic.model.use_remove_padding": To("critic.use_remove_padding"),
     "critic.model.trust_remote_code": Ignored("model.trust_remote_code applies to both"),
     "critic.model.lora_rank": Ignored("full fine-tuning", _is(0, None), "LoRA is not supported"),
     **{
@@ -314,7 +314,7 @@ RULES: dict[str, Rule] = {
     "critic.shuffle": Ignored("actor.shuffle decides"),
     "critic.forward_micro_batch_size": Ignored(DERIVED),
     "critic.forward_micro_batch_size_per_gpu": Ignored(DERIVED),
-    "critic.forward_max_token_len_per_gpu": Ignored(DERIVED),
+    "critic.forward_max_token_len_per_gpu": To("critic.forward_max_token_len_per_gpu"),
     **_micro_batch("critic"),
     **_optim("critic.optim", "critic.optim"),
     **_fsdp("critic.model", "critic"),

@@ -9,11 +9,19 @@ import torch
 from torch import nn
 
 from rlkube_api.config import ActorConfig, TrainerConfig
-from rlkube_trainer.algos import PolicyLossFn, agg_loss, compute_entropy_loss, get_policy_loss_fn, kl_penalty
+from rlkube_trainer.algos import (
+    FIXED_LOSS_AGG_MODES,
+    PolicyLossFn,
+    agg_loss,
+    compute_entropy_loss,
+    get_policy_loss_fn,
+    kl_penalty,
+)
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES, full_tensors
 from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, load_distributed, uses_fsdp2
+from rlkube_trainer.packing import LossScale, enable_packed_attention
+from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 
 
 def actor_loss(
@@ -22,14 +30,21 @@ def actor_loss(
     micro: TrainBatch,
     log_prob: torch.Tensor,
     entropy: torch.Tensor | None,
+    scale: LossScale | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """verl's actor objective on one micro-batch: the policy loss, minus `entropy_coeff` ×
     the entropy (when computed), plus `kl_loss_coef` × KL(actor || reference) when
     `use_kl_loss`; with verl's actor/* metrics. Without old log-probs (an on-policy update,
-    see ppo.on_policy) the policy's own, detached, are the old ones."""
+    see ppo.on_policy) the policy's own, detached, are the old ones. With `scale`, each term is
+    weighed by the micro-batch's share of its mini-batch under the term's aggregation (the
+    policy loss's may be its own, as GSPO's)."""
     assert micro.advantages is not None
     old_log_probs = micro.old_log_probs if micro.old_log_probs is not None else log_prob.detach()
     mask = micro.response_mask
+
+    def weight(mode: str) -> float:
+        return 1.0 if scale is None else scale.weight(mode, mask)
+
     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
         old_log_probs,
         log_prob,
@@ -47,18 +62,33 @@ def actor_loss(
         "actor/ppo_kl": ppo_kl.item(),
         "actor/pg_clipfrac_lower": pg_clipfrac_lower.item(),
     }
-    loss = pg_loss
+    loss = pg_loss * weight(FIXED_LOSS_AGG_MODES.get(config.policy_loss, config.loss_agg_mode))
     if entropy is not None:
         entropy_loss = compute_entropy_loss(entropy, mask, config.loss_agg_mode)
-        loss = loss - config.entropy_coeff * entropy_loss
+        loss = loss - config.entropy_coeff * weight(config.loss_agg_mode) * entropy_loss
         metrics["actor/entropy"] = entropy_loss.item()
     if config.use_kl_loss:
         assert micro.ref_log_probs is not None
         kl_loss = agg_loss(kl_penalty(log_prob, micro.ref_log_probs, config.kl_loss_type), mask, config.loss_agg_mode)
-        loss = loss + config.kl_loss_coef * kl_loss
+        loss = loss + config.kl_loss_coef * weight(config.loss_agg_mode) * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
         metrics["actor/kl_coef"] = config.kl_loss_coef
     return loss, metrics
+
+
+def actor_batching(config: TrainerConfig) -> tuple[MicroBatching, MicroBatching]:
+    """The actor's micro-batches: of its update, and of its forward-only log-prob pass."""
+    actor = config.actor
+    size = actor.ppo_micro_batch_size_per_gpu
+    if not actor.use_dynamic_bsz:
+        return MicroBatching(size), MicroBatching(size)
+    log_prob = actor.log_prob_max_token_len_per_gpu
+    return (
+        MicroBatching(size, actor.ppo_max_token_len_per_gpu, "actor.ppo_max_token_len_per_gpu"),
+        MicroBatching(size, log_prob, "actor.log_prob_max_token_len_per_gpu")
+        if log_prob is not None
+        else MicroBatching(size, actor.ppo_max_token_len_per_gpu, "actor.ppo_max_token_len_per_gpu"),
+    )
 
 
 class Actor(Trainable):
@@ -69,7 +99,8 @@ class Actor(Trainable):
         self.temperature = config.rollout.temperature
         self.ppo_epochs = config.actor.ppo_epochs
         self.samples_per_mini_batch = config.actor.ppo_mini_batch_size * config.rollout.n
-        self.micro_batch_size = config.actor.ppo_micro_batch_size_per_gpu
+        self.micro_batching, self.log_prob_batching = actor_batching(config)
+        self.packed = config.model.use_remove_padding
         self.shuffle = config.actor.shuffle
         fsdp = config.actor.fsdp_config
         dtype = DTYPES[fsdp.model_dtype] if uses_fsdp2(device, config.actor.strategy) else torch.float32
@@ -78,6 +109,8 @@ class Actor(Trainable):
         def prepare(model: nn.Module) -> None:
             if config.model.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable()  # type: ignore[operator]
+            if self.packed:
+                enable_packed_attention(model)
 
         self.model = load_distributed(
             lambda: load_causal_lm(path, "cpu", dtype, trust_remote_code=remote),
@@ -98,15 +131,20 @@ class Actor(Trainable):
     def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast(self.device):
             return response_log_probs(
-                self.model, batch.input_ids, batch.attention_mask, batch.response_length, self.temperature, with_entropy
+                self.model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_length,
+                self.temperature,
+                with_entropy,
+                packed=self.packed,
             )
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the sampled responses under the current policy (old_log_prob)."""
         self.model.eval()
-        parts = [self._log_probs(m.to(self.device), False)[0].cpu() for m in batch.split(self.micro_batch_size)]
-        return torch.cat(parts)
+        return self.log_prob_batching.map(batch, lambda m: self._log_probs(m.to(self.device), False)[0].cpu())
 
     def update(self, batch: TrainBatch) -> Metrics:
         """The PPO update; on GPU also verl's perf/max_memory_*_gb, the peaks during it."""
@@ -119,9 +157,9 @@ class Actor(Trainable):
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         return metrics
 
-    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
+    def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         log_prob, entropy = self._log_probs(micro, self.with_entropy)
-        return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy)
+        return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy, scale)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's full weights for the rollout engine (HF names; shards gathered one

@@ -9,7 +9,19 @@ from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import CriticModel, response_values
-from rlkube_trainer.roles.training import Metrics, Trainable, autocast, load_distributed, uses_fsdp2
+from rlkube_trainer.packing import LossScale, enable_packed_attention
+from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
+
+
+def critic_batching(critic: CriticConfig) -> tuple[MicroBatching, MicroBatching]:
+    """The critic's micro-batches: of its update, and of its forward-only value pass."""
+    size = critic.ppo_micro_batch_size_per_gpu
+    if not critic.use_dynamic_bsz:
+        return MicroBatching(size), MicroBatching(size)
+    update = MicroBatching(size, critic.ppo_max_token_len_per_gpu, "critic.ppo_max_token_len_per_gpu")
+    budget = critic.forward_max_token_len_per_gpu
+    forward = update if budget is None else MicroBatching(size, budget, "critic.forward_max_token_len_per_gpu")
+    return update, forward
 
 
 class Critic(Trainable):
@@ -21,6 +33,8 @@ class Critic(Trainable):
         path = config.critic.model_path or config.model.path
         dtype = DTYPES[config.critic.fsdp_config.model_dtype] if uses_fsdp2(device, config.critic.strategy) else None
         remote, master = config.model.trust_remote_code, dtype or torch.float32
+        use = config.critic.use_remove_padding
+        self.packed = config.model.use_remove_padding if use is None else use
         fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
         self.model = load_distributed(  # type: ignore[assignment]
             lambda: CriticModel.from_pretrained(path, master, trust_remote_code=remote),
@@ -29,25 +43,28 @@ class Critic(Trainable):
             config.critic.strategy,
             fsdp_size,
             config.critic.fsdp_config,
+            prepare=enable_packed_attention if self.packed else None,
         )
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
         self.samples_per_mini_batch = mini * config.rollout.n
-        self.micro_batch_size = config.critic.ppo_micro_batch_size_per_gpu
+        self.micro_batching, self.forward_batching = critic_batching(config.critic)
         self.shuffle = False
         super().__init__(config.critic.optim, total_steps, config.critic.grad_clip, device, config.trainer.seed + 1)
 
     def _values(self, micro: TrainBatch) -> torch.Tensor:
         with autocast(self.device):
-            return response_values(self.model, micro.input_ids, micro.attention_mask, micro.response_length)
+            return response_values(
+                self.model, micro.input_ids, micro.attention_mask, micro.response_length, packed=self.packed
+            )
 
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        parts = [self._values(chunk.to(self.device)).cpu() for chunk in batch.split(self.micro_batch_size)]
-        return torch.cat(parts) * batch.response_mask
+        values = self.forward_batching.map(batch, lambda chunk: self._values(chunk.to(self.device)).cpu())
+        return values * batch.response_mask
 
-    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
+    def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         assert micro.values is not None and micro.returns is not None
         vpreds = self._values(micro)
         vf_loss, vf_clipfrac = compute_value_loss(
@@ -63,4 +80,4 @@ class Critic(Trainable):
             "critic/vf_clipfrac": vf_clipfrac.item(),
             "critic/vpred_mean": masked_mean(vpreds.detach(), micro.response_mask).item(),
         }
-        return vf_loss, metrics
+        return vf_loss * scale.weight(self.config.loss_agg_mode, micro.response_mask), metrics

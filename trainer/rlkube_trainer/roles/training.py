@@ -2,8 +2,11 @@
 its schedule, checkpoint state, and PPO's update loop, written once.
 
 An update is PPO's: `ppo_epochs` passes over the batch in mini-batches (one optimizer step
-each), every mini-batch in micro-batches whose gradients accumulate. A subclass says only
-what the loss of one micro-batch is.
+each), every mini-batch in micro-batches whose gradients accumulate: a fixed number of
+samples each, or as many as fit a token budget (`MicroBatching`). Each micro-batch's loss is
+weighed (`packing.LossScale`) so that a mini-batch's gradient is that of its loss aggregated
+over the whole mini-batch, however it is cut. A subclass says only what the loss of one
+micro-batch is.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import resource
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from rlkube_api.config import FSDPConfig, OptimConfig, Strategy
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
+from rlkube_trainer.packing import LossScale, token_bins
 
 Metrics = dict[str, float]
 log = logging.getLogger("rlkube.trainer")
@@ -163,6 +168,33 @@ def mini_batches(batch: TrainBatch, size: int, shuffle: bool, generator: torch.G
     return [batch.select(order[i : i + size]) for i in range(0, len(batch), size)]
 
 
+@dataclass(frozen=True)
+class MicroBatching:
+    """How a rank cuts its batch into micro-batches: `size` samples each, or (with
+    `token_budget`, verl's use_dynamic_bsz) as many samples as fit that many real tokens, the
+    same number of micro-batches on every rank of the group. `budget_field` names the budget in
+    errors."""
+
+    size: int
+    token_budget: int | None = None
+    budget_field: str = ""
+
+    def groups(self, batch: TrainBatch) -> list[torch.Tensor]:
+        """The sample indices of each micro-batch (a collective over the group when dynamic)."""
+        if self.token_budget is None:
+            return [torch.arange(i, min(i + self.size, len(batch))) for i in range(0, len(batch), self.size)]
+        lengths = [int(n) for n in batch.attention_mask.sum(-1)]
+        return [torch.tensor(g) for g in token_bins(lengths, self.token_budget, self.budget_field)]
+
+    def map(self, batch: TrainBatch, fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+        """`fn` on each micro-batch, its rows put back in the batch's order."""
+        groups = self.groups(batch)
+        parts = torch.cat([fn(batch.select(g)) for g in groups])
+        out = torch.empty_like(parts)
+        out[torch.cat(groups)] = parts
+        return out
+
+
 def mean_metrics(values: dict[str, list[float]]) -> Metrics:
     return {k: sum(v) / len(v) for k, v in values.items() if v}
 
@@ -175,7 +207,7 @@ class Trainable:
     prefix: str  # the metrics' namespace: "actor" or "critic"
     ppo_epochs: int
     samples_per_mini_batch: int
-    micro_batch_size: int
+    micro_batching: MicroBatching
     shuffle: bool
 
     def __init__(self, optim: OptimConfig, total_steps: int, grad_clip: float, device: torch.device, seed: int) -> None:
@@ -185,8 +217,9 @@ class Trainable:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
         self.generator = torch.Generator().manual_seed(seed)
 
-    def micro_batch_loss(self, micro: TrainBatch) -> tuple[torch.Tensor, Metrics]:
-        """The loss of one micro-batch (already on the device) and its metrics."""
+    def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
+        """What one micro-batch (already on the device) adds to the mini-batch's loss, weighed by
+        `scale`, and its metrics (the micro-batch's own, unweighed)."""
         raise NotImplementedError
 
     def update(self, batch: TrainBatch) -> Metrics:
@@ -195,11 +228,10 @@ class Trainable:
         stats: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.ppo_epochs):
             for mini in mini_batches(batch, self.samples_per_mini_batch, self.shuffle, self.generator):
-                for chunk in mini.split(self.micro_batch_size):
-                    micro = chunk.to(self.device)
-                    loss, metrics = self.micro_batch_loss(micro)
-                    # Gradient accumulation: each micro-batch weighs by its share of the mini-batch.
-                    torch.autograd.backward(loss * (len(micro) / len(mini)))
+                scale = LossScale.of(mini.response_mask)
+                for group in self.micro_batching.groups(mini):
+                    loss, metrics = self.micro_batch_loss(mini.select(group).to(self.device), scale)
+                    torch.autograd.backward(loss)
                     for key, value in metrics.items():
                         stats[key].append(value)
                 stats[f"{self.prefix}/grad_norm"].append(self._optimizer_step())
