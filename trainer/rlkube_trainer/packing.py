@@ -27,7 +27,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -37,7 +37,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from rlkube_api.config import LossAggMode
+if TYPE_CHECKING:  # torch and transformers only at run time: bench/gpu/packing_bench.py runs without the rest
+    from rlkube_api.config import LossAggMode
 
 # The name under which models find `packed_attention` (transformers' attention registry).
 PACKED_ATTENTION = "rlkube_packed"
