@@ -5,11 +5,17 @@ response lengths and any amount of padding on either side."""
 from __future__ import annotations
 
 import copy
+import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import yaml
+from packing_probe import PROMPT, RESPONSE, SKEWED, make_batch
 from tiny_model import build_tiny_model
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
@@ -25,44 +31,14 @@ from rlkube_trainer.roles.reference import Reference
 from rlkube_trainer.roles.training import MicroBatching
 from rlkube_trainer.tiny_task import trainer_config
 
-# (prompt, response) lengths: uneven, a one-token prompt, a one-token response, a full row.
-LENGTHS = [(6, 5), (2, 1), (4, 3), (1, 5), (6, 2), (3, 4), (5, 5)]
-PROMPT, RESPONSE = 6, 5
 TOL = {"atol": 2e-5, "rtol": 2e-5}
+PROBE = Path(__file__).with_name("packing_probe.py")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Qwen2 with grouped-query attention (2 query heads over 1 key/value head).
     return build_tiny_model(tmp_path_factory.mktemp("packing") / "model", vocab=300)
-
-
-def make_batch(lengths: list[tuple[int, int]] = LENGTHS, pad_left: int = 0, pad_right: int = 0) -> TrainBatch:
-    """[prompt (left-padded) | response (right-padded)], with `pad_left`/`pad_right` extra padding
-    columns on each side; random tokens, advantages and old/reference log-probs."""
-    g = torch.Generator().manual_seed(0)
-    prompt, response = PROMPT + pad_left, RESPONSE + pad_right
-    batch = len(lengths)
-    ids = torch.zeros(batch, prompt + response, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, (p, r) in enumerate(lengths):
-        ids[i, prompt - p : prompt + r] = torch.randint(3, 300, (p + r,), generator=g)
-        mask[i, prompt - p : prompt + r] = 1
-    response_mask = mask[:, prompt:].float()
-    out = TrainBatch(
-        input_ids=ids,
-        attention_mask=mask,
-        responses=ids[:, prompt:],
-        response_mask=response_mask,
-        group_index=torch.arange(batch) // 2,
-        prompt_lengths=mask[:, :prompt].sum(-1),
-    )
-    out.advantages = torch.randn(batch, response, generator=g) * response_mask
-    out.returns = torch.randn(batch, response, generator=g) * response_mask
-    out.values = torch.randn(batch, response, generator=g) * response_mask
-    out.old_log_probs = (-2 + 0.3 * torch.randn(batch, response, generator=g)) * response_mask
-    out.ref_log_probs = (-2 + 0.3 * torch.randn(batch, response, generator=g)) * response_mask
-    return out
 
 
 def real(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
@@ -215,13 +191,17 @@ def test_loss_scale_weights_sum_a_mini_batch_back_together(mode: str) -> None:
         torch.testing.assert_close(sum(parts), whole)
 
 
-def role_config(model_dir: Path, tmp_path: Path, estimator: str = "grpo", **sections: dict[str, Any]) -> Any:
+def raw_config(model_dir: Path, tmp_path: Path, estimator: str = "grpo", **sections: dict[str, Any]) -> Any:
     raw = trainer_config(tmp_path, adv_estimator=estimator)
     raw["model"]["path"] = str(model_dir)
     raw["data"].update(max_prompt_length=PROMPT, max_response_length=RESPONSE)
     for section, values in sections.items():
         raw.setdefault(section, {}).update(values)
-    return parse_trainer_config(raw)
+    return raw
+
+
+def role_config(model_dir: Path, tmp_path: Path, estimator: str = "grpo", **sections: dict[str, Any]) -> Any:
+    return parse_trainer_config(raw_config(model_dir, tmp_path, estimator, **sections))
 
 
 def captured_gradients(trainable: Actor | Critic, batch: TrainBatch) -> dict[str, torch.Tensor]:
@@ -330,3 +310,46 @@ def test_micro_batching_maps_in_order() -> None:
     out = batching.map(batch, lambda micro: micro.attention_mask.sum(-1))
     assert torch.equal(out, lengths)
     assert len(batching.groups(batch)) > 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.trainer
+def test_ranks_with_uneven_tokens_get_the_whole_mini_batchs_gradient(model_dir: Path, tmp_path: Path) -> None:
+    """Two FSDP2 ranks over gloo, packed, by token budget: one rank's long sequences need four
+    micro-batches, the other's short ones two, so the second splits to four (else FSDP's
+    collectives would wait forever); token-mean over tokens of both ranks."""
+    common = {"loss_agg_mode": "token-mean", "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1}
+    raw = raw_config(
+        model_dir,
+        tmp_path,
+        model={"use_remove_padding": True},
+        actor={
+            **common,
+            "strategy": "fsdp2",
+            "fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}},
+            "use_dynamic_bsz": True,
+            "ppo_max_token_len_per_gpu": 11,
+        },
+    )
+    raw["roles"]["actor"]["replicas"] = 2
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    result = subprocess.run(
+        [sys.executable, str(PROBE), "2", str(free_port()), str(config), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    counts = [json.loads((tmp_path / f"rank_{r}.json").read_text())["micro_batches"] for r in range(2)]
+    assert counts == [4, 4]
+    whole = Actor(
+        role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
+    )
+    assert_same_grads(torch.load(tmp_path / "grads.pt"), captured_gradients(whole, make_batch(SKEWED)))
