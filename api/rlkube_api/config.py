@@ -404,6 +404,17 @@ class RewardModelConfig(ApiModel):
     """A sequence-classification model scoring prompt + response."""
 
     path: str = Field(min_length=1, max_length=4096, description="Hugging Face model directory.")
+    use_remove_padding: bool = Field(
+        False,
+        description="Sequence packing: the rows of a forward pass are concatenated without padding and "
+        "attend only within themselves; each score is read at its row's last token.",
+    )
+    use_dynamic_bsz: bool = Field(
+        False, description="Forward passes by token count (forwardMaxTokenLenPerGpu) instead of 8 rows each."
+    )
+    forward_max_token_len_per_gpu: TokenBudget = Field(
+        32768, description="useDynamicBsz: tokens (the reward model's own tokenization) per forward pass."
+    )
 
 
 class OverlongBufferConfig(ApiModel):

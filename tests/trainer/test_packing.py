@@ -16,15 +16,17 @@ import pytest
 import torch
 import yaml
 from packing_probe import PROMPT, RESPONSE, SKEWED, make_batch
-from tiny_model import build_tiny_model
+from tiny_model import build_tiny_model, save_reward_model
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from rlkube_api.config import RewardConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import models, packing
 from rlkube_trainer.algos import agg_loss
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
 from rlkube_trainer.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
+from rlkube_trainer.reward import ModelRewardScorer, RewardInput, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
 from rlkube_trainer.roles.reference import Reference
@@ -353,3 +355,24 @@ def test_ranks_with_uneven_tokens_get_the_whole_mini_batchs_gradient(model_dir: 
         role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
     )
     assert_same_grads(torch.load(tmp_path / "grads.pt"), captured_gradients(whole, make_batch(SKEWED)))
+
+
+def test_reward_model_scores_are_the_padded_ones(tmp_path: Path) -> None:
+    path = save_reward_model(tmp_path / "rm")
+    prompt = [{"role": "user", "content": "what is two plus two"}]
+    responses = ["four", "five", "a long answer indeed, with many more words than the others", "4", "four"]
+    rows = [RewardInput("chat", response, None, None, prompt) for response in responses]
+    padded = ModelRewardScorer(path, batch_size=3).score(rows).scores
+    config = RewardConfig(
+        model={
+            "path": str(path),
+            "use_remove_padding": True,
+            "use_dynamic_bsz": True,
+            "forward_max_token_len_per_gpu": 120,
+        }
+    )
+    scorer = build_reward_scorer(config)
+    assert isinstance(scorer, ModelRewardScorer) and scorer.token_budget == 120 and scorer.head is not None
+    assert scorer.score(rows).scores == pytest.approx(padded, abs=1e-5)
+    with pytest.raises(ValueError, match=r"reward.model.forward_max_token_len_per_gpu \(20\) is smaller than"):
+        ModelRewardScorer(path, packed=True, token_budget=20).score(rows)

@@ -96,6 +96,19 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, response_length:
     )
 
 
+def packed_rows(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]:
+    """Token lists as one packed row: input_ids [1, tokens], position_ids [1, tokens], the
+    document mask, and the packed index of each list's last token."""
+    lengths = torch.tensor([len(r) for r in rows])
+    tokens = int(lengths.sum())
+    length = max(BLOCK, math.ceil(tokens / BLOCK) * BLOCK)
+    tail = length - tokens
+    ids = torch.tensor([t for r in rows for t in r] + [0] * tail, device=device)
+    pos = torch.cat([torch.arange(n) for n in [*lengths.tolist(), tail]]).to(device)
+    sequence = torch.repeat_interleave(torch.arange(len(rows) + 1), torch.tensor([*lengths.tolist(), tail])).to(device)
+    return ids[None], pos[None], document_mask(sequence), (lengths.cumsum(0) - 1).to(device)
+
+
 def document_mask(sequence: torch.Tensor) -> torch.Tensor | BlockMask:
     """Causal attention within each sequence of a packed row (`sequence`: [tokens] ids, sorted)."""
     if sequence.device.type == "cuda":
@@ -182,10 +195,11 @@ def enable_packed_attention(model: nn.Module) -> None:
 # --------------------------------------------------------------------------- dynamic batches
 
 
-def token_bins(lengths: list[int], budget: int, what: str) -> list[list[int]]:
+def token_bins(lengths: list[int], budget: int, what: str, same_count_on_every_rank: bool = True) -> list[list[int]]:
     """Sample indices grouped so that each group's tokens fit `budget` (first fit, longest
     first), then split further until every rank of the group has as many groups (the most
-    any rank needs). `what` names the budget in the error when one sample alone exceeds it."""
+    any rank needs; a collective) unless `same_count_on_every_rank` is False (a model that is
+    not sharded). `what` names the budget in the error when one sample alone exceeds it."""
     longest = max(lengths, default=0)
     if longest > budget:
         raise ValueError(f"{what} ({budget}) is smaller than a sequence of {longest} tokens")
@@ -200,7 +214,7 @@ def token_bins(lengths: list[int], budget: int, what: str) -> list[list[int]]:
         else:
             bins.append([i])
             loads.append(lengths[i])
-    wanted = _most_across_ranks(len(bins))
+    wanted = _most_across_ranks(len(bins)) if same_count_on_every_rank else len(bins)
     while len(bins) < wanted:
         # Halving the most populous group keeps both halves under the budget; every rank holds as
         # many samples as any other, so there is always one with two or more.

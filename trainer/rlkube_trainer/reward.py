@@ -22,6 +22,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlkube_api.config import RewardConfig
 from rlkube_trainer.data import Message, RawPrompt, as_chat_messages, join_message_contents
+from rlkube_trainer.packing import enable_packed_attention, packed_rows, token_bins
 
 RewardFunction = Callable[..., Any]
 
@@ -224,6 +225,8 @@ class ModelRewardScorer:
         dtype: torch.dtype = torch.float32,
         batch_size: int = 8,
         max_length: int | None = None,
+        packed: bool = False,
+        token_budget: int | None = None,
     ) -> None:
         self.model_path = str(model_path)
         self.device = torch.device(device)
@@ -241,6 +244,17 @@ class ModelRewardScorer:
             # The classification head finds each row's last token by the pad id.
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.use_chat_template = bool(getattr(self.tokenizer, "chat_template", None))
+        self.token_budget = token_budget
+        self.head: torch.nn.Linear | None = None
+        if packed:
+            head = getattr(self.model, "score", None)
+            if not isinstance(head, torch.nn.Linear):
+                raise RewardConfigError(
+                    f"reward.model.useRemovePadding: {self.model_path}'s {type(self.model).__name__} has no "
+                    "linear `score` head to apply at each packed row's last token"
+                )
+            self.head = head
+            enable_packed_attention(self.model)
 
     def conversation_text(self, prompt: RawPrompt, response: str) -> str:
         if not self.use_chat_template:
@@ -256,23 +270,39 @@ class ModelRewardScorer:
             if item.prompt is None:
                 raise ValueError(f"reward model {self.model_path}: batch row {row} has no prompt to score with")
             texts.append(self.conversation_text(item.prompt, item.solution_str))
-        scores: list[float] = []
-        for start in range(0, len(texts), self.batch_size):
-            scores.extend(self._score_texts(texts[start : start + self.batch_size]))
-        return RewardScores(scores, {})
-
-    @torch.inference_mode()
-    def _score_texts(self, texts: list[str]) -> list[float]:
         encoded = self.tokenizer(
             texts,
             # A chat template places its own special tokens.
             add_special_tokens=not self.use_chat_template,
-            padding=True,
             truncation=self.max_length is not None,
             max_length=self.max_length,
-            return_tensors="pt",
-        ).to(self.device)
-        logits = self.model(**encoded).logits
+        )["input_ids"]
+        if self.token_budget is None:
+            groups = [
+                list(range(i, min(i + self.batch_size, len(texts)))) for i in range(0, len(texts), self.batch_size)
+            ]
+        else:
+            # The reward model is not sharded: each rank may run its own number of passes.
+            lengths = [len(ids) for ids in encoded]
+            what = "reward.model.forward_max_token_len_per_gpu"
+            groups = token_bins(lengths, self.token_budget, what, same_count_on_every_rank=False)
+        scores = [0.0] * len(texts)
+        for group in groups:
+            for row, score in zip(group, self._score_rows([encoded[i] for i in group]), strict=True):
+                scores[row] = score
+        return RewardScores(scores, {})
+
+    @torch.inference_mode()
+    def _score_rows(self, rows: list[list[int]]) -> list[float]:
+        if self.head is not None:
+            input_ids, position_ids, mask, last = packed_rows(rows, self.device)
+            hidden = self.model.base_model(
+                input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
+            ).last_hidden_state
+            logits = self.head(hidden[0, last])
+        else:
+            padded = self.tokenizer.pad({"input_ids": rows}, padding=True, return_tensors="pt").to(self.device)
+            logits = self.model(**padded).logits
         return [float(value) for value in logits[:, 0].float().cpu()]
 
 
@@ -317,4 +347,8 @@ def build_reward_scorer(
     assert cfg.model is not None
     if dtype is None:
         dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    return ModelRewardScorer(cfg.model.path, device=device, dtype=dtype)
+    model = cfg.model
+    budget = model.forward_max_token_len_per_gpu if model.use_dynamic_bsz else None
+    return ModelRewardScorer(
+        model.path, device=device, dtype=dtype, packed=model.use_remove_padding, token_budget=budget
+    )

@@ -331,7 +331,7 @@ RULES: dict[str, Rule] = {
     "reward_model.strategy": Ignored("the reward model runs where the actor runs"),
     "reward_model.model.input_tokenizer": Ignored("the actor's tokenizer"),
     "reward_model.model.external_lib": Ignored("no extra imports", _falsy, "external_lib is not supported"),
-    "reward_model.model.use_remove_padding": Ignored(PERF),
+    "reward_model.model.use_remove_padding": To("reward.model.use_remove_padding"),
     "reward_model.model.trust_remote_code": Ignored("model.trust_remote_code applies"),
     "reward_model.model.fsdp_config": Ignored(FSDP),
     "reward_model.micro_batch_size": Ignored(DERIVED),
@@ -340,8 +340,8 @@ RULES: dict[str, Rule] = {
     "reward_model.ulysses_sequence_parallel_size": Ignored(
         "no sequence parallelism in rlkube", _is(1, None), "sequence parallelism is not supported"
     ),
-    "reward_model.use_dynamic_bsz": Ignored(DERIVED),
-    "reward_model.forward_max_token_len_per_gpu": Ignored(DERIVED),
+    "reward_model.use_dynamic_bsz": To("reward.model.use_dynamic_bsz"),
+    "reward_model.forward_max_token_len_per_gpu": To("reward.model.forward_max_token_len_per_gpu"),
     "reward_model.profiler": Ignored("profiling is a benchmark concern here"),
     "reward_model.sandbox_fusion": Ignored("no sandbox"),
     # --- algorithm ----------------------------------------------------------------------------
