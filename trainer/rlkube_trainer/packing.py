@@ -216,9 +216,13 @@ def token_bins(lengths: list[int], budget: int, what: str, same_count_on_every_r
             loads.append(lengths[i])
     wanted = _most_across_ranks(len(bins)) if same_count_on_every_rank else len(bins)
     while len(bins) < wanted:
-        # Halving the most populous group keeps both halves under the budget; every rank holds as
-        # many samples as any other, so there is always one with two or more.
-        largest = max(range(len(bins)), key=lambda b: len(bins[b]))
+        # Halving the most populous group keeps both halves under the budget; ranks hold equal
+        # shares of a batch, so there is one with two or more.
+        largest = max(range(len(bins)), key=lambda b: len(bins[b]), default=None)
+        if largest is None or len(bins[largest]) < 2:
+            raise ValueError(
+                f"{what}: {len(lengths)} samples on this rank cannot make the {wanted} micro-batches another rank needs"
+            )
         group = bins.pop(largest)
         bins += [group[: len(group) // 2], group[len(group) // 2 :]]
     return [sorted(b) for b in bins]
