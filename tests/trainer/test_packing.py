@@ -24,6 +24,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import models, packing
 from rlkube_trainer.algos import agg_loss
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
 from rlkube_trainer.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
 from rlkube_trainer.reward import ModelRewardScorer, RewardInput, build_reward_scorer
@@ -31,7 +32,7 @@ from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
 from rlkube_trainer.roles.reference import Reference
 from rlkube_trainer.roles.training import MicroBatching
-from rlkube_trainer.tiny_task import trainer_config
+from rlkube_trainer.tiny_task import init, trainer_config
 
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 PROBE = Path(__file__).with_name("packing_probe.py")
@@ -376,3 +377,28 @@ def test_reward_model_scores_are_the_padded_ones(tmp_path: Path) -> None:
     assert scorer.score(rows).scores == pytest.approx(padded, abs=1e-5)
     with pytest.raises(ValueError, match=r"reward.model.forward_max_token_len_per_gpu \(20\) is smaller than"):
         ModelRewardScorer(path, packed=True, token_budget=20).score(rows)
+
+
+@pytest.mark.trainer
+def test_a_ppo_step_packed_by_token_budget_is_the_padded_one(tmp_path: Path) -> None:
+    """Through the loop (HF rollout, critic, reference): every role packed and cut by tokens
+    gives the step of padded fixed micro-batches; the gradient norms are the mini-batches'."""
+
+    def step(workdir: Path, packed: bool) -> dict[str, float]:
+        raw: dict[str, Any] = yaml.safe_load(init(workdir, "gae", steps=1).read_text())
+        raw["rollout"]["name"] = "hf"
+        raw["data"]["train_batch_size"] = 8
+        raw["actor"].update(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=8, use_kl_loss=True)
+        raw["critic"]["ppo_micro_batch_size_per_gpu"] = 8
+        raw["roles"]["reference"] = {"colocate_with": "actor"}
+        raw["trainer"]["test_freq"] = -1
+        if packed:
+            raw["model"]["use_remove_padding"] = True
+            budget = raw["data"]["max_prompt_length"] + raw["data"]["max_response_length"] + 4
+            raw["actor"].update(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
+            raw["critic"].update(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget)
+        return run_in_process(parse_trainer_config(raw), progress=False).history[-1]
+
+    padded, packed = step(tmp_path / "padded", False), step(tmp_path / "packed", True)
+    for key in ("actor/grad_norm", "critic/grad_norm", "critic/advantages/mean", "critic/values/mean", "actor/kl_loss"):
+        assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), key
