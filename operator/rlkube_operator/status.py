@@ -7,8 +7,10 @@ settles the job's fate ends it (RULES below):
 - suspended: spec.suspend → Suspended, StatefulSets at zero;
 - past deadline: activeDeadlineSeconds → Failed/DeadlineExceeded;
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
-- gang failed: a pod of the current attempt fails (or is replaced) → the gang restarts
-  (restartCount + 1) until backoffLimit, then Failed/BackoffLimitExceeded;
+- gang failed: a pod of the current attempt fails (or is replaced) → the failure policy
+  (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
+  rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
+  pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
@@ -29,6 +31,7 @@ from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.children.topology import pod_roles
+from rlkube_operator.failure_policy import FailureAction, Verdict, classify, gravest
 from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
@@ -265,25 +268,39 @@ def gang_failed(p: _Pass) -> Fate | None:
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
     if not (failed or replaced):
         return None
-    pod = (failed or replaced)[0]
-    cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
+    unseen = Verdict(FailureAction.COUNT, "PodFailed", "")
+    pod, verdict = gravest(
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, unseen) for pod in replaced]
+    )
+    cause = pod.failure_reason() if pod.failed else "it was deleted or failed and its StatefulSet replaced it"
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
-    if prev.restart_count >= policy.backoff_limit:
+    if verdict.why:
+        what = f"{what}; {verdict.why}"
+    if verdict.action is FailureAction.FAIL_JOB:
+        return p.finish(State.FAILED, ConditionType.FAILED, verdict.reason, what)
+    uncounted = prev.uncounted_restarts or 0
+    counted = prev.restart_count - uncounted
+    if verdict.action is FailureAction.COUNT and counted >= policy.backoff_limit:
         return p.finish(
             State.FAILED,
             ConditionType.FAILED,
             "BackoffLimitExceeded",
-            f"{what}; {prev.restart_count} restarts reached backoffLimit={policy.backoff_limit}",
+            f"{what}; {counted} restarts reached backoffLimit={policy.backoff_limit}",
         )
     status = p.status
     status.restart_count = prev.restart_count + 1
+    if verdict.action is FailureAction.IGNORE:
+        status.uncounted_restarts = uncounted + 1
     status.gang_pod_uids = None
     # Counted for the new attempt, as the next pass will: the decision is a fixed point,
     # so the loop needs no further pass (nor the watch's echo of this write) to settle.
     status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == status.restart_count])
     ready = sum(r.ready for r in status.roles.values())
     p.conds.set(
-        ConditionType.RESTARTING, "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})"
+        ConditionType.RESTARTING,
+        "True",
+        verdict.reason,
+        f"{what}; restarting the gang (restart {status.restart_count})",
     )
     p.conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, _wanted(status)))
     status.state = State.RESTARTING.value
