@@ -110,7 +110,7 @@ def test_a_role_pod_checks_the_models_its_roles_load(task: Path, tmp_path: Path)
     good = config_with(task, tmp_path)
     check_group(good, "actor")
     bad = config_with(task, tmp_path, model__path="/models/missing")
-    with pytest.raises(PreflightError, match="model.path .*'/models/missing': does not exist"):
+    with pytest.raises(PreflightError, match=r"model\.path .*'/models/missing': does not exist"):
         check_group(bad, "actor")
 
 
