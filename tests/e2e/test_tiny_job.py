@@ -19,6 +19,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -197,3 +198,36 @@ def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
     assert len(repeated) <= save_freq, f"steps trained twice: {repeated}"
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert "restarting the gang" in events, events
+
+
+def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """Pre-flight in the pods (driver and role pods alike) exits with the configuration code and
+    says why in its termination message; the operator fails the job at once with that message,
+    restarts nothing and scales the pods away."""
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-bad-model", pool=pool)
+    job.manifest["spec"]["model"]["path"] = "/rlkube/no-such-model"
+    started = time.monotonic()
+    tinyjob.apply(kubectl, namespace, job)
+    try:
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    seconds = time.monotonic() - started
+    print(f"time to Failed for a wrong model.path: {seconds:.1f} s")
+    assert final["state"] == "Failed"
+    assert final.get("restartCount", 0) == 0
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "TrainerConfigError", failed
+    assert "spec.model.path" in failed["message"] and "'/rlkube/no-such-model': does not exist" in failed["message"]
+    assert "exit code 78" in failed["message"]
+
+    def no_pod_runs() -> bool | None:
+        pods = kubectl("-n", namespace, "get", "pods", "-l", f"rlkube.dev/job-name={job.name}", "-o", "name").stdout
+        return True if not pods.strip() else None
+
+    wait_for(no_pod_runs, "the job's pods to go", timeout=120)
+    events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
+    assert "TrainerConfigError" in events and "/rlkube/no-such-model" in events, events
