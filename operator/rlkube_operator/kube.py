@@ -65,7 +65,7 @@ def _collection_path(api_version: str, kind: str, namespace: str) -> str:
 class Cluster(Protocol):
     """The calls a reconcile pass makes (Kube, or a test's fake that records them)."""
 
-    def apply(self, manifest: dict[str, Any]) -> None: ...
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None: ...
     def create(self, manifest: dict[str, Any]) -> bool: ...
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
@@ -105,15 +105,16 @@ class Kube:
             raise ApiException(http_resp=response)
         return json.loads(response.data or b"{}")
 
-    def apply(self, manifest: dict[str, Any]) -> None:
-        """Server-side apply: idempotent, and the operator owns the fields it sets."""
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None:
+        """Server-side apply: idempotent, and the operator owns the fields it sets. With
+        `dry_run`, only validated and admitted, nothing stored."""
         meta = manifest["metadata"]
         path = f"{_collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
         self._call(
             "PATCH",
             path,
             body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true"), *([("dryRun", "All")] if dry_run else [])],
             content_type="application/apply-patch+yaml",
         )
 

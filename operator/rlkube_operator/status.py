@@ -4,6 +4,8 @@ Pure: no I/O, time passed in.
 
 The decision is a chain of small rules, tried in a fixed order; the first that
 settles the job's fate ends it (RULES below):
+- invalid child: the API server refused a child as invalid → Failed/InvalidChild, no pods
+  (a later spec generation starts the job again);
 - suspended: spec.suspend → Suspended, StatefulSets at zero;
 - past deadline: activeDeadlineSeconds → Failed/DeadlineExceeded;
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
@@ -30,6 +32,7 @@ from typing import Literal
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
+from rlkube_operator.child_errors import describe
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import FailureAction, Verdict, classify, gravest
 from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
@@ -46,6 +49,7 @@ from rlkube_operator.plan import (
     WriteStatus,
 )
 
+INVALID_CHILD = "InvalidChild"
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
 # A status change that is only counts and messages (not a transition) waits at most this
@@ -63,6 +67,8 @@ class Observed:
     now: datetime
     # "Kind/name" -> error, for children the API server refused on the last apply.
     apply_errors: dict[str, str] = field(default_factory=dict)
+    # Of those, the ones refused as invalid for the current spec generation.
+    invalid_children: dict[str, str] = field(default_factory=dict)
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -222,6 +228,14 @@ def children_created(p: _Pass) -> None:
         )
 
 
+def invalid_child(p: _Pass) -> Fate | None:
+    """A child the API server refuses as invalid: no pod was started (apply_children holds the
+    StatefulSets back), and none will be until the spec changes."""
+    if not p.observed.invalid_children:
+        return None
+    return p.finish(State.FAILED, ConditionType.FAILED, INVALID_CHILD, describe(p.job, p.observed.invalid_children))
+
+
 def suspended(p: _Pass) -> Fate | None:
     if not p.job.spec.suspend:
         p.conds.clear(ConditionType.SUSPENDED, "Resumed", "spec.suspend is false: pods are recreated")
@@ -370,6 +384,7 @@ def readiness(p: _Pass) -> Fate:
 
 # The rules, in the order they are tried; the first to return a Fate decides the pass.
 RULES: tuple[Rule, ...] = (
+    invalid_child,
     suspended,
     past_deadline,
     driver_succeeded,
@@ -389,7 +404,7 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     status.progress = _progress(observed.pods, prev.progress)
     p = _Pass(job, observed, prev, status, _Conditions(prev.conditions, observed.now, job.metadata.generation), current)
 
-    if is_terminal(prev.state):
+    if is_terminal(prev.state) and not _spec_fixed(p):
         return _finished(p)
     children_created(p)
     fate = Fate.ACTIVE
@@ -407,6 +422,20 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
         actions.append(ApplyChildren(status.restart_count, pods_wanted=fate is not Fate.SUSPENDED))
     actions += _stale_pods(observed, status)
     return _with_write(p, actions, fate)
+
+
+def _spec_fixed(p: _Pass) -> bool:
+    """A job Failed for an invalid child whose spec has changed since: it starts again (the
+    Failed condition cleared, the new spec's children applied)."""
+    failed = p.conds.by_type.get(ConditionType.FAILED)
+    if failed is None or failed.status != "True" or failed.reason != INVALID_CHILD:
+        return False
+    if failed.observed_generation == p.job.metadata.generation:
+        return False
+    p.conds.set(ConditionType.FAILED, "False", "SpecChanged", "the spec changed: its children are applied again")
+    p.status.state = State.CREATED.value
+    p.status.completion_time = None
+    return True
 
 
 def _finished(p: _Pass) -> Plan:
