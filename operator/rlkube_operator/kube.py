@@ -72,6 +72,7 @@ class Cluster(Protocol):
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
+    def pod_warning(self, namespace: str, pod: str) -> str | None: ...
 
 
 class Kube:
@@ -193,6 +194,16 @@ class Kube:
             raise
         value = (found.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value else None
+
+    def pod_warning(self, namespace: str, pod: str) -> str | None:
+        """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say)."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning"
+        found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
+        items = found.get("items") or []
+        if not items:
+            return None
+        latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return f"{latest.get('reason', '')}: {latest.get('message', '')}"
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patches the status subresource; returns the object as stored."""

@@ -10,6 +10,9 @@ from typing import Any
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_ROLE
 
+# The waiting reason of a scheduled pod whose containers have not started: pulling its image,
+# or stuck (a volume that cannot be mounted, a sandbox that cannot be made).
+STARTING_REASON = "ContainerCreating"
 # Waiting reasons that will not fix themselves.
 BAD_IMAGE_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
@@ -38,6 +41,8 @@ class PodView:
     created: datetime | None
     deleting: bool = False
     ready: bool = False
+    # When the pod was bound to a node (its PodScheduled condition turned True).
+    scheduled_at: datetime | None = None
     unschedulable_message: str | None = None
     waiting_reason: str | None = None
     waiting_message: str | None = None
@@ -118,6 +123,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         phase=status.get("phase", "Pending"),
         created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
+        scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,
         waiting_reason=waiting_reason,
@@ -151,7 +157,8 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     slim_status = {key: status[key] for key in ("phase", "reason", "message") if key in status}
     # Every condition: podFailurePolicy rules may name any type (DisruptionTarget, say).
     slim_status["conditions"] = [
-        {k: c[k] for k in ("type", "status", "reason", "message") if k in c} for c in status.get("conditions") or []
+        {k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
+        for c in status.get("conditions") or []
     ]
     slim_status["containerStatuses"] = [
         {k: cs[k] for k in ("restartCount", "state", "lastState") if k in cs}

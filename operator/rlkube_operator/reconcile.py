@@ -36,7 +36,7 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
-from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status import Observed, compute_status, pods_to_explain
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,10 @@ class Reconciler:
             # The CRD refuses invalid specs; this only happens with an older CRD installed.
             return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])
         tracked.adopt(meta["uid"])
+        views = [view_pod(p) for p in pods]
+        stuck = pods_to_explain(job, views, now)
         observed = Observed(
-            pods=[view_pod(p) for p in pods],
+            pods=views,
             now=now,
             apply_errors=dict(tracked.apply_errors),
             invalid_children=(
@@ -97,6 +99,7 @@ class Reconciler:
             ),
             since_last_write=time.monotonic() - tracked.last_write,
             job_created=parse_time(meta.get("creationTimestamp")),
+            pod_warnings={pod: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod))},
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]

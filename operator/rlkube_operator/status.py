@@ -14,6 +14,8 @@ settles the job's fate ends it (RULES below):
   rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
   pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
+- stuck before start: a scheduled pod whose containers do not start for
+  pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
@@ -35,7 +37,7 @@ from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import FailureAction, Verdict, classify, gravest
-from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
+from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
     ApplyChildren,
@@ -50,6 +52,7 @@ from rlkube_operator.plan import (
 )
 
 INVALID_CHILD = "InvalidChild"
+CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
 # A status change that is only counts and messages (not a transition) waits at most this
@@ -69,6 +72,9 @@ class Observed:
     apply_errors: dict[str, str] = field(default_factory=dict)
     # Of those, the ones refused as invalid for the current spec generation.
     invalid_children: dict[str, str] = field(default_factory=dict)
+    # Pod name -> its latest Warning Event ("Reason: message"), read for the pods
+    # `pods_to_explain` names (scheduled, containers not started past the timeout).
+    pod_warnings: dict[str, str] = field(default_factory=dict)
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -339,6 +345,57 @@ def bad_image(p: _Pass) -> Fate | None:
     return None
 
 
+# How soon a pod whose containers are still being created past the timeout, with nothing
+# wrong reported (a large image still pulling), is looked at again.
+STARTING_RECHECK_SECONDS = 30.0
+
+
+def _starting_too_long(job: RLJob, pod: PodView, now: datetime) -> bool:
+    return (
+        pod.waiting_reason == STARTING_REASON
+        and pod.scheduled_at is not None
+        and (now - pod.scheduled_at).total_seconds() >= job.spec.run_policy.pending_timeout_seconds
+    )
+
+
+def pods_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
+    """Pods scheduled for pendingTimeoutSeconds whose containers have not started and whose
+    status says nothing more: the kubelet's reason is in their Warning Events (FailedMount...)."""
+    return [
+        pod.name
+        for pod in pods
+        if pod.attempt == (job.status.restart_count if job.status else 0)
+        and not pod.deleting
+        and not pod.waiting_message
+        and _starting_too_long(job, pod, now)
+    ]
+
+
+def stuck_before_start(p: _Pass) -> Fate | None:
+    """A scheduled pod whose containers never start (a ConfigMap, Secret or claim that cannot
+    be mounted, say) ends the job after pendingTimeoutSeconds with the kubelet's message. A pod
+    with nothing wrong reported is only still pulling its image: it is left alone."""
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    for pod in p.current:
+        if pod.waiting_reason != STARTING_REASON or pod.scheduled_at is None:
+            continue
+        if not _starting_too_long(p.job, pod, p.now):
+            p.requeue.append(timeout - (p.now - pod.scheduled_at).total_seconds())
+            continue
+        cause = pod.waiting_message or p.observed.pod_warnings.get(pod.name)
+        if not cause:
+            p.requeue.append(STARTING_RECHECK_SECONDS)
+            continue
+        return p.finish(
+            State.FAILED,
+            ConditionType.FAILED,
+            CONTAINERS_NOT_STARTED,
+            f"pod {pod.name} (role {pod.role}) has been scheduled for over {timeout}s without starting its "
+            f"containers: {cause}",
+        )
+    return None
+
+
 def unschedulable(p: _Pass) -> Fate | None:
     """Only a condition: the job waits for a node (the deadline, if any, ends it)."""
     timeout = p.job.spec.run_policy.pending_timeout_seconds
@@ -390,6 +447,7 @@ RULES: tuple[Rule, ...] = (
     driver_succeeded,
     gang_failed,
     bad_image,
+    stuck_before_start,
     unschedulable,
     readiness,
 )

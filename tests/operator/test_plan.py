@@ -80,6 +80,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "driver_succeeded",
         "gang_failed",
         "bad_image",
+        "stuck_before_start",
         "unschedulable",
         "readiness",
     ]

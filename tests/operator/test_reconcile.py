@@ -35,6 +35,7 @@ class FakeKube:
         self.calls: list[Call] = []
         self.refuse = set(refuse)
         self.invalid = set(invalid)
+        self.warnings: dict[str, str] = {}
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -79,6 +80,10 @@ class FakeKube:
         body["metadata"]["resourceVersion"] = str(self.version)
         body["status"] = status
         return body
+
+    def pod_warning(self, namespace: str, pod: str) -> str | None:
+        self.calls.append(("pod_warning", namespace, pod))
+        return self.warnings.get(pod)
 
     def kinds(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -267,3 +272,30 @@ def test_a_child_refused_as_invalid_starts_no_pod_and_fails_the_job_until_the_sp
     assert result.state == "Created"
     failed = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
     assert (failed["status"], failed["reason"]) == ("False", "SpecChanged")
+
+
+MOUNT_FAILED = 'FailedMount: MountVolume.SetUp failed for volume "reward" : configmap "tiny-reward" not found'
+
+
+def test_a_pod_whose_containers_never_start_fails_the_job_with_the_kubelets_event() -> None:
+    """The kubelet says why only in a Warning Event; it is read once the timeout has passed."""
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of(), [], 0)
+    body = body_of(status=kube.written())
+    stuck = pod("tiny-cpu", "actor", 1, phase="Pending", ready=False, waiting=("ContainerCreating", ""))
+    stuck["status"]["conditions"][0]["lastTransitionTime"] = iso(T0)
+    pods = replace_pod(gang_pods(load_job(CPU)), stuck)
+    early = reconcile(kube, tracked, body, pods, 100)
+    assert "pod_warning" not in kube.kinds()  # not before pendingTimeoutSeconds (300)
+    assert early.state != "Failed"
+    # Past the timeout with nothing reported: an image still pulling; looked at again later.
+    kube.calls.clear()
+    pulling = reconcile(kube, tracked, body, pods, 301)
+    assert ("pod_warning", NAMESPACE, "tiny-cpu-actor-1") in kube.calls
+    assert pulling.state != "Failed" and pulling.requeue_after is not None and pulling.requeue_after <= 30
+    kube.warnings["tiny-cpu-actor-1"] = MOUNT_FAILED
+    failed = reconcile(kube, tracked, body, pods, 331)
+    assert failed.state == "Failed"
+    condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "ContainersNotStarted"
+    assert "pod tiny-cpu-actor-1 (role actor)" in condition["message"] and MOUNT_FAILED in condition["message"]
