@@ -15,6 +15,7 @@ a cluster. Asserts behaviour, not time.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import socket
 import subprocess
@@ -231,3 +232,23 @@ def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
     wait_for(no_pod_runs, "the job's pods to go", timeout=120)
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert "TrainerConfigError" in events and "/rlkube/no-such-model" in events, events
+
+
+def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """The reward ConfigMap the job names does not exist: its pods never start their containers.
+    After pendingTimeoutSeconds the job is Failed with the node's reason, not left Created."""
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-no-reward", pool=pool)
+    job.manifest["spec"]["runPolicy"]["pendingTimeoutSeconds"] = 10
+    # The RLJob only: its reward ConfigMap is never created.
+    kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
+    try:
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 300)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ContainersNotStarted", failed
+    reward = job.manifest["spec"]["reward"]["function"]["configMap"]["name"]
+    assert reward in failed["message"] and "not found" in failed["message"], failed
