@@ -360,6 +360,12 @@ class Progress(ApiModel):
         "time so far (checkpoints and validation included).",
     )
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
+    attempt: int | None = Field(
+        None,
+        ge=0,
+        description="The gang attempt (restartCount) whose driver made this report: after a restart the job "
+        "stays Restarting until the new gang's first report.",
+    )
 
     # `kubectl get` prints numbers as stored; these are for reading (the exact values are
     # in the driver's metrics), so they are stored rounded. Digits after the point:

@@ -148,13 +148,26 @@ def _progress(pods: list[PodView], previous: Progress | None) -> Progress | None
     reports = [p.progress for p in pods if p.role == CONTROLLER_ROLE and p.progress]
     if not reports:
         return previous
-    latest = max(reports, key=lambda r: (r.get("step", 0), r.get("updatedAt", "")))
+    # The newest attempt's report first: a dead gang's pod (still being deleted) may show a
+    # later step than the new gang, which resumed from a checkpoint before it.
+    latest = max(reports, key=lambda r: (_int(r.get("attempt")), _int(r.get("step")), str(r.get("updatedAt", ""))))
     known = {f.alias or name for name, f in Progress.model_fields.items()}
     try:
         # Fields a newer driver adds are ignored, not a reason to drop the report.
         return Progress.model_validate({k: v for k, v in latest.items() if k in known})
     except ValueError:
         return previous
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else -1
+
+
+def _first_step_pending(status: RLJobStatus) -> bool:
+    """After a gang restart, whether the new gang's driver has yet to report a step: its reports
+    carry their attempt. (Reports without one, from an older driver or none at all: not waited for.)"""
+    progress = status.progress
+    return progress is not None and progress.attempt is not None and progress.attempt < status.restart_count
 
 
 def _age(pod: PodView, now: datetime) -> float:
@@ -420,7 +433,17 @@ def readiness(p: _Pass) -> Fate:
     status, conds = p.status, p.conds
     ready = sum(r.ready for r in status.roles.values())
     wanted = _wanted(status)
-    if ready == wanted and wanted > 0:
+    if ready == wanted and wanted > 0 and conds.is_true(ConditionType.RESTARTING) and _first_step_pending(status):
+        # Restarting until the new gang trains: its pods are up, its driver resumes.
+        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        conds.set(
+            ConditionType.RUNNING,
+            "False",
+            "Restarting",
+            f"all {wanted} pods are ready; waiting for the new gang's first step (restart {status.restart_count})",
+        )
+        status.state = State.RESTARTING.value
+    elif ready == wanted and wanted > 0:
         conds.set(ConditionType.RUNNING, "True", "AllPodsReady", f"all {wanted} pods are ready")
         status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
         conds.clear(ConditionType.RESTARTING, "Resumed", "the gang is running again")

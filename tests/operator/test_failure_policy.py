@@ -11,7 +11,7 @@ from rlkube_api.rljob import PodFailurePolicy, RLJob
 from rlkube_operator.failure_policy import FailureAction, classify
 from rlkube_operator.observed import view_pod
 from rlkube_operator.plan import ScaleToZero
-from tests.operator.helpers import CPU, Obj, gang_pods, load_job, pod, replace_pod, set_path
+from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import after, cond, events, run, running
 
 MESSAGE = "model.path (RLJob spec.model.path) '/models/nope': does not exist"
@@ -151,3 +151,31 @@ def test_the_user_rules_are_read_from_the_spec() -> None:
     failed = cond(d.status, "Failed")
     assert failed.reason == "PodFailurePolicy"
     assert "spec.runPolicy.podFailurePolicy.rules[0] (FailJob) matched" in failed.message
+
+
+def test_restarting_until_the_new_gang_reports_its_first_step() -> None:
+    """The new gang's pods being ready is not training: the job stays Restarting, the STEP it
+    shows from the newest attempt, until the new driver reports."""
+    job = load_job(CPU)
+    old_report = {"step": 35, "totalSteps": 60, "attempt": 0}
+    gang = replace_pod(gang_pods(job), pod("tiny-cpu", "controller", 0, progress=old_report))
+    job = after(running(), run(running(), gang, 50))
+    bad = crashed("actor", 1)
+    d = run(job, replace_pod(gang, bad), 100)
+    assert d.status.state == "Restarting"
+    job = after(job, d)
+    # The new gang is up; the old driver's pod (being deleted) still shows step 35.
+    dying = pod("tiny-cpu", "controller", 0, progress=old_report, deleting=True)
+    new = gang_pods(job, attempt=1, created=at(110))
+    d = run(job, [*new, dying], 120)
+    assert d.status.state == "Restarting"
+    assert cond(d.status, "Running").status == "False"
+    assert "waiting for the new gang's first step" in cond(d.status, "Running").message
+    job = after(job, d)
+    # Its first report (resumed from the checkpoint at step 30): Running, the step it reports.
+    first = {"step": 31, "totalSteps": 60, "attempt": 1}
+    new = replace_pod(new, pod("tiny-cpu", "controller", 0, attempt=1, created=at(110), progress=first))
+    d = run(job, [*new, dying], 130)
+    assert d.status.state == "Running"
+    assert d.status.progress is not None and (d.status.progress.step, d.status.progress.attempt) == (31, 1)
+    assert cond(d.status, "Restarting").reason == "Resumed"
