@@ -186,6 +186,15 @@ def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
         killed_at = wait_for(past_a_checkpoint, "a step after the first checkpoint", timeout=RUN_TIMEOUT, interval=0.5)
         assert killed_at < steps
         kubectl("-n", namespace, "delete", "pod", f"{job.name}-actor-1", "--wait=false")
+
+        def running_again() -> dict[str, object] | None:
+            current = tinyjob.status(kubectl, namespace, job.name)
+            again = current.get("restartCount") == 1 and current.get("state") in ("Running", "Succeeded", "Failed")
+            return current if again else None
+
+        # Running again only once the new gang's driver has reported a step of its own.
+        again = wait_for(running_again, "the restarted gang running", timeout=RUN_TIMEOUT, interval=0.5)
+        assert again["progress"]["attempt"] == 1, again  # type: ignore[index]
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
     except (TimeoutError, AssertionError) as error:
         raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
