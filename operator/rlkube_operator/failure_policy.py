@@ -44,6 +44,9 @@ class Verdict:
     why: str
 
 
+# A failure no rule matched, or one the operator only saw as a replaced pod: counted.
+COUNTED = Verdict(FailureAction.COUNT, "PodFailed", "")
+
 DEFAULT_RULES: tuple[tuple[PodFailurePolicyRule, Verdict], ...] = (
     (
         PodFailurePolicyRule(
@@ -92,7 +95,7 @@ def classify(pod: PodView, policy: PodFailurePolicy | None) -> Verdict:
             return verdict
     if pod.terminated is not None and pod.terminated[1] == "OOMKilled":
         return Verdict(FailureAction.COUNT, "OOMKilled", "the container ran out of memory (OOMKilled)")
-    return Verdict(FailureAction.COUNT, "PodFailed", "")
+    return COUNTED
 
 
 def gravest(verdicts: list[tuple[PodView, Verdict]]) -> tuple[PodView, Verdict]:

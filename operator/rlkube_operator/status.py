@@ -36,7 +36,7 @@ from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
 from rlkube_operator.children.topology import pod_roles
-from rlkube_operator.failure_policy import FailureAction, Verdict, classify, gravest
+from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
 from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
@@ -301,9 +301,8 @@ def gang_failed(p: _Pass) -> Fate | None:
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
     if not (failed or replaced):
         return None
-    unseen = Verdict(FailureAction.COUNT, "PodFailed", "")
     pod, verdict = gravest(
-        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, unseen) for pod in replaced]
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, COUNTED) for pod in replaced]
     )
     cause = pod.failure_reason() if pod.failed else "it was deleted or failed and its StatefulSet replaced it"
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
