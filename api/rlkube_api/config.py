@@ -483,6 +483,14 @@ class TrainerSection(ApiModel):
     project_name: str = Field("rlkube", description="Groups runs in the loggers.")
     experiment_name: str = Field("default", description="Names this run in the loggers.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto picks cuda when present.")
+    nccl_timeout: int = Field(
+        300,
+        ge=10,
+        le=86400,
+        description="Seconds a collective (NCCL on GPU, gloo on CPU) waits for its peers before it fails, in the "
+        "role groups and the weight-sync group (verl's actor_rollout_ref.nccl_timeout). A dead peer then ends "
+        "the run, and the gang restarts, this soon.",
+    )
 
 
 class CheckpointConfig(ApiModel):

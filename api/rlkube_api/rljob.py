@@ -92,6 +92,64 @@ class GangPolicy(ApiModel):
     )
 
 
+class PodFailurePolicyOnExitCodes(ApiModel):
+    """Matches a failed container by its exit code (as Kubernetes Jobs' onExitCodes)."""
+
+    cel_rules = (
+        CelRule(
+            "self.operator != 'In' || !self.values.exists(v, v == 0)",
+            "values must not contain 0 with operator In (exit code 0 is not a failure)",
+            ".values",
+        ),
+    )
+
+    operator: Literal["In", "NotIn"] = Field(description="In: the exit code is one of values; NotIn: it is none.")
+    values: list[Annotated[int, Field(ge=0, le=255)]] = Field(
+        min_length=1, max_length=255, description="Exit codes (0-255)."
+    )
+
+
+class PodFailurePolicyOnPodCondition(ApiModel):
+    """Matches a failed pod by a condition it carries, e.g. DisruptionTarget (preempted, evicted,
+    its node gone)."""
+
+    type: str = Field(
+        min_length=1,
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+        description="Pod condition type, e.g. DisruptionTarget.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field("True", description="Condition status to match.")
+
+
+class PodFailurePolicyRule(ApiModel):
+    """One rule: what a matching pod failure does to the job."""
+
+    cel_rules = (
+        CelRule(
+            "has(self.onExitCodes) != has(self.onPodConditions)",
+            "exactly one of onExitCodes and onPodConditions must be set",
+        ),
+    )
+
+    action: Literal["FailJob", "Ignore", "Count"] = Field(
+        description="FailJob: Failed at once, no restart; Ignore: restart the gang without counting it against "
+        "backoffLimit; Count: restart the gang, counted (the default for failures no rule matches)."
+    )
+    on_exit_codes: PodFailurePolicyOnExitCodes | None = Field(None, description="Match by the exit code.")
+    on_pod_conditions: list[PodFailurePolicyOnPodCondition] | None = Field(
+        None, min_length=1, max_length=20, description="Match by a pod condition (any of these)."
+    )
+
+
+class PodFailurePolicy(ApiModel):
+    """Rules for pod failures, as Kubernetes Jobs' podFailurePolicy: the first rule that matches
+    decides; after the user's rules come rlkube's defaults (the trainer's configuration error,
+    exit code 78: FailJob; a DisruptionTarget condition: Ignore); anything else counts."""
+
+    rules: list[PodFailurePolicyRule] = Field(max_length=20, description="Tried in order; the first match decides.")
+
+
 class RunPolicy(ApiModel):
     """Restarts, deadlines and cleanup, with the field names of Kubernetes Jobs."""
 
@@ -106,6 +164,9 @@ class RunPolicy(ApiModel):
         300, ge=1, description="Pods Pending this long with no node that fits: condition Unschedulable."
     )
     gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
+    pod_failure_policy: PodFailurePolicy | None = Field(
+        None, description="How pod failures are treated, by exit code or pod condition (before rlkube's defaults)."
+    )
 
 
 class NetworkPolicySpec(ApiModel):
@@ -299,6 +360,12 @@ class Progress(ApiModel):
         "time so far (checkpoints and validation included).",
     )
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
+    attempt: int | None = Field(
+        None,
+        ge=0,
+        description="The gang attempt (restartCount) whose driver made this report: after a restart the job "
+        "stays Restarting until the new gang's first report.",
+    )
 
     # `kubectl get` prints numbers as stored; these are for reading (the exact values are
     # in the driver's metrics), so they are stored rounded. Digits after the point:
@@ -317,7 +384,12 @@ class RLJobStatus(ApiModel):
     conditions: list[Condition] = Field(default_factory=list, description="Created, Running, ... conditions.")
     roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Pods per role.")
     progress: Progress | None = Field(None, description="Reported by the trainer's driver.")
-    restart_count: int = Field(0, description="Gang restarts so far.")
+    restart_count: int = Field(0, description="Gang restarts so far (the current attempt).")
+    uncounted_restarts: int | None = Field(
+        None,
+        description="Of those, restarts that did not count against backoffLimit (preemption, eviction, node "
+        "loss, Ignore rules).",
+    )
     start_time: str | None = Field(None, description="When the job first ran.")
     completion_time: str | None = Field(None, description="When the job finished.")
     observed_generation: int | None = Field(None, description="The spec generation last reconciled.")

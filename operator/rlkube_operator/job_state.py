@@ -72,6 +72,13 @@ class TrackedJob:
     applied: dict[ChildKey, tuple[str, float]] = field(default_factory=dict)
     # "Kind/name" -> error from the last apply, for the Created condition.
     apply_errors: dict[str, str] = field(default_factory=dict)
+    # Of those, the refusals of the object itself (400, 422), and the spec generation they
+    # were made for: they fail the job until the spec changes.
+    invalid_children: dict[str, str] = field(default_factory=dict)
+    invalid_generation: int | None = None
+    # The spec generation whose StatefulSets passed a dry-run apply (all or nothing: none is
+    # created before every one would be accepted).
+    validated_generation: int | None = None
     # time.monotonic() of the last status write.
     last_write: float = -math.inf
 
@@ -117,6 +124,7 @@ class TrackedJob:
             self.ray_token_made = False
             self.last_write = -math.inf
             self.apply_errors = {}
+            self.invalid_children, self.invalid_generation, self.validated_generation = {}, None, None
             self.uid = uid
 
     def forget_children(self) -> None:

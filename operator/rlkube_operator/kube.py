@@ -65,13 +65,14 @@ def _collection_path(api_version: str, kind: str, namespace: str) -> str:
 class Cluster(Protocol):
     """The calls a reconcile pass makes (Kube, or a test's fake that records them)."""
 
-    def apply(self, manifest: dict[str, Any]) -> None: ...
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None: ...
     def create(self, manifest: dict[str, Any]) -> bool: ...
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
+    def pod_warning(self, namespace: str, pod: str) -> str | None: ...
 
 
 class Kube:
@@ -105,15 +106,16 @@ class Kube:
             raise ApiException(http_resp=response)
         return json.loads(response.data or b"{}")
 
-    def apply(self, manifest: dict[str, Any]) -> None:
-        """Server-side apply: idempotent, and the operator owns the fields it sets."""
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None:
+        """Server-side apply: idempotent, and the operator owns the fields it sets. With
+        `dry_run`, only validated and admitted, nothing stored."""
         meta = manifest["metadata"]
         path = f"{_collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
         self._call(
             "PATCH",
             path,
             body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true"), *([("dryRun", "All")] if dry_run else [])],
             content_type="application/apply-patch+yaml",
         )
 
@@ -192,6 +194,16 @@ class Kube:
             raise
         value = (found.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value else None
+
+    def pod_warning(self, namespace: str, pod: str) -> str | None:
+        """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say)."""
+        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning"
+        found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
+        items = found.get("items") or []
+        if not items:
+            return None
+        latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return f"{latest.get('reason', '')}: {latest.get('message', '')}"
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patches the status subresource; returns the object as stored."""

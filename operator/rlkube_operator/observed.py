@@ -10,10 +10,19 @@ from typing import Any
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_ROLE
 
+# The waiting reason of a scheduled pod whose containers have not started: pulling its image,
+# or stuck (a volume that cannot be mounted, a sandbox that cannot be made).
+STARTING_REASON = "ContainerCreating"
 # Waiting reasons that will not fix themselves.
 BAD_IMAGE_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError"}
 )
+
+
+# The pod condition that marks a disruption: preempted, evicted, deleted with its node.
+DISRUPTION_TARGET = "DisruptionTarget"
+# The most of a termination message a condition and an Event carry (its end: where the error is).
+MESSAGE_TAIL = 1024
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -32,11 +41,19 @@ class PodView:
     created: datetime | None
     deleting: bool = False
     ready: bool = False
+    # When the pod was bound to a node (its PodScheduled condition turned True).
+    scheduled_at: datetime | None = None
     unschedulable_message: str | None = None
     waiting_reason: str | None = None
     waiting_message: str | None = None
     # A container that ended: (exit code, reason), from its state or, after a restart, its last state.
     terminated: tuple[int, str] | None = None
+    # That container's termination message (what it wrote, or its log's last lines with
+    # terminationMessagePolicy FallbackToLogsOnError).
+    termination_message: str = ""
+    # (type, status) of the pod's conditions, for podFailurePolicy's onPodConditions. A pod
+    # its kubelet evicted counts as carrying DisruptionTarget=True.
+    conditions: frozenset[tuple[str, str]] = frozenset()
     restarts: int = 0
     # Set for a pod the gang lost while running (deleted, evicted): phase Failed, this reason.
     lost_reason: str | None = None
@@ -57,7 +74,11 @@ class PodView:
     def failure_reason(self) -> str:
         if self.terminated is not None:
             code, reason = self.terminated
-            return f"{reason or 'Error'} (exit code {code})"
+            said = f"{reason or 'Error'} (exit code {code})"
+            message = self.termination_message.strip()
+            if len(message) > MESSAGE_TAIL:
+                message = "…" + message[-MESSAGE_TAIL:]
+            return f"{said}: {message}" if message else said
         if self.lost_reason:
             return self.lost_reason
         return "pod failed"
@@ -78,6 +99,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         unschedulable = f"no scheduler has picked the pod up (schedulerName {scheduler})"
     waiting_reason = waiting_message = None
     terminated: tuple[int, str] | None = None
+    termination_message = ""
     restarts = 0
     for cs in status.get("containerStatuses") or []:
         restarts += int(cs.get("restartCount", 0))
@@ -88,6 +110,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated")
         if ended is not None and terminated is None:
             terminated = (int(ended.get("exitCode", 1)), str(ended.get("reason", "")))
+            termination_message = str(ended.get("message") or "")
     try:
         progress = json.loads(annotations.get(ANNOTATION_PROGRESS, "{}"))
     except json.JSONDecodeError:
@@ -100,11 +123,17 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         phase=status.get("phase", "Pending"),
         created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
+        scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,
         waiting_reason=waiting_reason,
         waiting_message=waiting_message,
         terminated=terminated,
+        termination_message=termination_message,
+        conditions=frozenset(
+            [(str(c.get("type")), str(c.get("status"))) for c in status.get("conditions") or []]
+            + ([(DISRUPTION_TARGET, "True")] if status.get("reason") == "Evicted" else [])
+        ),
         restarts=restarts,
         progress=progress if isinstance(progress, dict) else {},
         lost_reason=status.get("message") if status.get("reason") == LOST_REASON else None,
@@ -126,10 +155,10 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     slim_meta["labels"] = {k: v for k, v in labels.items() if k == LABEL_ROLE}
     slim_meta["annotations"] = {k: v for k, v in annotations.items() if k in (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS)}
     slim_status = {key: status[key] for key in ("phase", "reason", "message") if key in status}
+    # Every condition: podFailurePolicy rules may name any type (DisruptionTarget, say).
     slim_status["conditions"] = [
-        {k: c[k] for k in ("type", "status", "reason", "message") if k in c}
+        {k: c[k] for k in ("type", "status", "reason", "message", "lastTransitionTime") if k in c}
         for c in status.get("conditions") or []
-        if c.get("type") in ("PodScheduled", "Ready")
     ]
     slim_status["containerStatuses"] = [
         {k: cs[k] for k in ("restartCount", "state", "lastState") if k in cs}

@@ -36,7 +36,7 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
-from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status import Observed, compute_status, pods_to_explain
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,18 @@ class Reconciler:
             # The CRD refuses invalid specs; this only happens with an older CRD installed.
             return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])
         tracked.adopt(meta["uid"])
+        views = [view_pod(p) for p in pods]
+        stuck = pods_to_explain(job, views, now)
         observed = Observed(
-            pods=[view_pod(p) for p in pods],
+            pods=views,
             now=now,
             apply_errors=dict(tracked.apply_errors),
+            invalid_children=(
+                dict(tracked.invalid_children) if tracked.invalid_generation == job.metadata.generation else {}
+            ),
             since_last_write=time.monotonic() - tracked.last_write,
             job_created=parse_time(meta.get("creationTimestamp")),
+            pod_warnings={pod: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod))},
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]
@@ -133,16 +139,23 @@ class Reconciler:
     def apply_children(
         self, tracked: TrackedJob, job: RLJob, attempt: int, pods_wanted: bool, present_sets: set[str]
     ) -> dict[str, str]:
-        """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals."""
+        """Applies what changed (or is missing); returns 'Kind/name' -> error for refusals.
+
+        All or nothing: the StatefulSets (the only children that make pods) go in only after
+        every other child did, and a spec generation's first StatefulSets are sent as a dry run
+        first, so a child the API server refuses leaves no pod running. Refusals of the spec
+        itself (400, 422) are kept apart in `tracked.invalid_children`: they end the job."""
         now = time.monotonic()
         key = (job.metadata.generation, attempt, pods_wanted)
         if tracked.children_in_place(key, present_sets, now):
             return {}
         errors: dict[str, str] = {}
-        for child, child_digest in self.build(tracked, job, key):
+        invalid: dict[str, str] = {}
+        built = self.build(tracked, job, key)
+        sets = [(child, d) for child, d in built if child["kind"] == "StatefulSet"]
+        for child, child_digest in [(child, d) for child, d in built if child["kind"] != "StatefulSet"]:
             kind, name = child["kind"], child["metadata"]["name"]
-            missing = kind == "StatefulSet" and name not in present_sets
-            if not (missing or tracked.needs_apply(child, child_digest, now)):
+            if not tracked.needs_apply(child, child_digest, now):
                 continue
             try:
                 if kind == "Secret" and tracked.ray_token_made:
@@ -159,6 +172,36 @@ class Reconciler:
                 tracked.applied[(kind, name)] = (child_digest, now)
             except ApiException as exc:
                 errors[f"{kind}/{name}"] = _api_error(exc)
+                if _refuses_the_spec(exc):
+                    invalid[f"{kind}/{name}"] = errors[f"{kind}/{name}"]
+        due = [
+            (child, d)
+            for child, d in sets
+            if child["metadata"]["name"] not in present_sets or tracked.needs_apply(child, d, now)
+        ]
+        if not errors and due and tracked.validated_generation != job.metadata.generation:
+            for child, _ in due:
+                try:
+                    self.kube.apply(child, dry_run=True)
+                except ApiException as exc:
+                    key_ = f"StatefulSet/{child['metadata']['name']}"
+                    errors[key_] = _api_error(exc)
+                    if _refuses_the_spec(exc):
+                        invalid[key_] = errors[key_]
+            if not errors:
+                tracked.validated_generation = job.metadata.generation
+        if not errors:
+            for child, child_digest in due:
+                name = child["metadata"]["name"]
+                try:
+                    self.kube.apply(child)
+                    tracked.applied[("StatefulSet", name)] = (child_digest, now)
+                except ApiException as exc:
+                    errors[f"StatefulSet/{name}"] = _api_error(exc)
+                    if _refuses_the_spec(exc):
+                        invalid[f"StatefulSet/{name}"] = errors[f"StatefulSet/{name}"]
+        tracked.invalid_children = invalid
+        tracked.invalid_generation = job.metadata.generation
         return errors
 
     def build(self, tracked: TrackedJob, job: RLJob, key: tuple[int | None, int, bool]) -> list[tuple[Manifest, str]]:
@@ -182,6 +225,13 @@ class Reconciler:
                 existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
                 tracked.ray_token = existing or secrets.token_urlsafe(32)
         return tracked.ray_token
+
+
+def _refuses_the_spec(exc: ApiException) -> bool:
+    """The API server refused the object itself (invalid, or not decodable): applying it again
+    cannot succeed until the RLJob's spec changes. Anything else (a missing CRD, permissions,
+    the server busy) may pass on a later try."""
+    return exc.status in (400, 422)
 
 
 def _api_error(exc: ApiException) -> str:

@@ -4,12 +4,18 @@ Pure: no I/O, time passed in.
 
 The decision is a chain of small rules, tried in a fixed order; the first that
 settles the job's fate ends it (RULES below):
+- invalid child: the API server refused a child as invalid → Failed/InvalidChild, no pods
+  (a later spec generation starts the job again);
 - suspended: spec.suspend → Suspended, StatefulSets at zero;
 - past deadline: activeDeadlineSeconds → Failed/DeadlineExceeded;
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
-- gang failed: a pod of the current attempt fails (or is replaced) → the gang restarts
-  (restartCount + 1) until backoffLimit, then Failed/BackoffLimitExceeded;
+- gang failed: a pod of the current attempt fails (or is replaced) → the failure policy
+  (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
+  rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
+  pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
+- stuck before start: a scheduled pod whose containers do not start for
+  pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
@@ -28,8 +34,10 @@ from typing import Literal
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
+from rlkube_operator.child_errors import describe
 from rlkube_operator.children.topology import pod_roles
-from rlkube_operator.observed import BAD_IMAGE_REASONS, PodView, parse_time
+from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
+from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
     ApplyChildren,
@@ -43,6 +51,8 @@ from rlkube_operator.plan import (
     WriteStatus,
 )
 
+INVALID_CHILD = "InvalidChild"
+CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
 # A status change that is only counts and messages (not a transition) waits at most this
@@ -60,6 +70,11 @@ class Observed:
     now: datetime
     # "Kind/name" -> error, for children the API server refused on the last apply.
     apply_errors: dict[str, str] = field(default_factory=dict)
+    # Of those, the ones refused as invalid for the current spec generation.
+    invalid_children: dict[str, str] = field(default_factory=dict)
+    # Pod name -> its latest Warning Event ("Reason: message"), read for the pods
+    # `pods_to_explain` names (scheduled, containers not started past the timeout).
+    pod_warnings: dict[str, str] = field(default_factory=dict)
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -133,13 +148,26 @@ def _progress(pods: list[PodView], previous: Progress | None) -> Progress | None
     reports = [p.progress for p in pods if p.role == CONTROLLER_ROLE and p.progress]
     if not reports:
         return previous
-    latest = max(reports, key=lambda r: (r.get("step", 0), r.get("updatedAt", "")))
+    # The newest attempt's report first: a dead gang's pod (still being deleted) may show a
+    # later step than the new gang, which resumed from a checkpoint before it.
+    latest = max(reports, key=lambda r: (_int(r.get("attempt")), _int(r.get("step")), str(r.get("updatedAt", ""))))
     known = {f.alias or name for name, f in Progress.model_fields.items()}
     try:
         # Fields a newer driver adds are ignored, not a reason to drop the report.
         return Progress.model_validate({k: v for k, v in latest.items() if k in known})
     except ValueError:
         return previous
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else -1
+
+
+def _first_step_pending(status: RLJobStatus) -> bool:
+    """After a gang restart, whether the new gang's driver has yet to report a step: its reports
+    carry their attempt. (Reports without one, from an older driver or none at all: not waited for.)"""
+    progress = status.progress
+    return progress is not None and progress.attempt is not None and progress.attempt < status.restart_count
 
 
 def _age(pod: PodView, now: datetime) -> float:
@@ -219,6 +247,14 @@ def children_created(p: _Pass) -> None:
         )
 
 
+def invalid_child(p: _Pass) -> Fate | None:
+    """A child the API server refuses as invalid: no pod was started (apply_children holds the
+    StatefulSets back), and none will be until the spec changes."""
+    if not p.observed.invalid_children:
+        return None
+    return p.finish(State.FAILED, ConditionType.FAILED, INVALID_CHILD, describe(p.job, p.observed.invalid_children))
+
+
 def suspended(p: _Pass) -> Fate | None:
     if not p.job.spec.suspend:
         p.conds.clear(ConditionType.SUSPENDED, "Resumed", "spec.suspend is false: pods are recreated")
@@ -265,25 +301,38 @@ def gang_failed(p: _Pass) -> Fate | None:
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
     if not (failed or replaced):
         return None
-    pod = (failed or replaced)[0]
-    cause = pod.failure_reason() if failed else "it was deleted or failed and its StatefulSet replaced it"
+    pod, verdict = gravest(
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, COUNTED) for pod in replaced]
+    )
+    cause = pod.failure_reason() if pod.failed else "it was deleted or failed and its StatefulSet replaced it"
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
-    if prev.restart_count >= policy.backoff_limit:
+    if verdict.why:
+        what = f"{what}; {verdict.why}"
+    if verdict.action is FailureAction.FAIL_JOB:
+        return p.finish(State.FAILED, ConditionType.FAILED, verdict.reason, what)
+    uncounted = prev.uncounted_restarts or 0
+    counted = prev.restart_count - uncounted
+    if verdict.action is FailureAction.COUNT and counted >= policy.backoff_limit:
         return p.finish(
             State.FAILED,
             ConditionType.FAILED,
             "BackoffLimitExceeded",
-            f"{what}; {prev.restart_count} restarts reached backoffLimit={policy.backoff_limit}",
+            f"{what}; {counted} restarts reached backoffLimit={policy.backoff_limit}",
         )
     status = p.status
     status.restart_count = prev.restart_count + 1
+    if verdict.action is FailureAction.IGNORE:
+        status.uncounted_restarts = uncounted + 1
     status.gang_pod_uids = None
     # Counted for the new attempt, as the next pass will: the decision is a fixed point,
     # so the loop needs no further pass (nor the watch's echo of this write) to settle.
     status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == status.restart_count])
     ready = sum(r.ready for r in status.roles.values())
     p.conds.set(
-        ConditionType.RESTARTING, "True", "PodFailed", f"{what}; restarting the gang (restart {status.restart_count})"
+        ConditionType.RESTARTING,
+        "True",
+        verdict.reason,
+        f"{what}; restarting the gang (restart {status.restart_count})",
     )
     p.conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, _wanted(status)))
     status.state = State.RESTARTING.value
@@ -305,6 +354,57 @@ def bad_image(p: _Pass) -> Fate | None:
                 f"{pod.waiting_message or pod.waiting_reason}",
             )
         p.requeue.append(timeout - _age(pod, p.now))
+    return None
+
+
+# How soon a pod whose containers are still being created past the timeout, with nothing
+# wrong reported (a large image still pulling), is looked at again.
+STARTING_RECHECK_SECONDS = 30.0
+
+
+def _starting_too_long(job: RLJob, pod: PodView, now: datetime) -> bool:
+    return (
+        pod.waiting_reason == STARTING_REASON
+        and pod.scheduled_at is not None
+        and (now - pod.scheduled_at).total_seconds() >= job.spec.run_policy.pending_timeout_seconds
+    )
+
+
+def pods_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
+    """Pods scheduled for pendingTimeoutSeconds whose containers have not started and whose
+    status says nothing more: the kubelet's reason is in their Warning Events (FailedMount...)."""
+    return [
+        pod.name
+        for pod in pods
+        if pod.attempt == (job.status.restart_count if job.status else 0)
+        and not pod.deleting
+        and not pod.waiting_message
+        and _starting_too_long(job, pod, now)
+    ]
+
+
+def stuck_before_start(p: _Pass) -> Fate | None:
+    """A scheduled pod whose containers never start (a ConfigMap, Secret or claim that cannot
+    be mounted, say) ends the job after pendingTimeoutSeconds with the kubelet's message. A pod
+    with nothing wrong reported is only still pulling its image: it is left alone."""
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    for pod in p.current:
+        if pod.waiting_reason != STARTING_REASON or pod.scheduled_at is None:
+            continue
+        if not _starting_too_long(p.job, pod, p.now):
+            p.requeue.append(timeout - (p.now - pod.scheduled_at).total_seconds())
+            continue
+        cause = pod.waiting_message or p.observed.pod_warnings.get(pod.name)
+        if not cause:
+            p.requeue.append(STARTING_RECHECK_SECONDS)
+            continue
+        return p.finish(
+            State.FAILED,
+            ConditionType.FAILED,
+            CONTAINERS_NOT_STARTED,
+            f"pod {pod.name} (role {pod.role}) has been scheduled for over {timeout}s without starting its "
+            f"containers: {cause}",
+        )
     return None
 
 
@@ -332,7 +432,17 @@ def readiness(p: _Pass) -> Fate:
     status, conds = p.status, p.conds
     ready = sum(r.ready for r in status.roles.values())
     wanted = _wanted(status)
-    if ready == wanted and wanted > 0:
+    if ready == wanted and wanted > 0 and conds.is_true(ConditionType.RESTARTING) and _first_step_pending(status):
+        # Restarting until the new gang trains: its pods are up, its driver resumes.
+        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        conds.set(
+            ConditionType.RUNNING,
+            "False",
+            "Restarting",
+            f"all {wanted} pods are ready; waiting for the new gang's first step (restart {status.restart_count})",
+        )
+        status.state = State.RESTARTING.value
+    elif ready == wanted and wanted > 0:
         conds.set(ConditionType.RUNNING, "True", "AllPodsReady", f"all {wanted} pods are ready")
         status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
         conds.clear(ConditionType.RESTARTING, "Resumed", "the gang is running again")
@@ -353,11 +463,13 @@ def readiness(p: _Pass) -> Fate:
 
 # The rules, in the order they are tried; the first to return a Fate decides the pass.
 RULES: tuple[Rule, ...] = (
+    invalid_child,
     suspended,
     past_deadline,
     driver_succeeded,
     gang_failed,
     bad_image,
+    stuck_before_start,
     unschedulable,
     readiness,
 )
@@ -372,7 +484,7 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     status.progress = _progress(observed.pods, prev.progress)
     p = _Pass(job, observed, prev, status, _Conditions(prev.conditions, observed.now, job.metadata.generation), current)
 
-    if is_terminal(prev.state):
+    if is_terminal(prev.state) and not _spec_fixed(p):
         return _finished(p)
     children_created(p)
     fate = Fate.ACTIVE
@@ -390,6 +502,20 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
         actions.append(ApplyChildren(status.restart_count, pods_wanted=fate is not Fate.SUSPENDED))
     actions += _stale_pods(observed, status)
     return _with_write(p, actions, fate)
+
+
+def _spec_fixed(p: _Pass) -> bool:
+    """A job Failed for an invalid child whose spec has changed since: it starts again (the
+    Failed condition cleared, the new spec's children applied)."""
+    failed = p.conds.by_type.get(ConditionType.FAILED)
+    if failed is None or failed.status != "True" or failed.reason != INVALID_CHILD:
+        return False
+    if failed.observed_generation == p.job.metadata.generation:
+        return False
+    p.conds.set(ConditionType.FAILED, "False", "SpecChanged", "the spec changed: its children are applied again")
+    p.status.state = State.CREATED.value
+    p.status.completion_time = None
+    return True
 
 
 def _finished(p: _Pass) -> Plan:

@@ -241,6 +241,47 @@ INVALID = [
         _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "q" * 64}),
         ("spec.runPolicy.gang.queue", "at most 63 characters"),
     ),
+    # --- podFailurePolicy ---------------------------------------------------------------------------
+    Case(
+        "failure-rule-with-both-matchers",
+        _set(
+            "spec.runPolicy.podFailurePolicy",
+            {
+                "rules": [
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"operator": "In", "values": [42]},
+                        "onPodConditions": [{"type": "DisruptionTarget"}],
+                    }
+                ]
+            },
+        ),
+        ("spec.runPolicy.podFailurePolicy.rules", "exactly one of onExitCodes and onPodConditions"),
+    ),
+    Case(
+        "failure-rule-exit-code-zero",
+        _set(
+            "spec.runPolicy.podFailurePolicy",
+            {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [0, 1]}}]},
+        ),
+        ("spec.runPolicy.podFailurePolicy.rules", "must not contain 0"),
+    ),
+    Case(
+        "failure-rule-exit-code-beyond-255",
+        _set(
+            "spec.runPolicy.podFailurePolicy",
+            {"rules": [{"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [256]}}]},
+        ),
+        ("spec.runPolicy.podFailurePolicy.rules",),
+    ),
+    Case(
+        "failure-rule-unknown-action",
+        _set(
+            "spec.runPolicy.podFailurePolicy",
+            {"rules": [{"action": "Retry", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+        ),
+        ("spec.runPolicy.podFailurePolicy.rules",),
+    ),
     Case("env-name", _set("spec.env", [{"name": "NCCL DEBUG", "value": "INFO"}]), ("spec.env",)),
     # --- image references: a bad one fails only at pull ------------------------------------------------
     Case("image-upper-case", _set("spec.image", "Rlkube-Trainer:0.1.0"), ("spec.image", "image reference")),
@@ -391,6 +432,20 @@ VALID = [
     Case("reference-colocated-without-kl", _set("spec.actor.useKlLoss", False), ()),
     Case("save-and-test-every-step", _all(_set("spec.trainer.saveFreq", 1), _set("spec.trainer.testFreq", 1)), ()),
     Case("gang-kueue", _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"}), ()),
+    Case(
+        "failure-policy-rules",
+        _set(
+            "spec.runPolicy.podFailurePolicy",
+            {
+                "rules": [
+                    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42, 43]}},
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                    {"action": "Count", "onExitCodes": {"operator": "NotIn", "values": [0]}},
+                ]
+            },
+        ),
+        (),
+    ),
 ]
 
 # Changes refused on update: (id, mutation, field).

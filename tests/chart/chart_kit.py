@@ -48,7 +48,7 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("networking.k8s.io", ("networkpolicies",), ("create", "patch", "list", "delete")),
     ("scheduling.volcano.sh", ("podgroups",), ("create", "patch", "list", "delete")),
     ("scheduling.x-k8s.io", ("podgroups",), ("create", "patch", "list", "delete")),
-    ("", ("events",), ("create",)),
+    ("", ("events",), ("create", "list")),
 )
 # kopf's runtime observation (rbac.kopfObservation), cluster-scoped; Namespaces only
 # in namespaced mode (cluster-wide, kopf never lists them).

@@ -426,6 +426,29 @@ def test_failing_container_under_restart_policy_never(
     assert "failing on purpose" in pod_log(node, namespace, "fails")
 
 
+@on_process_node
+def test_termination_messages_from_the_file_or_the_log(
+    node: ProcessNode, kubectl: Kubectl, core: CoreV1Api, namespace: str
+) -> None:
+    """As the kubelet: the file at terminationMessagePath becomes the terminated state's
+    message; with FallbackToLogsOnError, a failed container that wrote none gets its log's end."""
+    wrote = python("import sys; open('/dev/termination-log', 'w').write('model.path missing'); sys.exit(78)")
+    silent = python("import sys; print('line one'); print('the last line'); sys.exit(1)")
+    fallback = {"terminationMessagePolicy": "FallbackToLogsOnError"}
+    create(kubectl, namespace, pod_manifest("wrote", wrote, restartPolicy="Never"))
+    create(kubectl, namespace, pod_manifest("silent", silent, restartPolicy="Never", container=fallback))
+    create(kubectl, namespace, pod_manifest("quiet", silent, restartPolicy="Never"))
+    ended = {
+        name: container_status(wait_pod(core, node, namespace, name, "to fail", phase_is("Failed")))["state"][
+            "terminated"
+        ]
+        for name in ("wrote", "silent", "quiet")
+    }
+    assert (ended["wrote"]["exitCode"], ended["wrote"]["message"]) == (78, "model.path missing")
+    assert ended["silent"]["message"] == "line one\nthe last line\n"
+    assert "message" not in ended["quiet"]  # policy File, nothing written
+
+
 RESTARTS = """
     import json
     counts = {}

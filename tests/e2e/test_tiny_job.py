@@ -15,10 +15,12 @@ a cluster. Asserts behaviour, not time.
 from __future__ import annotations
 
 import collections
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -184,6 +186,15 @@ def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
         killed_at = wait_for(past_a_checkpoint, "a step after the first checkpoint", timeout=RUN_TIMEOUT, interval=0.5)
         assert killed_at < steps
         kubectl("-n", namespace, "delete", "pod", f"{job.name}-actor-1", "--wait=false")
+
+        def running_again() -> dict[str, object] | None:
+            current = tinyjob.status(kubectl, namespace, job.name)
+            again = current.get("restartCount") == 1 and current.get("state") in ("Running", "Succeeded", "Failed")
+            return current if again else None
+
+        # Running again only once the new gang's driver has reported a step of its own.
+        again = wait_for(running_again, "the restarted gang running", timeout=RUN_TIMEOUT, interval=0.5)
+        assert again["progress"]["attempt"] == 1, again  # type: ignore[index]
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
     except (TimeoutError, AssertionError) as error:
         raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
@@ -197,3 +208,56 @@ def test_killed_actor_pod_restarts_the_gang_and_the_trainer_resumes(
     assert len(repeated) <= save_freq, f"steps trained twice: {repeated}"
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert "restarting the gang" in events, events
+
+
+def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """Pre-flight in the pods (driver and role pods alike) exits with the configuration code and
+    says why in its termination message; the operator fails the job at once with that message,
+    restarts nothing and scales the pods away."""
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-bad-model", pool=pool)
+    job.manifest["spec"]["model"]["path"] = "/rlkube/no-such-model"
+    started = time.monotonic()
+    tinyjob.apply(kubectl, namespace, job)
+    try:
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    seconds = time.monotonic() - started
+    print(f"time to Failed for a wrong model.path: {seconds:.1f} s")
+    assert final["state"] == "Failed"
+    assert final.get("restartCount", 0) == 0
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "TrainerConfigError", failed
+    assert "spec.model.path" in failed["message"] and "'/rlkube/no-such-model': does not exist" in failed["message"]
+    assert "exit code 78" in failed["message"]
+
+    def no_pod_runs() -> bool | None:
+        pods = kubectl("-n", namespace, "get", "pods", "-l", f"rlkube.dev/job-name={job.name}", "-o", "name").stdout
+        return True if not pods.strip() else None
+
+    wait_for(no_pod_runs, "the job's pods to go", timeout=120)
+    events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
+    assert "TrainerConfigError" in events and "/rlkube/no-such-model" in events, events
+
+
+def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    """The reward ConfigMap the job names does not exist: its pods never start their containers.
+    After pendingTimeoutSeconds the job is Failed with the node's reason, not left Created."""
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-no-reward", pool=pool)
+    job.manifest["spec"]["runPolicy"]["pendingTimeoutSeconds"] = 10
+    # The RLJob only: its reward ConfigMap is never created.
+    kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
+    try:
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 300)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+    failed = next(c for c in final["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "ContainersNotStarted", failed
+    reward = job.manifest["spec"]["reward"]["function"]["configMap"]["name"]
+    assert reward in failed["message"] and "not found" in failed["message"], failed

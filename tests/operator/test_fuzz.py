@@ -258,7 +258,7 @@ class DeletedJobKube:
     def create(self, *_: Any) -> bool:
         return True
 
-    def apply(self, *_: Any) -> None:
+    def apply(self, *_: Any, **__: Any) -> None:
         return None
 
     def read_secret_value(self, *_: Any) -> None:

@@ -44,8 +44,9 @@ def test_a_missing_podgroup_crd_shows_as_create_failed(jobs: Jobs, kubectl: Kube
     event = jobs.wait_event(JOB, "CreateFailed")
     assert event["type"] == "Warning"
     assert "PodGroup" in event["message"]
-    # Everything else is created regardless.
-    assert len(jobs.statefulsets(JOB)) == len(TINY_ROLES)
+    # All or nothing: no StatefulSet (so no pod) while a child is refused; the others are in.
+    assert jobs.statefulsets(JOB) == {}
+    assert f"ConfigMap/{JOB}-config" in jobs.children(JOB)
 
     # Once the CRD is there, the next pass creates the PodGroup and the condition clears.
     install_podgroup_crds(kubectl)
@@ -54,6 +55,7 @@ def test_a_missing_podgroup_crd_shows_as_create_failed(jobs: Jobs, kubectl: Kube
     job = jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True", timeout=30)
     assert condition(job, "Created")["reason"] == "ChildrenCreated"  # type: ignore[index]
     assert [pg["metadata"]["name"] for pg in jobs.podgroups(*VOLCANO)] == [JOB]
+    assert len(jobs.statefulsets(JOB)) == len(TINY_ROLES)
 
 
 @pytest.mark.usefixtures("podgroup_crds")

@@ -152,7 +152,8 @@ def test_a_container_crash_restarted_in_place_restarts_the_gang(jobs: Jobs) -> N
 
     jobs.crash_container(f"{JOB}-actor-1", exit_code=137, reason="OOMKilled")
     jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1")
-    message = jobs.wait_event(JOB, "PodFailed")["message"]
+    # OOMKilled is named as the reason.
+    message = jobs.wait_event(JOB, "OOMKilled")["message"]
     assert f"{JOB}-actor-1" in message and "OOMKilled (exit code 137)" in message
     pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
     assert not {p["metadata"]["uid"] for p in pods} & old

@@ -74,11 +74,13 @@ def running(job: RLJob = JOB) -> RLJob:
 def test_the_rules_run_in_a_fixed_order() -> None:
     names = [rule.__name__ for rule in RULES]
     assert names == [
+        "invalid_child",
         "suspended",
         "past_deadline",
         "driver_succeeded",
         "gang_failed",
         "bad_image",
+        "stuck_before_start",
         "unschedulable",
         "readiness",
     ]

@@ -21,22 +21,36 @@ SETS = {"tiny-cpu-controller", "tiny-cpu-actor", "tiny-cpu-rollout"}
 Call = tuple[Any, ...]
 
 
-class FakeKube:
-    """Records every call; `refuse` holds 'Kind/name' the API server turns away."""
+INVALID_MESSAGE = (
+    'StatefulSet.apps "tiny-cpu-actor" is invalid: spec.template.spec.volumes[2].emptyDir.sizeLimit: '
+    "Invalid value: quantities must be positive"
+)
 
-    def __init__(self, refuse: Iterable[str] = (), secret_exists: bool = False) -> None:
+
+class FakeKube:
+    """Records every call; `refuse` holds 'Kind/name' the API server turns away (403),
+    `invalid` those it refuses as invalid (422)."""
+
+    def __init__(self, refuse: Iterable[str] = (), secret_exists: bool = False, invalid: Iterable[str] = ()) -> None:
         self.calls: list[Call] = []
         self.refuse = set(refuse)
+        self.invalid = set(invalid)
+        self.warnings: dict[str, str] = {}
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
 
-    def apply(self, manifest: dict[str, Any]) -> None:
+    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None:
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
-        self.calls.append(("apply", key))
+        self.calls.append(("dry_run_apply" if dry_run else "apply", key))
         if key in self.refuse:
             raise ApiException(status=403, reason="Forbidden")
-        self.manifests[key] = manifest
+        if key in self.invalid:
+            error = ApiException(status=422, reason="Unprocessable Entity")
+            error.body = json.dumps({"message": INVALID_MESSAGE})
+            raise error
+        if not dry_run:
+            self.manifests[key] = manifest
 
     def create(self, manifest: dict[str, Any]) -> bool:
         key = f"{manifest['kind']}/{manifest['metadata']['name']}"
@@ -66,6 +80,10 @@ class FakeKube:
         body["metadata"]["resourceVersion"] = str(self.version)
         body["status"] = status
         return body
+
+    def pod_warning(self, namespace: str, pod: str) -> str | None:
+        self.calls.append(("pod_warning", namespace, pod))
+        return self.warnings.get(pod)
 
     def kinds(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -218,3 +236,66 @@ def test_time_flows_only_through_now() -> None:
         reconcile(kube, tracked, body_of(), [], 0)
         outcomes.append(kube.calls)
     assert outcomes[0] == outcomes[1]
+
+
+def test_a_child_refused_as_invalid_starts_no_pod_and_fails_the_job_until_the_spec_changes() -> None:
+    """All or nothing: the StatefulSets are tried as a dry run first; one refused means none is
+    created, and the job fails naming the RLJob field. A new generation tries again."""
+    kube, tracked = FakeKube(invalid={"StatefulSet/tiny-cpu-actor"}), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0, sets=set())
+    assert first.replan
+    assert not [c for c in kube.calls if c[0] == "apply" and c[1].startswith("StatefulSet/")]
+    assert ("dry_run_apply", "StatefulSet/tiny-cpu-actor") in kube.calls
+    second = reconcile(kube, tracked, body_of(), [], 0.2, sets=set())
+    assert second.state == "Failed"
+    failed = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidChild"
+    assert "StatefulSet/tiny-cpu-actor (from RLJob field spec.volumes[0] (work))" in failed["message"]
+    assert "sizeLimit" in failed["message"]
+    assert ("Warning", "InvalidChild") in [(e.type, e.reason) for e in second.events]
+    assert not [c for c in kube.calls if c[0] == "apply" and c[1].startswith("StatefulSet/")]
+    # The same spec again: nothing is applied, the job stays Failed.
+    failed_status = kube.written()
+    failed_body = body_of(status=failed_status)
+    kube.calls.clear()
+    reconcile(kube, tracked, failed_body, [], 10, sets=set())
+    assert "apply" not in kube.kinds() and "dry_run_apply" not in kube.kinds()
+    # A new generation (the spec fixed) is applied: the StatefulSets go in, the job starts again.
+    kube.invalid.clear()
+    fixed = body_of(status=failed_status)
+    fixed["metadata"]["generation"] = 2
+    result = reconcile(kube, tracked, fixed, [], 20, sets=set())
+    result = reconcile(kube, tracked, fixed, [], 20.2, sets=set()) if result.replan else result
+    assert {c[1] for c in kube.calls if c[0] == "apply" and c[1].startswith("StatefulSet/")} == {
+        f"StatefulSet/{s}" for s in SETS
+    }
+    assert result.state == "Created"
+    failed = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("False", "SpecChanged")
+
+
+MOUNT_FAILED = 'FailedMount: MountVolume.SetUp failed for volume "reward" : configmap "tiny-reward" not found'
+
+
+def test_a_pod_whose_containers_never_start_fails_the_job_with_the_kubelets_event() -> None:
+    """The kubelet says why only in a Warning Event; it is read once the timeout has passed."""
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of(), [], 0)
+    body = body_of(status=kube.written())
+    stuck = pod("tiny-cpu", "actor", 1, phase="Pending", ready=False, waiting=("ContainerCreating", ""))
+    stuck["status"]["conditions"][0]["lastTransitionTime"] = iso(T0)
+    pods = replace_pod(gang_pods(load_job(CPU)), stuck)
+    early = reconcile(kube, tracked, body, pods, 100)
+    assert "pod_warning" not in kube.kinds()  # not before pendingTimeoutSeconds (300)
+    assert early.state != "Failed"
+    # Past the timeout with nothing reported: an image still pulling; looked at again later.
+    kube.calls.clear()
+    pulling = reconcile(kube, tracked, body, pods, 301)
+    assert ("pod_warning", NAMESPACE, "tiny-cpu-actor-1") in kube.calls
+    assert pulling.state != "Failed" and pulling.requeue_after is not None and pulling.requeue_after <= 30
+    kube.warnings["tiny-cpu-actor-1"] = MOUNT_FAILED
+    failed = reconcile(kube, tracked, body, pods, 331)
+    assert failed.state == "Failed"
+    condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "ContainersNotStarted"
+    assert "pod tiny-cpu-actor-1 (role actor)" in condition["message"] and MOUNT_FAILED in condition["message"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from rlkube_api.exit_codes import ExitCode
 from rlkube_trainer.tiny_task import init
 
 
@@ -20,7 +21,7 @@ def test_wrong_key_and_value_are_named(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config)], capture_output=True, text=True, check=False
     )
-    assert result.returncode == 2
+    assert result.returncode == ExitCode.CONFIG
     assert str(config) in result.stderr
     assert "actor.clip_ratio_c: Input should be greater than 1" in result.stderr
     assert "rollout.temprature: Extra inputs are not permitted" in result.stderr

@@ -67,6 +67,9 @@ def test_progress_payload_maps_verl_metrics_to_the_progress_fields() -> None:
     assert (progress.step, progress.total_steps, progress.reward_mean) == (3, 30, 0.5)
     assert progress.tokens_per_second_per_gpu == 1234.5
     assert progress.last_checkpoint_step == 0
+    # The attempt it belongs to, when the operator started the driver for one.
+    assert Progress.model_validate(progress_payload(3, 30, {}, None, attempt=2)).attempt == 2
+    assert "attempt" not in progress_payload(3, 30, {}, None)
 
 
 def test_progress_payload_estimates_the_completion_time_from_the_pace() -> None:
@@ -404,3 +407,13 @@ def test_service_account_may_patch_only_its_own_pod(
     assert f"cannot patch pod {namespace}/{other} (403 Forbidden)" in messages[1]
     assert "ServiceAccount lacks 'patch' on this pod" in messages[1]
     assert f"system:serviceaccount:{namespace}:job-trainer" in messages[1]  # the API server's own words
+
+
+def test_the_attempt_marks_the_series_of_a_restarted_gang() -> None:
+    metrics = DriverMetrics({Env.ATTEMPT: "2", Env.JOB_NAME: "j", Env.NAMESPACE: "ns"})
+    port = free_port()
+    metrics.serve(port)
+    try:
+        assert scrape(port)["rlkube_trainer_attempt"] == 2
+    finally:
+        metrics.close()

@@ -5,6 +5,7 @@ without a counterpart are refused by name."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,13 @@ def test_ppo_maps_verls_values_to_rlkubes_keys() -> None:
     assert config.trainer.logger == ["console", "wandb"]
     assert config.checkpoint.dir == "checkpoints/verl_example_gsm8k/qwen2_7b_function_rm"
     assert config.rollout.gpu_memory_utilization == 0.6
+    assert config.trainer.nccl_timeout == 300  # not in the example: rlkube's default
+
+
+def test_nccl_timeout_arrives() -> None:
+    verl = copy.deepcopy(PPO_GSM8K)
+    verl["actor_rollout_ref"]["nccl_timeout"] = 1200
+    assert convert(verl).config.trainer.nccl_timeout == 1200
 
 
 def test_grpo_dapo_reinforce_and_reward_model_settings_arrive() -> None:

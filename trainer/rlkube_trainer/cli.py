@@ -18,6 +18,8 @@ import os
 import sys
 from pathlib import Path
 
+from rlkube_api.config import TrainerConfig
+from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
 from rlkube_trainer import verl_config
@@ -27,12 +29,27 @@ log = logging.getLogger("rlkube.trainer")
 NODES_TIMEOUT = 900.0
 
 
-def _load(path: Path) -> object:
+def _load(path: Path) -> TrainerConfig:
     try:
         return load_trainer_config(path)
     except InvalidSpec as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(_fail(ExitCode.CONFIG, str(exc))) from None
+
+
+def _fail(code: ExitCode, message: str) -> int:
+    """Reports an error on stderr and as the container's termination message (in a pod, the
+    operator puts it into the job's condition and Event); returns the exit code."""
+    from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415
+
+    print(f"error: {message}", file=sys.stderr)
+    write_termination_message(f"exit code {int(code)}: {message}")
+    return int(code)
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    from rlkube_trainer.preflight import config_errors  # noqa: PLC0415
+
+    return config_errors()
 
 
 def _finish(result: object) -> int:
@@ -49,39 +66,57 @@ def _finish(result: object) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     config = _load(args.config)
-    # torch and Ray: imported only when running.
+    if (code := _preflight(config)) is not None:
+        return code
+    # torch and Ray: imported only when running (and after the cheap checks).
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
     from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
-    if args.in_process:
-        return _finish(driver.run_in_process(config, args.steps, not args.no_progress))  # type: ignore[arg-type]
-    ray_cluster.start_local_ray(placement_of(config))  # type: ignore[arg-type]
     try:
-        return _finish(driver.run_distributed(config, None, args.steps, not args.no_progress))  # type: ignore[arg-type]
+        if args.in_process:
+            return _finish(driver.run_in_process(config, args.steps, not args.no_progress))
+        ray_cluster.start_local_ray(placement_of(config))
+        return _finish(driver.run_distributed(config, None, args.steps, not args.no_progress))
     except RankLost as lost:
-        print(f"error: {lost}", file=sys.stderr)
-        return 3
+        return _fail(ExitCode.RANK_LOST, str(lost))
+    except _config_errors() as exc:
+        return _fail(ExitCode.CONFIG, str(exc))
+
+
+def _preflight(config: TrainerConfig) -> int | None:
+    """The driver's checks (preflight.check_driver); the exit code when one fails."""
+    from rlkube_trainer.preflight import PreflightError, check_driver  # noqa: PLC0415
+
+    try:
+        check_driver(config)
+    except PreflightError as exc:
+        return _fail(ExitCode.CONFIG, str(exc))
+    return None
 
 
 def _driver(args: argparse.Namespace) -> int:
     config = _load(Path(os.environ.get(Env.CONFIG, args.config)))
+    # Before the Ray head starts, so before anyone waits for anyone: a deterministic error
+    # ends the job at once (the operator does not restart ExitCode.CONFIG).
+    if (code := _preflight(config)) is not None:
+        return code
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
     from rlkube_trainer.progress import reporter_from_env  # noqa: PLC0415
     from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
-    ray_cluster.start_ray_head()
     try:
-        ray_cluster.wait_for_nodes(placement_of(config), NODES_TIMEOUT)  # type: ignore[arg-type]
-        return _finish(driver.run_distributed(config, reporter_from_env(), None, False))  # type: ignore[arg-type]
+        ray_cluster.start_ray_head()
+        ray_cluster.wait_for_nodes(placement_of(config), NODES_TIMEOUT)
+        return _finish(driver.run_distributed(config, reporter_from_env(), None, False))
     except RankLost as lost:
-        # Non-zero: the operator restarts the gang, which resumes from the last checkpoint.
-        print(f"error: {lost}", file=sys.stderr)
-        return 3
+        # The operator restarts the gang, which resumes from the last checkpoint.
+        return _fail(ExitCode.RANK_LOST, str(lost))
+    except _config_errors() as exc:
+        return _fail(ExitCode.CONFIG, str(exc))
     except RuntimeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 4
+        return _fail(ExitCode.NODES_MISSING, str(exc))
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -92,6 +127,14 @@ def _node(args: argparse.Namespace) -> int:
     if not role:
         print(f"error: --role is required (or {Env.ROLE} in the environment)", file=sys.stderr)
         return 2
+    if os.environ.get(Env.CONFIG):
+        # The files this pod's roles load, checked before it joins (and holds its GPUs for) the driver.
+        from rlkube_trainer.preflight import PreflightError, check_group  # noqa: PLC0415
+
+        try:
+            check_group(_load(Path(os.environ[Env.CONFIG])), role)
+        except PreflightError as exc:
+            return _fail(ExitCode.CONFIG, str(exc))
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
     health = HealthServer(args.health_port, lambda: True)

@@ -72,6 +72,12 @@ def order_checksum(prompts: list[Prompt]) -> int:
     return sum((i + 1) * p.index for i, p in enumerate(prompts)) % 1_000_003
 
 
+def attempt_from_env() -> int | None:
+    """The gang attempt the operator started this driver for (none outside a cluster)."""
+    value = os.environ.get(Env.ATTEMPT)
+    return int(value) if value and value.isdigit() else None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -285,6 +291,7 @@ class TrainingRun:
             val_score=val_score,
             val_step=val_step,
             seconds_per_step=seconds_per_step,
+            attempt=attempt_from_env(),
         )
         self.reporter.report(payload, force=final)
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("rlkube.trainer")
 
 # A dead peer must fail a collective, not hang it: the driver then exits naming the rank.
+# trainer.nccl_timeout sets it; this is what tests and tools that build a group get.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
 
 
@@ -44,7 +45,9 @@ class Rendezvous:
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 
-def init_role_group(rendezvous: Rendezvous, device: torch.device) -> None:
+def init_role_group(
+    rendezvous: Rendezvous, device: torch.device, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
+) -> None:
     """torch.distributed's default group = this role's ranks (NCCL on GPU, gloo on CPU)."""
     if dist.is_initialized():
         return
@@ -54,7 +57,7 @@ def init_role_group(rendezvous: Rendezvous, device: torch.device) -> None:
         init_method=rendezvous.init_method,
         rank=rendezvous.rank,
         world_size=rendezvous.world_size,
-        timeout=COLLECTIVE_TIMEOUT,
+        timeout=timeout,
     )
     log.info(
         "joined %s group: rank %d of %d at %s", backend, rendezvous.rank, rendezvous.world_size, rendezvous.init_method

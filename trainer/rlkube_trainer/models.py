@@ -31,6 +31,9 @@ from rlkube_trainer.packing import PackedBatch, pack
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    if not Path(path).is_dir():
+        # Checked first: transformers reports a missing local directory as a malformed hub repo id.
+        raise FileNotFoundError(f"tokenizer {path!r}: no such directory (a Hugging Face model directory is needed)")
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

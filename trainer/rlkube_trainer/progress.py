@@ -59,6 +59,7 @@ def progress_payload(
     val_score: float | None = None,
     val_step: int | None = None,
     seconds_per_step: float | None = None,
+    attempt: int | None = None,
 ) -> dict[str, Any]:
     """The annotation's JSON: a `rlkube_api.rljob.Progress` on the wire. With the mean step
     time so far, the estimated completion time of the run.
@@ -85,6 +86,7 @@ def progress_payload(
         percent_done=percent,
         estimated_completion_time=eta,
         updated_at=_rfc3339(now),
+        attempt=attempt,
     )
     return progress.to_wire()
 

@@ -40,6 +40,10 @@ class DriverMetrics:
     STEP = "rlkube_trainer_step"
     TOTAL_STEPS = "rlkube_trainer_total_steps"
     VAL_SCORE = "rlkube_trainer_val_score"
+    # The gang attempt serving the series: after a restart the new driver's values replace the
+    # old ones (steps after the last checkpoint run again, the step gauge goes back), and this
+    # marks where.
+    ATTEMPT = "rlkube_trainer_attempt"
     # Which RLJob a series belongs to (`job` and `namespace` are Prometheus' target labels).
     JOB_LABELS = ("rljob", "rljob_namespace")
 
@@ -49,12 +53,15 @@ class DriverMetrics:
         self.registry = CollectorRegistry()
         self._step = self._new_gauge(self.STEP, "Last completed training step.")
         self._total_steps = self._new_gauge(self.TOTAL_STEPS, "Training steps in the run.")
+        attempt = env.get(Env.ATTEMPT, "")
+        self._attempt = self._new_gauge(self.ATTEMPT, "The gang attempt (RLJob restartCount) of this driver.")
+        self._attempt.set(int(attempt) if attempt.isdigit() else 0)
         self._val_score = self._new_gauge(
             self.VAL_SCORE, "The latest validation score (status.progress.valScore: val-core mean@N over data sources)."
         )
         self._gauges: dict[str, Gauge] = {}  # metric name -> gauge
         # Prometheus name -> metric name, to catch two names that map to one series.
-        self._owners: dict[str, str] = {self.STEP: "", self.TOTAL_STEPS: "", self.VAL_SCORE: ""}
+        self._owners: dict[str, str] = {self.STEP: "", self.TOTAL_STEPS: "", self.VAL_SCORE: "", self.ATTEMPT: ""}
         self._skipped: set[str] = set()  # names refused for a clash: warned about once
         self._lock = threading.Lock()
         self._server: Any = None

@@ -10,6 +10,7 @@ to roles/, rollout/, weight_sync.py and checkpoint/.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 from dataclasses import dataclass
@@ -96,6 +97,8 @@ class Rank:
         self.config = TrainerConfig.model_validate(config)
         self.spec = spec
         self.device = pick_device(self.config)
+        # Every collective of this rank (its role group, the weight-sync group) fails after this.
+        self.collective_timeout = datetime.timedelta(seconds=self.config.trainer.nccl_timeout)
         self.actor: Actor | None = None
         self.critic: Critic | None = None
         self.reference: Reference | None = None
@@ -111,7 +114,7 @@ class Rank:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         rendezvous = rendezvous_from_env(spec.rendezvous)
         if rendezvous.world_size > 1 or self.device.type == "cuda":
-            init_role_group(rendezvous, self.device)
+            init_role_group(rendezvous, self.device, self.collective_timeout)
         if self.device.type == "cuda":
             check_rank(config, hosts, spec.group, spec.rank, rendezvous.world_size)
         torch.manual_seed(config.trainer.seed + spec.rank)
@@ -187,7 +190,9 @@ class Rank:
         if self.spec.weight_sync_rank is None:
             return
         addr, port, world = weight_sync_from_env(self.spec, addr, port)
-        self.broadcast = BroadcastGroup(addr, port, world, self.spec.weight_sync_rank, self.device)
+        self.broadcast = BroadcastGroup(
+            addr, port, world, self.spec.weight_sync_rank, self.device, self.collective_timeout
+        )
 
     def send_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
         """Every actor rank: rank 0 broadcasts; with a sharded policy the others must still

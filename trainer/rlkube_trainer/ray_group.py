@@ -14,6 +14,7 @@ from typing import Any
 import ray
 
 from rlkube_api.placement import Group, Role
+from rlkube_trainer.preflight import config_errors
 from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import Pending, RankGroup, RankLost
 from rlkube_trainer.ray_cluster import resource_name
@@ -51,6 +52,10 @@ class RayRankGroup(RankGroup):
                 try:
                     ray.get(ref)
                 except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    # A configuration error in a rank is the run's, not the rank's: no restart helps.
+                    cause = getattr(exc, "cause", None)
+                    if isinstance(cause, config_errors()):
+                        raise cause from None
                     raise RankLost(self.role, rank_of[ref], _first_line(exc)) from exc
         return list(ray.get(list(pending.handles)))
 

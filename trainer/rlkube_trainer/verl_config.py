@@ -203,7 +203,7 @@ RULES: dict[str, Rule] = {
         _is(True),
         "hybrid_engine false is not supported; convert, then set roles.rollout.placement: separate",
     ),
-    "actor_rollout_ref.nccl_timeout": Ignored("rlkube's collective timeouts are its own"),
+    "actor_rollout_ref.nccl_timeout": To("trainer.nccl_timeout"),
     # --- actor --------------------------------------------------------------------------------
     **{
         f"{_ACTOR}.{k}": To(f"actor.{k}")

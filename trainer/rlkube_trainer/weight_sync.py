@@ -76,16 +76,26 @@ def load_into_engine(engine: RolloutEngine, named: Iterable[tuple[str, torch.Ten
 
 
 class BroadcastGroup:
-    def __init__(self, addr: str, port: int, world_size: int, rank: int, device: torch.device) -> None:
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        world_size: int,
+        rank: int,
+        device: torch.device,
+        timeout: datetime.timedelta = TIMEOUT,
+    ) -> None:
         self.rank = rank
         self.device = device
         # The actor (rank 0) hosts the store; rollout workers connect to it.
-        self.store = TCPStore(addr, port, world_size, rank == 0, TIMEOUT)
+        self.store = TCPStore(addr, port, world_size, rank == 0, timeout)
         self.group: Any
         if device.type == "cuda":
-            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, dist.ProcessGroupNCCL.Options())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
         else:
-            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, TIMEOUT)
+            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
         log.info("weight-sync group: rank %d of %d at %s:%d", rank, world_size, addr, port)
 
     def send(self, named: Iterable[tuple[str, torch.Tensor]], manifest: Manifest, bucket_bytes: int) -> int:

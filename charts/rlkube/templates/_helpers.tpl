@@ -154,10 +154,11 @@ same list as a table, and README.md documents it.
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
   verbs: ["create", "patch", "list", "delete"]
-# Events on RLJobs (kopf.event posts them; it never updates one).
+# Events on RLJobs (kopf.event posts them; it never updates one); listed for a pod whose
+# containers never start, to put the kubelet's reason (FailedMount, ...) into the job's condition.
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create"]
+  verbs: ["create", "list"]
 {{- end }}
 
 {{/*

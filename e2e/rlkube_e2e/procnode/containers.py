@@ -30,6 +30,11 @@ BACKOFF_MAX = 30.0
 BACKOFF_RESET_AFTER = 60.0
 CONFIG_RETRY = 2.0
 COPY_DRAIN_TIMEOUT = 10.0
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+# The kubelet's limits: a message of at most 4096 bytes; from the log, the last 80 lines or 2048 bytes.
+TERMINATION_MESSAGE_BYTES = 4096
+FALLBACK_LOG_LINES = 80
+FALLBACK_LOG_BYTES = 2048
 # The launcher needs no environment of its own (it runs with -I -S); the container's is in its spec.
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
@@ -42,6 +47,9 @@ class Launch:
     env: dict[str, str]
     cwd: str
     mounts: list[Mount]
+    # The container's terminationMessagePath and terminationMessagePolicy.
+    termination_path: str = DEFAULT_TERMINATION_PATH
+    termination_policy: str = "File"
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,11 @@ class ContainerFiles:
     @property
     def result(self) -> Path:
         return self.directory / "result.json"
+
+    @property
+    def termination_log(self) -> Path:
+        """Bind-mounted at the container's terminationMessagePath, as the kubelet does."""
+        return self.directory / "termination-log"
 
     def run_log(self, run: int) -> Path:
         """The CRI-format log of run `run` (0 = the first; the kubelet's <container>/<n>.log)."""
@@ -177,6 +190,16 @@ class ContainerRunner:
     def _run_once(self, launch: Launch) -> int:
         files = self._files
         files.create()
+        files.termination_log.write_bytes(b"")
+        files.termination_log.chmod(0o666)  # whichever user the container runs as writes it
+        launch = Launch(
+            launch.argv,
+            launch.env,
+            launch.cwd,
+            [*launch.mounts, Mount(str(files.termination_log), launch.termination_path)],
+            launch.termination_path,
+            launch.termination_policy,
+        )
         spec = {
             "parent": os.getpid(),
             "sandbox": self._sandbox_pid,
@@ -238,6 +261,8 @@ class ContainerRunner:
         error = _start_error(files.result)
         if error:
             reason, message = "StartError", error
+        else:
+            message = termination_message(files.termination_log, run_log, exit_code, launch.termination_policy)
         self._log.info("container %s: exited with %d %s", self.what, exit_code, message)
         # Reported by the caller, together with what follows (done, or back-off).
         self.record.state = terminated(exit_code, started_at, now(), reason, message)
@@ -246,6 +271,24 @@ class ContainerRunner:
     def _set(self, state: dict[str, object]) -> None:
         self.record.state = state
         self._notify()
+
+
+def termination_message(file: Path, run_log: Path, exit_code: int, policy: str) -> str:
+    """What the container wrote to its termination message file; with FallbackToLogsOnError and
+    nothing written by a failed container, its log's last lines (as the kubelet)."""
+    try:
+        written = file.read_bytes()[:TERMINATION_MESSAGE_BYTES]
+    except OSError:
+        written = b""
+    if written or policy != "FallbackToLogsOnError" or exit_code == 0:
+        return written.decode(errors="replace")
+    try:
+        with run_log.open("rb") as handle:
+            entries = [e for e in map(logs.parse, handle.readlines()) if e is not None]
+    except OSError:
+        return ""
+    tail = b"".join(e.text for e in entries[-FALLBACK_LOG_LINES:])
+    return tail[-FALLBACK_LOG_BYTES:].decode(errors="replace")
 
 
 def _start_error(result: Path) -> str:

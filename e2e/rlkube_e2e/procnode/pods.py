@@ -30,7 +30,13 @@ from typing import Any, TypeVar
 from rlkube_e2e.kubeapi import ApiError
 from rlkube_e2e.procnode import launcher, network
 from rlkube_e2e.procnode.api import NodeApi
-from rlkube_e2e.procnode.containers import LAUNCHER_ENV, ContainerFiles, ContainerRunner, Launch
+from rlkube_e2e.procnode.containers import (
+    DEFAULT_TERMINATION_PATH,
+    LAUNCHER_ENV,
+    ContainerFiles,
+    ContainerRunner,
+    Launch,
+)
 from rlkube_e2e.procnode.dns import PodDns, hostname, resolv_conf
 from rlkube_e2e.procnode.env import ConfigError, command_line, container_env
 from rlkube_e2e.procnode.logs import LogRequestError, LogSource
@@ -360,7 +366,14 @@ class PodWorker:
             *container_mounts(container, self._volumes, env),
             *(Mount(str(path), str(path), readonly=True) for path in _environment_under_tmp(self.node.bin_dir)),
         ]
-        return Launch(argv, env, container.get("workingDir") or "/", mounts)
+        return Launch(
+            argv,
+            env,
+            container.get("workingDir") or "/",
+            mounts,
+            container.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH,
+            container.get("terminationMessagePolicy") or "File",
+        )
 
     def _standard_mounts(self) -> list[Mount]:
         assert self._hosts_file is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from rlkube_api.exit_codes import TERMINATION_MESSAGE_PATH
 from rlkube_api.names import (
     ANNOTATION_ATTEMPT,
     CONFIG_DIR,
@@ -157,6 +158,11 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         "ports": container_ports(role.name),
         "volumeMounts": mounts,
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+        # The trainer writes its error to the termination message; a container that died without
+        # one (a crash, a kill) gets its log's last lines there instead. The operator puts either
+        # into the job's condition and Event, so they outlive the pod.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     resources = container_resources(role)
     if resources:
