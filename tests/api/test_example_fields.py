@@ -30,7 +30,9 @@ EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if yaml.safe_loa
 SOURCES = [*(ROOT / "operator").rglob("*.py"), *(ROOT / "trainer").rglob("*.py"), ROOT / "api/rlkube_api/placement.py"]
 # Attribute names the code reads (`x.fsdp_size`), from the syntax tree: a dotted path in a string
 # (verl_config's "roles.rollout.tensor_parallel_size") or a keyword is not a read of the field.
-READ = {node.attr for path in SOURCES for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
+READ = {
+    node.attr for path in SOURCES for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)
+}
 
 
 def _models(annotation: Any) -> list[type[BaseModel]]:
