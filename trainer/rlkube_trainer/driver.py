@@ -296,11 +296,15 @@ class TrainingRun:
         self.resume()
         self.pace_from = (time.perf_counter(), self.step)
         output_dir = Path(config.checkpoint.dir)
-        tracker = Tracker(
-            output_dir, list(config.trainer.logger), config.trainer.experiment_name, project=config.trainer.project_name
-        )
         # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
         resumed_at = self.step if self.last_checkpoint_step is not None else -1
+        tracker = Tracker(
+            output_dir,
+            list(config.trainer.logger),
+            config.trainer.experiment_name,
+            project=config.trainer.project_name,
+            resumed_at=resumed_at,
+        )
         tracker.rewind(resumed_at)
         if self.validation is not None:
             self.validation.rewind(resumed_at)
