@@ -231,7 +231,7 @@ def test_first_real_run_as_the_guide_says(
 ) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    (workdir / "examples").symlink_to(ROOT / "examples")  # "in a checkout of the rlkube repository"
+    (workdir / "examples").symlink_to(ROOT / "examples")  # the guide runs from a checkout's root
     env = {
         **os.environ,
         "KUBECONFIG": str(cluster.kubeconfig),
