@@ -509,6 +509,12 @@ class CheckpointConfig(ApiModel):
     )
     resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
     max_to_keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    adopt: bool = Field(
+        False,
+        description="In a cluster: continue the run another RLJob left in dir (the same name created "
+        "again, or another job): resume auto picks up its checkpoints and metrics.jsonl. Off: the driver "
+        "refuses a dir holding another job's run, naming that job (the dir's rljob.json).",
+    )
     export_hf: Literal["never", "final", "every_save"] = Field(
         "final",
         description="Export the actor as a Hugging Face model: final (into dir/hf at the end), every_save "

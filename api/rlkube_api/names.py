@@ -65,6 +65,7 @@ class Env:
     PET_NPROC_PER_NODE: Final = "PET_NPROC_PER_NODE"
     # rlkube's own.
     JOB_NAME: Final = "RLKUBE_JOB_NAME"
+    JOB_UID: Final = "RLKUBE_JOB_UID"  # whose checkpoint.dir it is (checkpoint/owner.py)
     NAMESPACE: Final = "RLKUBE_NAMESPACE"
     ROLE: Final = "RLKUBE_ROLE"
     POD_NAME: Final = "RLKUBE_POD_NAME"

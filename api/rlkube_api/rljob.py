@@ -182,10 +182,27 @@ class NetworkPolicySpec(ApiModel):
     )
 
 
+# The controller pod's defaults (spec.controller.resources replaces each one it sets).
+CONTROLLER_CPU = "1"
+CONTROLLER_MEMORY = "4Gi"
+
+
+class ControllerResources(Resources):
+    """The controller pod's CPU and memory, with defaults: a pod without requests is the first one
+    evicted when its node runs short. The driver holds the Ray head (its object store lives in
+    /dev/shm, which counts against the memory limit), the dataset and one step's batch."""
+
+    cpu: str | None = Field(CONTROLLER_CPU, max_length=32, description="CPU request, e.g. '8' or '500m'.")
+    memory: str | None = Field(CONTROLLER_MEMORY, max_length=32, description="Memory request and limit, e.g. '64Gi'.")
+
+
 class ControllerSpec(ApiModel):
     """The CPU pod running the driver (Ray head, data loader, PPO loop)."""
 
-    resources: Resources | None = Field(None, description="CPU and memory of the controller pod.")
+    resources: ControllerResources = Field(
+        default_factory=ControllerResources,
+        description=f"CPU and memory of the controller pod (default {CONTROLLER_CPU} CPU, {CONTROLLER_MEMORY}).",
+    )
     pool: Pool | None = Field(None, description="Where the controller pod goes.")
     pod_template: JobPodTemplate | None = Field(None, description="Additions to the controller pod.")
 

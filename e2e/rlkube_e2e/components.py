@@ -24,10 +24,12 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # `default` service account), namespace deletion, ownerReference garbage
 # collection, the workload controllers, PodDisruptionBudgets, EndpointSlices for
 # headless Services, and node lifecycle (it removes the not-ready taint that the
-# apiserver puts on every new node). Left out on purpose: taint-based eviction
-# (a slow simulated node would otherwise lose its pods), storage, certificates,
-# cloud and IPAM controllers, which these tests never exercise and which would
-# only cost CPU on small machines.
+# apiserver puts on every new node), and the PersistentVolume binder (claims bind
+# to the hostPath PersistentVolumes a test creates; docs/first-real-run.md's test).
+# Left out on purpose: taint-based eviction (a slow simulated node would otherwise
+# lose its pods), provisioning and attaching storage, certificates, cloud and IPAM
+# controllers, which these tests never exercise and which would only cost CPU on
+# small machines.
 CONTROLLERS = (
     "serviceaccount-controller",
     "serviceaccount-token-controller",
@@ -44,6 +46,7 @@ CONTROLLERS = (
     "endpointslice-controller",
     "node-lifecycle-controller",
     "pod-garbage-collector-controller",
+    "persistentvolume-binder-controller",
 )
 # Order of start; shutdown goes in reverse.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")

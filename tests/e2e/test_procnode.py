@@ -770,3 +770,28 @@ def test_log_options_are_parsed() -> None:
     query, previous = parse_query({"follow": ["true"], "previous": ["1"], "sinceSeconds": ["60"]}, now)
     assert previous and query.follow and not query.timestamps
     assert query.since == datetime(2026, 1, 1, 11, 59, tzinfo=UTC)
+
+
+def test_a_claim_mounts_the_host_path_of_its_persistent_volume(tmp_path: Path) -> None:
+    from rlkube_e2e.procnode.env import ConfigError  # noqa: PLC0415
+    from rlkube_e2e.procnode.volumes import prepare_volumes  # noqa: PLC0415
+
+    bound = {"models": tmp_path / "pv-models", "ckpt": tmp_path / "pv-ckpt"}
+
+    def claims(name: str) -> Path:
+        if name not in bound:
+            raise ConfigError(f"persistentVolumeClaim {name!r} is not bound to a PersistentVolume yet")
+        return bound[name]
+
+    def volumes(*entries: dict[str, Any]) -> dict[str, Any]:
+        pod = {"metadata": {"name": "p", "namespace": "ns"}, "spec": {"volumes": list(entries)}}
+        return prepare_volumes(pod, tmp_path / "pod", lambda *_: None, lambda *_: "", "10.0.0.2", "10.0.0.1", claims)
+
+    got = volumes(
+        {"name": "m", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}},
+        {"name": "c", "persistentVolumeClaim": {"claimName": "ckpt"}},
+    )
+    assert (got["m"].path, got["m"].read_only) == (bound["models"], True)
+    assert (got["c"].path, got["c"].read_only, got["c"].writable_source) == (bound["ckpt"], False, True)
+    with pytest.raises(ConfigError, match="'other' is not bound"):
+        volumes({"name": "o", "persistentVolumeClaim": {"claimName": "other"}})

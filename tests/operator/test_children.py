@@ -171,10 +171,10 @@ TOLERATE_GPU = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSch
 
 # example, role, replicas, gpusPerReplica, nodeSelector, tolerations, cpu, memory
 ROLE_PODS = [
-    pytest.param(GPU, "controller", 1, 0, None, None, None, None, id="gpu-controller"),
+    pytest.param(GPU, "controller", 1, 0, None, None, "1", "4Gi", id="gpu-controller"),
     pytest.param(GPU, "actor", 2, 8, {"rlkube.dev/pool": "h100-train"}, TOLERATE_GPU, "64", "900Gi", id="gpu-actor"),
     pytest.param(GPU, "rollout", 4, 2, {"rlkube.dev/pool": "l40s-infer"}, None, "16", "200Gi", id="gpu-rollout"),
-    pytest.param(CPU, "controller", 1, 0, None, None, None, None, id="cpu-controller"),
+    pytest.param(CPU, "controller", 1, 0, None, None, "1", "4Gi", id="cpu-controller"),
     pytest.param(CPU, "actor", 2, 0, None, None, None, None, id="cpu-actor"),
     pytest.param(CPU, "rollout", 1, 0, None, None, None, None, id="cpu-rollout"),
 ]
@@ -258,6 +258,15 @@ def test_pool_affinity_is_copied() -> None:
     # Each role keeps its own pool: the actor's is not the rollout's.
     assert "affinity" not in pod_spec(sets["actor"])
     assert pod_spec(sets["actor"])["nodeSelector"] == {"rlkube.dev/pool": "h100-train"}
+
+
+def test_the_controller_asks_for_default_resources_and_a_set_one_replaces_only_itself() -> None:
+    """A pod without requests is BestEffort, the first evicted when its node runs short."""
+    default = container(stateful_set(load_job(CPU), "controller"))["resources"]
+    assert default == {"requests": {"cpu": "1", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    job = load_job(CPU, set_path("spec.controller.resources", {"cpu": "4"}))
+    resources = container(stateful_set(job, "controller"))["resources"]
+    assert resources == {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,8 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK = "volcano.sh/task-spec"
 COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
-GPU_REQUESTS = {"cpu": "192", "memory": "2600Gi", "nvidia.com/gpu": "24"}  # 2×(64, 900Gi, 8) + 4×(16, 200Gi, 2)
+# 2×(64, 900Gi, 8) + 4×(16, 200Gi, 2) + the controller's defaults (1, 4Gi)
+GPU_REQUESTS = {"cpu": "193", "memory": "2604Gi", "nvidia.com/gpu": "24"}
 
 
 def gang(scheduler: str, **fields: Any) -> Mutation:
@@ -78,7 +79,7 @@ def test_volcano_without_queue_or_priority_leaves_them_out() -> None:
     assert group["spec"] == {
         "minMember": 4,
         "minTaskMember": {"controller": 1, "actor": 2, "rollout": 1},
-        "minResources": {},  # the CPU example asks for nothing
+        "minResources": {"cpu": "1", "memory": "4Gi"},  # only the controller asks, by default
     }
 
 
@@ -185,14 +186,14 @@ REQUESTS = [
         {"cpu": "196", "memory": "2616Gi", "nvidia.com/gpu": "32"},
         id="gpu-critic-and-controller",
     ),
-    pytest.param(CPU, [], {}, id="cpu-nothing-requested"),
+    pytest.param(CPU, [], {"cpu": "1", "memory": "4Gi"}, id="cpu-only-the-controller-defaults"),
     pytest.param(
         CPU,
         [
             set_path("spec.roles.actor.resources", {"cpu": "500m", "memory": "1.5Gi"}),
             set_path("spec.roles.rollout.resources", {"cpu": "250m", "memory": "512Mi"}),
         ],
-        {"cpu": "1250m", "memory": "3584Mi"},
+        {"cpu": "2250m", "memory": "7680Mi"},
         id="cpu-milli-and-fractions",
     ),
 ]

@@ -168,3 +168,18 @@ def test_gang_labels_stay_the_operators(role: str) -> None:
     sets = {s["metadata"]["labels"][LABEL_ROLE]: s for s in statefulsets(load_job(GPU, gang, template))}
     annotations = sets[role]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["scheduling.k8s.io/group-name"] != "mine"
+
+
+def test_every_pod_gets_a_writable_volume_group_by_default_and_a_template_changes_it() -> None:
+    """A freshly provisioned PVC is root-owned: fsGroup (the trainer image's group, 1000) makes
+    the kubelet give it that group, so the non-root trainer can write checkpoints there.
+    OnRootMismatch skips the recursive chown when the volume already has it (a model volume)."""
+    default = load_job(GPU)
+    for sts in (c for c in children_of(default) if c["kind"] == "StatefulSet"):
+        context = sts["spec"]["template"]["spec"]["securityContext"]
+        assert context["fsGroup"] == 1000 and context["fsGroupChangePolicy"] == "OnRootMismatch"
+    job = load_job(GPU, set_path("spec.podTemplate", {"podSecurityContext": {"fsGroup": 2000, "runAsUser": 2000}}))
+    for sts in (c for c in children_of(job) if c["kind"] == "StatefulSet"):
+        context = sts["spec"]["template"]["spec"]["securityContext"]
+        assert (context["fsGroup"], context["runAsUser"]) == (2000, 2000), sts["metadata"]["name"]
+        assert context["fsGroupChangePolicy"] == "OnRootMismatch" and context["runAsNonRoot"] is True

@@ -14,7 +14,7 @@ import yaml
 from rlkube_api.names import LABEL_POD_INDEX, Env
 from rlkube_api.validation import InvalidSpec, parse_rljob
 from rlkube_operator.children.statefulset import NCCL_DEFAULTS
-from tests.operator.helpers import CPU, GPU, Mutation, Obj, children_of, load_job, set_path
+from tests.operator.helpers import CPU, GPU, UID, Mutation, Obj, children_of, load_job, set_path
 
 GPU_JOB = "qwen-gsm8k-grpo"
 COLOCATED_ROLLOUT = set_path("spec.roles.rollout", {"placement": "colocated", "tensorParallelSize": 2})
@@ -87,6 +87,7 @@ def test_rendezvous_env(example: str, role: str, master: str, world_size: int, n
     # Every role finds the Ray head in the controller pod.
     assert env[Env.RAY_ADDRESS] == f"{job}-controller-0.{job}-controller.ml.svc:6379"
     assert env[Env.JOB_NAME] == job
+    assert env[Env.JOB_UID] == UID  # the driver claims checkpoint.dir for this job (checkpoint/owner.py)
     assert env[Env.ROLE] == role
 
 

@@ -219,3 +219,13 @@ def test_build_from_config_loads_the_model(reward_model_path: Path) -> None:
     scorer = build_reward_scorer(RewardConfig(model={"path": str(reward_model_path)}))
     assert isinstance(scorer, ModelRewardScorer)
     assert scorer.model.dtype == torch.float32
+
+
+def test_the_shipped_gsm8k_reward_example_loads_and_scores() -> None:
+    """examples/rewards/gsm8k.py, which examples/gpu-multipool.yaml and the README mount from a
+    ConfigMap: verl's signature, right 1.0, a well-formed wrong answer its format score."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "rewards" / "gsm8k.py"
+    score = load_reward_function(path)
+    assert score("openai/gsm8k", "18 - 3 = 15 eggs.\n#### 1,5", "15") == 1.0
+    assert score("openai/gsm8k", "#### 14", "15") == 0.1
+    assert score("openai/gsm8k", "the answer is 15", "15") == 0.0

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Group, Placement, Role, placement_of
+from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import CheckpointManager
 from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
@@ -302,11 +303,15 @@ class TrainingRun:
         self.resume()
         self.pace_from = (time.perf_counter(), self.step)
         output_dir = Path(config.checkpoint.dir)
-        tracker = Tracker(
-            output_dir, list(config.trainer.logger), config.trainer.experiment_name, project=config.trainer.project_name
-        )
         # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
         resumed_at = self.step if self.last_checkpoint_step is not None else -1
+        tracker = Tracker(
+            output_dir,
+            list(config.trainer.logger),
+            config.trainer.experiment_name,
+            project=config.trainer.project_name,
+            resumed_at=resumed_at,
+        )
         tracker.rewind(resumed_at)
         if self.validation is not None:
             self.validation.rewind(resumed_at)
@@ -357,8 +362,12 @@ def train(
     max_steps: int | None = None,
     progress: bool = True,
     metrics_port: int = 0,
+    job: JobIdentity | None = None,
 ) -> RunResult:
-    """Set-up, then the loop: the same for every way of running the ranks."""
+    """Set-up, then the loop: the same for every way of running the ranks. `job`: the RLJob this
+    runs for, which must own checkpoint.dir (None outside a cluster)."""
+    if job is not None:
+        claim(Path(config.checkpoint.dir), job, config.checkpoint.adopt)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     seed_everything(config.trainer.seed)
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
@@ -409,9 +418,20 @@ def run_distributed(
         os.environ.get(Env.JOB_NAME, "local"),
         os.environ.get(Env.ATTEMPT, "0"),
     )
-    return train(config, placement_of(config), launch_ray_group, reporter, max_steps, progress, metrics_port_from_env())
+    return train(
+        config,
+        placement_of(config),
+        launch_ray_group,
+        reporter,
+        max_steps,
+        progress,
+        metrics_port_from_env(),
+        identity_from_env(),
+    )
 
 
-def run_in_process(config: TrainerConfig, max_steps: int | None = None, progress: bool = True) -> RunResult:
+def run_in_process(
+    config: TrainerConfig, max_steps: int | None = None, progress: bool = True, job: JobIdentity | None = None
+) -> RunResult:
     """Every role on one rank in this process (CPU or one GPU)."""
-    return train(config, placement_of(config).in_one_process(), launch_local, None, max_steps, progress)
+    return train(config, placement_of(config).in_one_process(), launch_local, None, max_steps, progress, job=job)

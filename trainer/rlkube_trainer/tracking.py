@@ -187,7 +187,17 @@ def keep_rows_through(jsonl: Path, step: int) -> None:
 
 
 class Tracker:
-    def __init__(self, output_dir: Path, loggers: list[str], experiment: str, *, project: str = "rlkube") -> None:
+    def __init__(
+        self,
+        output_dir: Path,
+        loggers: list[str],
+        experiment: str,
+        *,
+        project: str = "rlkube",
+        resumed_at: int | None = None,
+    ) -> None:
+        """`resumed_at`: the step of the checkpoint a resumed run continues from; what was logged
+        after it is dropped (metrics.jsonl) or purged (TensorBoard), as those steps are redone."""
         self.output_dir = output_dir
         output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = output_dir / "metrics.jsonl"
@@ -196,7 +206,10 @@ class Tracker:
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (heavy; only when asked)
 
-            self.tensorboard = SummaryWriter(str(output_dir / "tensorboard" / experiment))
+            # purge_step: TensorBoard hides the older events at or after it, so a retrained step
+            # shows once, with this run's values.
+            purge = None if resumed_at is None else resumed_at + 1
+            self.tensorboard = SummaryWriter(str(output_dir / "tensorboard" / experiment), purge_step=purge)
         self.trackers: list[ExperimentTracker] = [
             make(output_dir, project, experiment) for name, make in EXPERIMENT_TRACKERS.items() if name in loggers
         ]

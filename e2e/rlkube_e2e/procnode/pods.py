@@ -257,7 +257,7 @@ class PodWorker:
 
     def _prepare_volumes(self) -> dict[str, PodVolume]:
         node = self.node
-        return prepare_volumes(self._pod, self._dir, self._files, self._token, self._address, node.host_ip)
+        return prepare_volumes(self._pod, self._dir, self._files, self._token, self._address, node.host_ip, self._claim)
 
     def _start_sandbox(self) -> bool:
         self._kill_sandbox()
@@ -399,6 +399,28 @@ class PodWorker:
         files = {key: value.encode() for key, value in (item.get("data") or {}).items()}
         files.update({key: base64.b64decode(value) for key, value in (item.get("binaryData") or {}).items()})
         return files
+
+    def _claim(self, name: str) -> Path:
+        """The host path of the PersistentVolume bound to claim `name` (hostPath or local)."""
+        status, text = self.node.api.request(
+            "GET", f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{name}"
+        )
+        if status == 404:
+            raise ConfigError(f"persistentVolumeClaim {name!r} not found")
+        if status != 200:
+            raise ApiError(status, "", text)
+        claim = json.loads(text)
+        volume = claim.get("spec", {}).get("volumeName")
+        if not volume or claim.get("status", {}).get("phase") != "Bound":
+            raise ConfigError(f"persistentVolumeClaim {name!r} is not bound to a PersistentVolume yet")
+        status, text = self.node.api.request("GET", f"/api/v1/persistentvolumes/{volume}")
+        if status != 200:
+            raise ApiError(status, "", text)
+        spec = json.loads(text).get("spec", {})
+        source = spec.get("hostPath") or spec.get("local")
+        if not source:
+            raise ConfigError(f"PersistentVolume {volume!r}: only hostPath and local volumes run on the process node")
+        return Path(source["path"])
 
     def _token(self, audience: str | None, expiration: int) -> str:
         """A service-account token bound to this pod (TokenRequest), as the kubelet gets for projected volumes."""

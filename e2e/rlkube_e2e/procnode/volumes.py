@@ -4,8 +4,10 @@ configMap, secret, downwardAPI and projected volumes (the service-account token
 volume the apiserver adds to every pod is a projected one) are written once as
 plain files when the pod starts; later changes to their sources are not synced.
 emptyDir is a directory of the pod (a tmpfs in the pod's sandbox for medium
-Memory), hostPath the host's own path. Other volume types are refused with a
-message naming the volume.
+Memory), hostPath the host's own path, and a persistentVolumeClaim the host path of
+the PersistentVolume it is bound to (hostPath or local PVs, which is what a cluster
+without a storage provisioner has). Other volume types are refused with a message
+naming the volume.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from rlkube_e2e.procnode.mounts import Mount
 Files = Callable[[str, str], dict[str, bytes] | None]
 # (audience or None, expirationSeconds) -> a bound service-account token for the pod.
 TokenSource = Callable[[str | None, int], str]
+# A claim's name -> the host path of the PersistentVolume bound to it (ConfigError if none).
+ClaimSource = Callable[[str], Path]
 
 DEFAULT_MODE = 0o644
 EMPTY_DIR_MODE = 0o777
 SOURCED = ("configMap", "secret", "downwardAPI", "projected")
-SUPPORTED = (*SOURCED, "emptyDir", "hostPath")
+SUPPORTED = (*SOURCED, "emptyDir", "hostPath", "persistentVolumeClaim")
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,13 @@ class PodVolume:
 
 
 def prepare_volumes(
-    pod: Mapping[str, Any], pod_dir: Path, files: Files, token: TokenSource, pod_ip: str, host_ip: str
+    pod: Mapping[str, Any],
+    pod_dir: Path,
+    files: Files,
+    token: TokenSource,
+    pod_ip: str,
+    host_ip: str,
+    claims: ClaimSource,
 ) -> dict[str, PodVolume]:
     volumes = {}
     for volume in pod["spec"].get("volumes") or []:
@@ -63,6 +73,12 @@ def prepare_volumes(
             path.chmod(EMPTY_DIR_MODE)
             memory = (volume["emptyDir"] or {}).get("medium") == "Memory"
             volumes[name] = PodVolume(name, path, memory=memory, writable_source=True)
+        elif kind == "persistentVolumeClaim":
+            claim = volume["persistentVolumeClaim"]
+            read_only = bool(claim.get("readOnly"))
+            volumes[name] = PodVolume(
+                name, claims(claim["claimName"]), read_only=read_only, writable_source=not read_only
+            )
         else:
             volumes[name] = PodVolume(name, _host_path(name, volume["hostPath"]), writable_source=True)
     return volumes

@@ -50,6 +50,8 @@ def rendezvous_env(job: RLJob, role: PodRole, attempt: int) -> EnvList:
         _field(Env.PET_NODE_RANK, pod_index),
         _value(Env.PET_NPROC_PER_NODE, role.procs_per_pod),
     ]
+    if job.metadata.uid:
+        env.append(_value(Env.JOB_UID, job.metadata.uid))
     return env + weight_sync_env(job, role.name)
 
 
