@@ -32,11 +32,12 @@ _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.safetensors.in
 def config_errors() -> tuple[type[Exception], ...]:
     """The exceptions that mean the configuration or data cannot work (ExitCode.CONFIG),
     wherever they are raised: in the driver, or in a rank (whose Ray error carries them)."""
+    from rlkube_trainer.checkpoint.owner import CheckpointDirTaken  # noqa: PLC0415
     from rlkube_trainer.data import DataError  # noqa: PLC0415
     from rlkube_trainer.memory import DoesNotFit  # noqa: PLC0415
     from rlkube_trainer.reward import RewardConfigError, RewardFunctionError  # noqa: PLC0415
 
-    return (PreflightError, DataError, RewardFunctionError, RewardConfigError, DoesNotFit)
+    return (PreflightError, DataError, RewardFunctionError, RewardConfigError, DoesNotFit, CheckpointDirTaken)
 
 
 class PreflightError(Exception):
