@@ -241,8 +241,7 @@ class Roles(ApiModel):
             " || (self.actor.gpusPerReplica == 0"
             " ? self.actor.replicas % self.rollout.tensorParallelSize == 0"
             " : self.actor.gpusPerReplica % self.rollout.tensorParallelSize == 0)",
-            "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica"
-            " (without GPUs: its replicas)",
+            "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica (without GPUs: its replicas)",
             ".rollout.tensorParallelSize",
         ),
     )

@@ -25,6 +25,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
+from rlkube_trainer.resharding import ModelShape, gather_slices, staged, tp_slice
 from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
@@ -55,6 +56,8 @@ class RankSpec:
     total_steps: int
     weight_sync_rank: int | None = None
     weight_sync_world_size: int = 0
+    # Ranks per rollout engine (placement.Engines) in the group that hosts the rollout.
+    tensor_parallel_size: int = 1
 
 
 def rendezvous_from_env(fallback: Rendezvous) -> Rendezvous:
@@ -126,7 +129,12 @@ class Rank:
         if Role.ROLLOUT in hosts:
             from rlkube_trainer.rollout import build_engine  # noqa: PLC0415  (vLLM only where needed)
 
-            self.engine = build_engine(config, self.device)
+            tp = spec.tensor_parallel_size
+            if tp > 1:
+                # vLLM's external launcher takes this process's place in the engine from these.
+                os.environ["RANK"] = str(rendezvous.rank)
+                os.environ.setdefault("LOCAL_RANK", "0")
+            self.engine = build_engine(config, self.device, tp)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
 
@@ -159,6 +167,9 @@ class Rank:
 
     # --- rollout ---------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        """Every rank hosting the rollout is called, with no prompts if its engine has none:
+        waking a colocated engine re-syncs the weights, a collective over the actor's ranks,
+        and the ranks of one tensor-parallel engine generate together (same prompts, same seed)."""
         assert self.engine is not None
         if self.engine_asleep:
             # A second generate before the next update (validation, DAPO's extra rounds):
@@ -176,7 +187,23 @@ class Rank:
         if self.config.rollout.free_cache_engine:
             self.engine.wake_up()
             self.engine_asleep = False
-        return load_into_engine(self.engine, self.actor.named_weights())
+        tp = self.spec.tensor_parallel_size
+        if tp == 1:
+            return load_into_engine(self.engine, self.actor.named_weights())
+        # Tensor parallel: only this rank's slice of each tensor, from the FSDP shards.
+        model = self.actor.model
+        shape = ModelShape.of(model.config)
+        state = model.state_dict()
+        weights, received, loaded = [], 0, 0
+        for name, piece, part, got in gather_slices(
+            state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), self.device
+        ):
+            weights.append((name, staged(piece, part, tuple(state[name].shape))))
+            received += got
+            loaded += piece.numel() * piece.element_size()
+        self.engine.update_weights(weights)
+        log.info("weight sync: %d bytes of tensor-parallel slices, %d received from other ranks", loaded, received)
+        return loaded
 
     def weight_manifest(self) -> Manifest:
         assert self.actor is not None
