@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,16 @@ def weight_sync_from_env(spec: RankSpec, addr: str, port: int) -> tuple[str, int
     return os.environ.get(Env.WEIGHT_SYNC_ADDR, addr), int(os.environ.get(Env.WEIGHT_SYNC_PORT, port)), world
 
 
+def shared_token() -> str:
+    """A random name, the same on every rank of the group (a collective)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    token = [uuid.uuid4().hex[:12]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(token, src=0)
+    return str(token[0])
+
+
 class Rank:
     def __init__(self, config: dict[str, Any], spec: RankSpec) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -134,6 +145,10 @@ class Rank:
                 # vLLM's external launcher takes this process's place in the engine from these.
                 os.environ["RANK"] = str(rendezvous.rank)
                 os.environ.setdefault("LOCAL_RANK", "0")
+                # The CPU build's tensor-parallel ranks meet in /dev/shm segments named after this
+                # (empty by default): a name left by an earlier engine on the host fails the start
+                # ("create shm in SHMManager failed. errno: 17").
+                os.environ["VLLM_DIST_IDENT"] = f"rlkube-{shared_token()}"
             self.engine = build_engine(config, self.device, tp)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
