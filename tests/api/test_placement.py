@@ -158,3 +158,10 @@ def test_tensor_parallel_that_does_not_divide_the_ranks_is_refused_naming_the_fi
 
     with pytest.raises(ValidationError, match="tensorParallelSize"):
         config({"actor": {"replicas": 3, "gpus_per_replica": 0}, "rollout": {"tensor_parallel_size": 2}})
+
+
+def test_the_hf_engine_with_tensor_parallel_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    with pytest.raises(ValidationError, match=r"roles\.rollout\.tensorParallelSize must be 1"):
+        config({**ACTOR_2x4, "rollout": {"tensor_parallel_size": 2}}, rollout={"name": "hf"})
