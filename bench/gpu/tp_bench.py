@@ -74,8 +74,10 @@ def _config(args: argparse.Namespace, model_dir: Path, shape: dict[str, int]) ->
     import grpo_bench
 
     device = args.device
+    # Micro-batches that divide each rank's share of the (unused) mini-batch.
+    micro = max(1, min(8, shape["prompts"] * shape["n"] // args.gpus))
     base = grpo_bench.trainer_config(
-        Path(args.workdir), model_dir, shape, "grpo", device=device, micro=8, gpu_memory_utilization=args.gpu_util
+        Path(args.workdir), model_dir, shape, "grpo", device=device, micro=micro, gpu_memory_utilization=args.gpu_util
     )
     raw: dict[str, Any] = base.model_dump(mode="json")
     gpus = args.gpus if device == "cuda" else 0
