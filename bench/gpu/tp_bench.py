@@ -188,8 +188,9 @@ def _rank(rank: int, args: argparse.Namespace, port: int, model_dir: str, shape:
                 flush=True,
             )
         print(f"generate: {summary['generate_tokens_per_s']:.0f} tokens/s over {engines.count} engine(s)", flush=True)
-    node.close()
-    dist.destroy_process_group()
+    node.close()  # vLLM's shutdown also destroys the process group
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
