@@ -201,12 +201,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape (CPU smoke test)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--gpu-util", type=float, default=0.3)
+    parser.add_argument(
+        "--gpu-util", type=float, default=None, help="rollout.gpu_memory_utilization (default 0.3; CPU: 0.02 of RAM)"
+    )
     parser.add_argument("--workdir", default="/tmp/rlkube-tp-bench")
     parser.add_argument("--out", type=Path, default=Path("bench-out/tp.json"))
     args = parser.parse_args(argv)
     if args.gpus % args.tp:
         parser.error(f"--tp {args.tp} must divide --gpus {args.gpus}")
+    if args.gpu_util is None:
+        # On CPU the KV cache is this fraction of the host's RAM, for each rank.
+        args.gpu_util = 0.02 if args.device == "cpu" else 0.3
 
     import grpo_bench
     import torch.multiprocessing as mp
