@@ -651,6 +651,11 @@ class TrainerConfig(ApiModel):
             "actor.ppoMiniBatchSize must divide data.trainBatchSize",
             ".actor.ppoMiniBatchSize",
         ),
+        CelRule(
+            "self.rollout.name != 'hf' || self.roles.rollout.tensorParallelSize == 1",
+            "rollout.name hf runs one engine per process: roles.rollout.tensorParallelSize must be 1",
+            ".roles.rollout.tensorParallelSize",
+        ),
         *BATCH_SPLIT_RULES,
         *TOKEN_BUDGET_RULES,
         *ROLE_USE_RULES,

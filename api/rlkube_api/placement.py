@@ -10,7 +10,10 @@ Vocabulary:
   each pod (one per pod on CPU). Its ranks form one torch.distributed group.
   A group hosts its own role and every role colocated with it;
 - the *weight sync* is the group over which actor rank 0 broadcasts new weights to
-  every rank of a separate rollout group.
+  every rank of a separate rollout group;
+- an *engine* is one vLLM instance spanning `tensorParallelSize` consecutive ranks of the
+  group hosting the rollout (the actor's when colocated): each rank holds a tensor-parallel
+  slice of the weights, and the engines split the prompts data-parallel.
 """
 
 from __future__ import annotations
@@ -77,9 +80,42 @@ class WeightSync:
 
 
 @dataclass(frozen=True)
+class Engines:
+    """The rollout engines over the ranks of the group that hosts the rollout: engine e spans
+    ranks e*tp .. e*tp + tp - 1 (the order vLLM's external launcher forms tensor-parallel
+    groups in, and, with tp dividing a pod's GPUs, the ranks of one pod)."""
+
+    world_size: int
+    tensor_parallel_size: int
+
+    def __post_init__(self) -> None:
+        if self.world_size % self.tensor_parallel_size:
+            raise ValueError(
+                f"tensorParallelSize {self.tensor_parallel_size} does not divide the "
+                f"{self.world_size} ranks hosting the rollout"
+            )
+
+    @property
+    def count(self) -> int:
+        return self.world_size // self.tensor_parallel_size
+
+    def engine_of(self, rank: int) -> int:
+        return rank // self.tensor_parallel_size
+
+    def tp_rank_of(self, rank: int) -> int:
+        """The rank's place in its engine: which slice of the weights it holds."""
+        return rank % self.tensor_parallel_size
+
+    def ranks_of(self, engine: int) -> range:
+        start = engine * self.tensor_parallel_size
+        return range(start, start + self.tensor_parallel_size)
+
+
+@dataclass(frozen=True)
 class Placement:
     groups: tuple[Group, ...]
     weight_sync: WeightSync | None
+    engines: Engines
 
     def group(self, name: Role) -> Group:
         for group in self.groups:
@@ -101,7 +137,7 @@ class Placement:
         actor = self.group(Role.ACTOR)
         hosts = frozenset().union(*(g.hosts for g in self.groups))
         single = RolePods(Role.ACTOR, 1, min(actor.pods.gpus_per_replica, 1))
-        return Placement((Group(single, hosts),), None)
+        return Placement((Group(single, hosts),), None, Engines(1, 1))
 
 
 def uses_reference(config: TrainerConfig) -> bool:
@@ -143,4 +179,6 @@ def placement_of(config: TrainerConfig) -> Placement:
     rollout = next((g for g in groups if g.name == Role.ROLLOUT), None)
     if rollout is not None:
         weight_sync = WeightSync(1 + rollout.world_size, ((Role.ACTOR, 0), (Role.ROLLOUT, 1)))
-    return Placement(tuple(groups), weight_sync)
+    host = next(g for g in groups if Role.ROLLOUT in g.hosts)
+    engines = Engines(host.world_size, config.roles.rollout.tensor_parallel_size)
+    return Placement(tuple(groups), weight_sync, engines)

@@ -209,9 +209,9 @@ class RolloutRoleSpec(_PodRole):
             "FieldValueRequired",
         ),
         CelRule(
-            "!has(self.gpusPerReplica) || (self.gpusPerReplica == 0 ? self.tensorParallelSize == 1"
+            "!has(self.gpusPerReplica) || (self.gpusPerReplica == 0 ? self.replicas % self.tensorParallelSize == 0"
             " : self.gpusPerReplica % self.tensorParallelSize == 0)",
-            "tensorParallelSize must divide gpusPerReplica (and be 1 without GPUs)",
+            "tensorParallelSize must divide gpusPerReplica (without GPUs: replicas, one process per pod)",
             ".tensorParallelSize",
         ),
         _GPUS_IMMUTABLE,
@@ -223,7 +223,13 @@ class RolloutRoleSpec(_PodRole):
     placement: Literal["colocated", "separate"] = Field(
         "colocated", description="colocated (hybrid engine in the actor's workers) or separate (own pods)."
     )
-    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs per vLLM engine.")
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="GPUs (processes) per vLLM engine: each engine spans this many consecutive ranks of the "
+        "group hosting the rollout, and each rank loads only its slice of the weights.",
+    )
 
 
 class Roles(ApiModel):
@@ -233,9 +239,9 @@ class Roles(ApiModel):
         CelRule(
             "self.rollout.placement != 'colocated' || !has(self.actor.gpusPerReplica)"
             " || (self.actor.gpusPerReplica == 0"
-            " ? self.rollout.tensorParallelSize == 1"
+            " ? self.actor.replicas % self.rollout.tensorParallelSize == 0"
             " : self.actor.gpusPerReplica % self.rollout.tensorParallelSize == 0)",
-            "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica",
+            "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica (without GPUs: its replicas)",
             ".rollout.tensorParallelSize",
         ),
     )

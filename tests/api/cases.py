@@ -84,6 +84,11 @@ INVALID = [
         ),
         ("spec.roles.rollout.tensorParallelSize",),
     ),
+    Case(
+        "hf-engine-tensor-parallel",
+        _all(_set("spec.rollout.name", "hf"), _set("spec.roles.rollout.tensorParallelSize", 2)),
+        ("spec.roles.rollout.tensorParallelSize",),
+    ),
     Case("fsdp-does-not-fit", _set("spec.roles.actor.fsdpSize", 5), ("spec.roles.actor.fsdpSize",)),
     Case(
         "colocated-role-with-pool",

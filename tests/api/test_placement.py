@@ -123,3 +123,45 @@ def test_in_one_process_puts_every_used_role_on_one_rank() -> None:
     assert single.num_gpus == 1
     cpu = placement_of(config({"actor": {"replicas": 2, "gpus_per_replica": 0}})).in_one_process()
     assert cpu.num_gpus == 0
+
+
+@pytest.mark.parametrize(
+    ("roles", "engines", "tp"),
+    [
+        pytest.param({**ACTOR_2x4, "rollout": {"tensor_parallel_size": 2}}, 4, 2, id="colocated-tp2-over-8"),
+        pytest.param({**ACTOR_2x4, "rollout": {"tensor_parallel_size": 4}}, 2, 4, id="colocated-tp4-one-per-pod"),
+        pytest.param(
+            {**ACTOR_2x4, "rollout": {**SEPARATE_2x2["rollout"], "tensor_parallel_size": 2}}, 2, 2, id="separate-tp2"
+        ),
+        pytest.param(ACTOR_2x4, 8, 1, id="colocated-tp1-an-engine-per-rank"),
+        pytest.param(
+            {"actor": {"replicas": 2, "gpus_per_replica": 0}, "rollout": {"tensor_parallel_size": 2}},
+            1,
+            2,
+            id="cpu-engine-spans-pods",
+        ),
+    ],
+)
+def test_engines_span_consecutive_ranks_of_the_rollout_host(roles: dict[str, Any], engines: int, tp: int) -> None:
+    placement = placement_of(config(roles))
+    e = placement.engines
+    assert (e.count, e.tensor_parallel_size) == (engines, tp)
+    ranks = [r for engine in range(e.count) for r in e.ranks_of(engine)]
+    assert ranks == list(range(e.world_size))
+    assert [e.engine_of(r) for r in ranks] == [r // tp for r in ranks]
+    assert [e.tp_rank_of(r) for r in ranks] == [r % tp for r in ranks]
+    assert placement.in_one_process().engines.count == 1
+
+
+def test_tensor_parallel_that_does_not_divide_the_ranks_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    with pytest.raises(ValidationError, match="tensorParallelSize"):
+        config({"actor": {"replicas": 3, "gpus_per_replica": 0}, "rollout": {"tensor_parallel_size": 2}})
+
+
+def test_the_hf_engine_with_tensor_parallel_is_refused_naming_the_field() -> None:
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    with pytest.raises(ValidationError, match=r"roles\.rollout\.tensorParallelSize must be 1"):
+        config({**ACTOR_2x4, "rollout": {"tensor_parallel_size": 2}}, rollout={"name": "hf"})

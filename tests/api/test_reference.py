@@ -109,7 +109,7 @@ def test_cel_rules_are_listed_on_the_object_that_declares_them() -> None:
         reference.Rule(
             on="spec.roles.rollout",
             at="spec.roles.rollout.tensorParallelSize",
-            message="tensorParallelSize must divide gpusPerReplica (and be 1 without GPUs)",
+            message="tensorParallelSize must divide gpusPerReplica (without GPUs: replicas, one process per pod)",
             immutable=False,
         )
         in roles.rules

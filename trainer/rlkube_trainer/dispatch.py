@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from rlkube_api.placement import Engines
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.rank_group import RankGroup, split
 from rlkube_trainer.reward import RewardInput, RewardScores
@@ -80,17 +81,28 @@ def shard_sampling(sampling: SamplingConfig, first_prompt: int) -> SamplingConfi
     return dataclasses.replace(sampling, seed=sampling.seed + first_prompt * sampling.n)
 
 
-def generate(group: RankGroup, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
-    """Prompts split across the group's engines; samples merged back in prompt order."""
-    parts = [s for s in split(len(prompt_token_ids), len(group)) if s.stop > s.start]
-    pending = group.submit(
-        "generate", [(prompt_token_ids[s], shard_sampling(sampling, s.start)) for s in parts], range(len(parts))
+def generate(
+    group: RankGroup, prompt_token_ids: list[list[int]], sampling: SamplingConfig, engines: Engines | None = None
+) -> RolloutBatch:
+    """Prompts split evenly over the engines (a prompt's n samples stay on one engine), the
+    same split and seeds for the same batch (so a resumed step samples the same); samples
+    merged back in prompt order from each engine's first rank.
+
+    Every rank is called, those of an engine without prompts with none: the ranks of one
+    tensor-parallel engine must all take part, and a colocated engine that wakes from sleep
+    re-syncs its weights, a collective over every actor rank."""
+    engines = engines or Engines(len(group), 1)
+    if engines.world_size != len(group):
+        raise ValueError(f"{engines.world_size} engine ranks placed, but the group has {len(group)} ranks")
+    parts = split(len(prompt_token_ids), engines.count)
+    shares = [parts[engines.engine_of(r)] for r in range(len(group))]
+    batches: list[RolloutBatch] = group.wait(
+        group.submit("generate", [(prompt_token_ids[s], shard_sampling(sampling, s.start)) for s in shares])
     )
-    batches: list[RolloutBatch] = group.wait(pending)
     samples = [
         RolloutSample(part.start + sample.prompt_index, sample.token_ids, sample.logprobs, sample.finish_reason)
-        for part, batch in zip(parts, batches, strict=True)
-        for sample in batch.samples
+        for engine, part in enumerate(parts)
+        for sample in batches[engines.ranks_of(engine)[0]].samples
     ]
     return RolloutBatch(samples, sampling.n)
 
@@ -98,27 +110,37 @@ def generate(group: RankGroup, prompt_token_ids: list[list[int]], sampling: Samp
 class ColocatedRollout:
     """Hybrid engine: each actor rank generates with its own engine; weights move in memory."""
 
-    def __init__(self, actor: RankGroup) -> None:
+    def __init__(self, actor: RankGroup, engines: Engines | None = None) -> None:
         self.actor = actor
+        self.engines = engines
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
-        return generate(self.actor, prompt_token_ids, sampling)
+        return generate(self.actor, prompt_token_ids, sampling, self.engines)
 
     def sync_weights(self) -> int:
         return int(sum(self.actor.call_all("sync_colocated")) // max(len(self.actor), 1))
 
 
 class SeparateRollout:
-    """Rollout ranks of their own; actor rank 0 broadcasts new weights to them."""
+    """Rollout ranks of their own; actor rank 0 broadcasts new weights to every one of them,
+    and each rank of a tensor-parallel engine loads its slice (vLLM's loaders cut it)."""
 
-    def __init__(self, actor: RankGroup, rollout: RankGroup, manifest: Manifest, bucket_bytes: int) -> None:
+    def __init__(
+        self,
+        actor: RankGroup,
+        rollout: RankGroup,
+        manifest: Manifest,
+        bucket_bytes: int,
+        engines: Engines | None = None,
+    ) -> None:
         self.actor = actor
         self.rollout = rollout
+        self.engines = engines
         self.manifest = manifest
         self.bucket_bytes = bucket_bytes
 
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
-        return generate(self.rollout, prompt_token_ids, sampling)
+        return generate(self.rollout, prompt_token_ids, sampling, self.engines)
 
     def sync_weights(self) -> int:
         # Every actor rank: a sharded policy is gathered tensor by tensor across the group.

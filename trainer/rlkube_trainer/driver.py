@@ -102,6 +102,7 @@ def rank_specs(placement: Placement, group: Group, total_steps: int) -> list[Ran
             total_steps=total_steps,
             weight_sync_rank=sync.rank_of(group.name, rank) if sync else None,
             weight_sync_world_size=sync.world_size if sync else 0,
+            tensor_parallel_size=placement.engines.tensor_parallel_size if Role.ROLLOUT in group.hosts else 1,
         )
         for rank in range(group.world_size)
     ]
@@ -141,9 +142,9 @@ def build_roles(config: TrainerConfig, placement: Placement, groups: Groups, fun
         for group, joined in zip((actor, rollout_group), joins, strict=True):
             group.wait(joined)
         bucket = config.rollout.update_weights_bucket_megabytes * 2**20
-        rollout = SeparateRollout(actor, rollout_group, manifest, bucket)
+        rollout = SeparateRollout(actor, rollout_group, manifest, bucket, placement.engines)
     else:
-        rollout = ColocatedRollout(actor)
+        rollout = ColocatedRollout(actor, placement.engines)
     reference, critic, reward_model = host(Role.REFERENCE), host(Role.CRITIC), host(Role.REWARD)
     return Roles(
         actor=DataParallelActor(actor),

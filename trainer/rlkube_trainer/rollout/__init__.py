@@ -52,15 +52,26 @@ def build_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
     raise ValueError(f"unknown rollout engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
 
 
-def build_engine(config: TrainerConfig, device: torch.device) -> RolloutEngine:
+def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_size: int = 1) -> RolloutEngine:
     """The rollout engine a trainer config asks for, on `device` (the driver's in-process
-    engine, a colocated actor rank's, or a separate rollout worker's)."""
+    engine, a colocated actor rank's, or a separate rollout worker's). With
+    `tensor_parallel_size` > 1 this rank is one of the engine's ranks: every rank of the
+    engine calls this, on an initialised torch.distributed group whose consecutive ranks
+    form the engines (vLLM's external launcher), and then calls generate with the same prompts."""
     rollout = config.rollout
     on_cpu = device.type == "cpu"
     dtype = rollout.dtype if rollout.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
     common = {"model_path": config.model.path, "device": device.type, "dtype": dtype}
     if rollout.name == "hf":
+        if tensor_parallel_size > 1:
+            raise ValueError(
+                f"roles.rollout.tensorParallelSize is {tensor_parallel_size}, but rollout.name 'hf' runs "
+                "one engine per process: use the vllm engine, or tensorParallelSize 1"
+            )
         return build_rollout_engine("hf", **common)
+    parallel: dict[str, Any] = {}
+    if tensor_parallel_size > 1:
+        parallel = {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "external_launcher"}
     kv_cache: dict[str, int] = {}
     if on_cpu:
         # On CPU vLLM reads gpu_memory_utilization against free RAM minus this whole
@@ -71,6 +82,7 @@ def build_engine(config: TrainerConfig, device: torch.device) -> RolloutEngine:
         "vllm",
         **common,
         **kv_cache,
+        **parallel,
         seed=config.trainer.seed,
         # One seed per generate call (the step's), not one per request: vLLM then samples the
         # whole batch with one kernel per decode step instead of one per seeded request (-1.7 ms

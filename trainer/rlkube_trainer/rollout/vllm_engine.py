@@ -103,6 +103,7 @@ class VLLMRolloutEngine(RolloutEngine):
         *,
         dtype: str = "bfloat16",
         tensor_parallel_size: int = 1,
+        distributed_executor_backend: str | None = None,
         gpu_memory_utilization: float = 0.5,
         kv_cache_memory_bytes: int | None = None,
         max_model_len: int | None = None,
@@ -190,6 +191,10 @@ class VLLMRolloutEngine(RolloutEngine):
             engine_kwargs["max_num_seqs"] = max_num_seqs
         if max_num_batched_tokens is not None:
             engine_kwargs["max_num_batched_tokens"] = max_num_batched_tokens
+        if distributed_executor_backend is not None:
+            # "external_launcher": this process is one rank of a tensor-parallel engine whose ranks
+            # the caller started (torch.distributed already initialised; RANK and LOCAL_RANK set).
+            engine_kwargs["distributed_executor_backend"] = distributed_executor_backend
         started = time.perf_counter()
         self._llm: Any = vllm.LLM(**engine_kwargs)
         VLLMRolloutEngine._live += 1

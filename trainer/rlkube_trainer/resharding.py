@@ -1,0 +1,233 @@
+"""Training shards → tensor-parallel slices: what each rank of a rollout engine needs of the
+policy's weights, and how a sharded actor's ranks hand each other only that (HybridFlow's
+3D-HybridEngine idea, for FSDP2 → vLLM).
+
+An engine of tensor-parallel size tp spans tp consecutive ranks (`placement.Engines`); vLLM's
+rank t of it keeps, of each Hugging Face tensor, one slice (`tp_slice`):
+- q/k/v and gate/up projections (column parallel): rows, a 1/tp block (k/v by heads,
+  replicated heads when tp exceeds the KV heads);
+- o/down projections (row parallel): columns, a 1/tp block;
+- the embedding and LM head (vocabulary parallel): rows, the vocabulary padded to a
+  multiple of 64 and split in tp ranges;
+- everything else (norms, row-parallel biases): the whole tensor.
+
+With FSDP2 each actor rank holds a block of rows of every tensor. `gather_slices` moves, in
+one all-to-all per tensor over the shard group, exactly the rows × columns each rank's slice
+needs from each other rank; a naive sync gathers every full tensor on every rank
+(`full_tensors`). `sync_bytes` computes both per rank, without running anything.
+
+vLLM's loaders take the full Hugging Face tensor and cut the rank's slice themselves
+(`narrow`), so `staged` hands them a full-shaped buffer with only the slice written: the
+rest is never read (a test fills it with NaN to prove it) and never moved.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# vLLM pads the vocabulary of its embedding and LM head to a multiple of this before
+# splitting it (vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING = 64
+
+# Set (to any value) to fill the unsent part of each staged tensor with NaN: a loader that
+# read outside its slice would then produce NaN logits. The tests set it; it costs a write
+# of the full tensor, so it is off by default.
+CHECK_SLICES_ENV = "RLKUBE_CHECK_TP_SLICES"
+
+_COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+_ROW = ("o_proj", "down_proj")
+_VOCAB = ("embed_tokens", "lm_head")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A block of one dimension of a tensor: [start, start + length) along `dim`."""
+
+    dim: int
+    start: int
+    length: int
+
+    def rows(self, n: int) -> tuple[int, int]:
+        return (self.start, self.start + self.length) if self.dim == 0 else (0, n)
+
+    def shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(self.length if d == self.dim else s for d, s in enumerate(shape))
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the slicing rules need of a model's config."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+
+    @staticmethod
+    def of(hf_config: Any) -> ModelShape:
+        heads = int(hf_config.num_attention_heads)
+        return ModelShape(heads, int(getattr(hf_config, "num_key_value_heads", None) or heads))
+
+
+def _even(n: int, tp: int, rank: int, dim: int) -> Slice:
+    if n % tp:
+        raise ValueError(f"dimension {dim} of size {n} does not split over tensor parallel {tp}")
+    return Slice(dim, rank * (n // tp), n // tp)
+
+
+def tp_slice(name: str, shape: tuple[int, ...], model: ModelShape, tp: int, rank: int) -> Slice | None:
+    """The part of Hugging Face tensor `name` that tensor-parallel rank `rank` of `tp` keeps,
+    or None for the whole tensor."""
+    if tp == 1:
+        return None
+    parts = name.split(".")
+    module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+    if module in ("k_proj", "v_proj"):
+        kv = model.num_key_value_heads
+        head_dim = shape[0] // kv
+        if tp >= kv:
+            # vLLM replicates each KV head over tp / kv ranks.
+            return Slice(0, (rank // (tp // kv)) * head_dim, head_dim)
+        return _even(shape[0], tp, rank, 0)
+    if module in _COLUMN:
+        return _even(shape[0], tp, rank, 0)
+    if module in _ROW:
+        return _even(shape[1], tp, rank, 1) if kind == "weight" else None
+    if module in _VOCAB:
+        vocab = shape[0]
+        per = math.ceil(vocab / VOCAB_PADDING) * VOCAB_PADDING // tp
+        start = min(rank * per, vocab)
+        return Slice(0, start, min(start + per, vocab) - start)
+    return None
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _shard_rows(n: int, world: int, index: int) -> tuple[int, int]:
+    """The rows FSDP2 gives shard `index` of `world` (torch.chunk: blocks of ceil(n / world))."""
+    block = math.ceil(n / world)
+    start = min(index * block, n)
+    return start, min(start + block, n)
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return lo, max(lo, hi)
+
+
+def _piece(shape: tuple[int, ...], rows: tuple[int, int], need: Slice | None) -> tuple[int, ...]:
+    """The shape of the rows `rows` of a tensor, cut to a slice's columns."""
+    out = (rows[1] - rows[0], *shape[1:])
+    return need.shape(out) if need is not None and need.dim != 0 else out
+
+
+@dataclass(frozen=True)
+class SyncBytes:
+    """Bytes one rank receives from the others in one weight sync."""
+
+    sliced: int  # only its tensor-parallel slice
+    full: int  # every full tensor (the naive gather)
+
+
+def sync_bytes(
+    manifest: Iterable[tuple[str, tuple[int, ...], torch.dtype]],
+    model: ModelShape,
+    world: int,
+    rank: int,
+    tp: int,
+) -> SyncBytes:
+    """What rank `rank` of a group of `world`, its parameters sharded by rows over the whole
+    group, receives per sync: its tp slice of every tensor vs every full tensor."""
+    sliced = full = 0
+    for name, shape, dtype in manifest:
+        own = _shard_rows(shape[0], world, rank)
+        full += _nbytes(shape, dtype) - _nbytes(_piece(shape, own, None), dtype)
+        need = tp_slice(name, shape, model, tp, rank % tp)
+        rows = need.rows(shape[0]) if need is not None else (0, shape[0])
+        wanted = _nbytes(_piece(shape, rows, need), dtype)
+        sliced += wanted - _nbytes(_piece(shape, _overlap(own, rows), need), dtype)
+    return SyncBytes(sliced, full)
+
+
+NeedFn = Callable[[str, tuple[int, ...], int], Slice | None]
+
+
+def _row_sharded(tensor: Any) -> tuple[Any, int] | None:
+    """(process group, mesh dimension) when `tensor` is a DTensor sharded by rows over one
+    mesh dimension and replicated over the others (FSDP2, HSDP); None otherwise."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: PLC0415
+
+    if not isinstance(tensor, DTensor):
+        return None
+    sharded = [i for i, p in enumerate(tensor.placements) if isinstance(p, Shard) and p.dim == 0]
+    others_replicated = all(isinstance(p, Replicate) for i, p in enumerate(tensor.placements) if i not in sharded)
+    if len(sharded) != 1 or not others_replicated:
+        return None
+    return tensor.device_mesh.get_group(sharded[0]), sharded[0]
+
+
+def gather_slices(
+    named: Iterable[tuple[str, torch.Tensor]], need: NeedFn, device: torch.device
+) -> Iterator[tuple[str, torch.Tensor, Slice | None, int]]:
+    """(name, this rank's slice, which slice, bytes received) for every tensor; a collective
+    over the shard group of each sharded tensor, so every rank of the group must iterate.
+
+    `need(name, shape, global_rank)` says which slice a rank keeps: every rank knows every
+    other's, so each sends just what the others need from its rows."""
+    me = dist.get_rank() if dist.is_initialized() else 0
+    for name, tensor in named:
+        shape = tuple(tensor.shape)
+        mine = need(name, shape, me)
+        sharding = _row_sharded(tensor)
+        if sharding is None:
+            if hasattr(tensor, "full_tensor"):  # sharded some other way: gather it whole
+                full = tensor.full_tensor().detach()
+                local_numel = tensor.to_local().numel()  # type: ignore[attr-defined]
+                received = (full.numel() - local_numel) * full.element_size()
+            else:
+                full, received = tensor.detach(), 0
+            piece = full.narrow(mine.dim, mine.start, mine.length) if mine is not None else full
+            yield name, piece.to(device), mine, received
+            continue
+        group, _ = sharding
+        members = dist.get_process_group_ranks(group)
+        index = members.index(me)
+        local = tensor.to_local().detach().to(device)  # type: ignore[attr-defined]
+        own = _shard_rows(shape[0], len(members), index)
+        sends, send_sizes, recv_sizes = [], [], []
+        for j, member in enumerate(members):
+            theirs = need(name, shape, member)
+            rows = _overlap(own, theirs.rows(shape[0]) if theirs is not None else (0, shape[0]))
+            block = local[rows[0] - own[0] : rows[1] - own[0]]
+            if theirs is not None and theirs.dim != 0:
+                block = block.narrow(theirs.dim, theirs.start, theirs.length)
+            sends.append(block.reshape(-1))
+            send_sizes.append(block.numel())
+            their_rows = _shard_rows(shape[0], len(members), j)
+            wanted = _overlap(their_rows, mine.rows(shape[0]) if mine is not None else (0, shape[0]))
+            recv_sizes.append(math.prod(_piece(shape, wanted, mine)))
+        out = torch.empty(sum(recv_sizes), dtype=local.dtype, device=device)
+        dist.all_to_all_single(out, torch.cat(sends), recv_sizes, send_sizes, group=group)
+        # The pieces arrive in member order, which is row order: together they are the slice.
+        piece_shape = mine.shape(shape) if mine is not None else shape
+        received = (out.numel() - recv_sizes[index]) * out.element_size()
+        yield name, out.view(piece_shape), mine, received
+
+
+def staged(piece: torch.Tensor, part: Slice | None, full_shape: tuple[int, ...]) -> torch.Tensor:
+    """The slice inside a full-shaped buffer, for vLLM's loaders (which cut the slice out of
+    the full tensor themselves); the rest of the buffer is never written or read."""
+    if part is None:
+        return piece
+    buffer = torch.empty(full_shape, dtype=piece.dtype, device=piece.device)
+    if os.environ.get(CHECK_SLICES_ENV):
+        buffer.fill_(float("nan"))
+    buffer.narrow(part.dim, part.start, part.length).copy_(piece)
+    return buffer
