@@ -145,5 +145,23 @@ def test_reshard_after_forward_false_keeps_the_gathered_layers_and_updates_the_s
         assert torch.equal(kept["weights"][name], tensor), name
 
 
+@pytest.mark.trainer
+def test_two_ranks_update_as_one_rank_does(workdir: Path) -> None:
+    """The same global batch over 1 and 2 FSDP2 ranks: the loss is aggregated over the whole
+    mini-batch (token counts summed across ranks), so the gradient is the same (its norm, to
+    rounding) though each rank holds its own share of the response tokens. Adam's first step is
+    close to lr × sign(grad), so weights compare by direction: rounding flips the sign of a few
+    near-zero gradients."""
+    initial = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
+    one = update(workdir, "fp32-one-rank", 1, "fsdp2", None, "fp32")
+    two = update(workdir, "fp32", 2, "fsdp2", None, "fp32")
+    assert two["ranks"][0]["metrics"]["actor/grad_norm"] == pytest.approx(
+        one["ranks"][0]["metrics"]["actor/grad_norm"], rel=1e-5
+    )
+    deltas_one = torch.cat([(one["weights"][n] - w).flatten() for n, w in initial.items()])
+    deltas_two = torch.cat([(two["weights"][n] - w).flatten() for n, w in initial.items()])
+    assert cosine(deltas_one, deltas_two) > 0.999
+
+
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
