@@ -94,7 +94,7 @@ def test_operator_killed_at_random_points_converges(
     # What the status first said, per job: kept across every kill.
     first: dict[str, tuple[str, str]] = {}
     children: dict[str, dict[str, str]] = {}
-    failed_pods = 0
+    failed_up = failed_down = 0
     kill_points: list[float] = []
     running_at_kills: list[int] = []
 
@@ -104,33 +104,47 @@ def test_operator_killed_at_random_points_converges(
         if name not in first and status.get("startTime") and created is not None:
             first[name] = (status["startTime"], created["lastTransitionTime"])
 
+    def a_running_gang() -> tuple[str, list[Obj]] | None:
+        for name in rng.sample(names, len(names)):
+            job = jobs.get(name)
+            remember(name, job)
+            pods = _gang_ready(jobs, name, expected[name]) if _settled(job, expected[name]) else None
+            if pods is not None:
+                return name, pods
+        return None
+
+    def fail_one(found: tuple[str, list[Obj]]) -> None:
+        name, pods = found
+        jobs.fail_pod(rng.choice(pods)["metadata"]["name"])
+        expected[name] += 1
+
     for kill in range(KILLS):
-        # Anywhere in the first passes, the restarts, the writes: seconds after a start.
         operator_process.wait_started()
-        if kill == KILLS - 1:
-            # The last kill is of an operator with running gangs, so that pods fail while it is down.
+        late = kill >= KILLS // 2
+        if late:
+            # The later half hits an operator with running gangs, inside a restart it handles.
             wait_for(
                 lambda: sum(_settled(jobs.get(n), expected[n]) for n in names) >= JOBS // 2,
                 "half the jobs Running",
-                timeout=120,
+                timeout=180,
                 interval=1,
             )
-        delay = rng.uniform(0.0, 8.0)
+        # The first half: anywhere in the first passes over the 20 new jobs.
+        delay = rng.uniform(0.0, 3.0 if late else 8.0)
         time.sleep(delay)
+        if late and (found := a_running_gang()) is not None:
+            fail_one(found)
+            failed_up += 1
+            pause = rng.uniform(0.0, 1.5)  # from the failure to the kill: somewhere in its restart
+            time.sleep(pause)
+            delay += pause
         kill_points.append(round(delay, 2))
         operator_process.kill()
-        seen = {name: jobs.get(name) for name in names}
-        running_at_kills.append(sum(_settled(job, expected[name]) for name, job in seen.items()))
-        # While nobody watches: a pod of a running gang fails (its StatefulSet replaces it).
-        for name in rng.sample(names, len(names)):
-            job = seen[name]
-            remember(name, job)
-            pods = _gang_ready(jobs, name, expected[name]) if _settled(job, expected[name]) else None
-            if pods is not None and rng.random() < 0.5:
-                jobs.fail_pod(rng.choice(pods)["metadata"]["name"])
-                expected[name] += 1
-                failed_pods += 1
-                break
+        running_at_kills.append(sum(_settled(jobs.get(n), expected[n]) for n in names))
+        # While nobody watches, half the time: a pod of a running gang fails (its StatefulSet replaces it).
+        if rng.random() < 0.5 and (found := a_running_gang()) is not None:
+            fail_one(found)
+            failed_down += 1
         for name in names:
             children.setdefault(name, {}).update(jobs.child_uids(name))
         operator_process.start()
@@ -166,7 +180,8 @@ def test_operator_killed_at_random_points_converges(
     assert len({tuple(sorted(jobs.child_uids(n))) for n in names}) == JOBS  # every job its own children
     errors = _reconcile_errors(operator_process.log())
     print(
-        f"faults: {KILLS} operator kills (SIGKILL after {kill_points} s), {failed_pods} pods failed while it was down,"
+        f"faults: {KILLS} operator kills (SIGKILL after {kill_points} s), {failed_up} pods failed just before a kill,"
+        f" {failed_down} while it was down,"
         f" jobs Running at each kill {running_at_kills},"
         f" {JOBS} jobs converged, restarts {sum(expected.values())}, reconcile errors {len(errors)}"
     )
