@@ -1,8 +1,8 @@
 """A role pod of a real training job killed at many points of its life: the tiny CPU job
 (tests/e2e/test_tiny_job.py) on the process node, with the operator as its own process.
 Each kill deletes one pod of the gang (the driver, an actor rank or the rollout engine,
-picked at random, seeded) at a random point: while the new gang starts up, right after
-it resumed, or steps past its last checkpoint. Each kill must give one gang restart and a
+each in turn, in a seeded order) at a point of its life: while the new gang starts up
+(0 steps past its resume point) or 1 to 6 steps past it, each distance in turn. Each kill must give one gang restart and a
 resume from the last checkpoint, with no more than `saveFreq` steps trained again, and the
 job must still succeed with a right history: every step in metrics.jsonl once, in order,
 the restart count equal to the kills, one PodFailed Event per kill.
@@ -102,13 +102,19 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
         return [int(m) for m in RESUMED.findall(text)]
 
     resumed_before = 0
+    # Every role pod and every distance from the resume point (0: while the gang starts up)
+    # in turn, in a seeded order.
+    victims = [ROLE_PODS[i % len(ROLE_PODS)] for i in range(KILLS)]
+    extras = [i % (MOST_STEPS_BETWEEN_KILLS + 1) for i in range(KILLS)]
+    rng.shuffle(victims)
+    rng.shuffle(extras)
     try:
         for k in range(KILLS):
             # The gang of attempt k runs (the operator says so), then `extra` steps past its resume point.
             tinyjob.wait_state(kubectl, namespace, job.name, ("Running",), TIMEOUT)
             status = tinyjob.status(kubectl, namespace, job.name)
             assert status.get("restartCount", 0) == k, status
-            extra = rng.randint(0, MOST_STEPS_BETWEEN_KILLS)
+            extra = extras[k]
             target = resumed_from + extra
             if extra > 0 and resumed_from > 0:
                 # The old gang's rows stay in metrics.jsonl until the new driver resumes and rewinds them.
@@ -121,7 +127,7 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
                 return (max(steps) if steps else 0) >= target
 
             wait_for(reached, f"step {target} (kill {k + 1})", timeout=TIMEOUT, interval=0.25)
-            victim = rng.choice(ROLE_PODS)
+            victim = victims[k]
             kubectl("-n", namespace, "delete", "pod", f"{job.name}-{victim}", "--wait=false")
             steps, checkpoint = _steps(job), _latest_checkpoint(job)
             done = max(steps) if steps else 0
