@@ -71,6 +71,13 @@ fuzz: venv toolchain ## generated RLJobs, valid and invalid, against the API ser
 	RLKUBE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RLKUBE_FUZZ_RANDOM=1 RLKUBE_FUZZ_REPORT=$(RLKUBE_CACHE)/fuzz-report.json \
 		$(VENV)/bin/pytest tests/operator/test_fuzz.py -s $(PYTEST_ARGS)
 
+FAULT_KILLS ?= 10
+
+.PHONY: faults
+faults: venv toolchain sysdeps ## fault runs: the operator SIGKILLed, role pods of a real job killed, FAULT_KILLS times each (RLKUBE_FAULT_SEED)
+	RLKUBE_FAULT_KILLS=$(FAULT_KILLS) RLKUBE_FAULT_POD_KILLS=$(FAULT_KILLS) \
+		$(VENV)/bin/pytest tests/operator/test_faults.py tests/e2e/test_faults.py -s $(PYTEST_ARGS)
+
 .PHONY: cluster-up
 cluster-up: venv toolchain ## start the local control plane with fake GPU pools
 	$(PY) -m rlkube_e2e.cluster up

@@ -238,6 +238,28 @@ class LocalCluster:
             if not 200 <= status < 300:
                 raise ClusterError(f"creating node {name} failed: HTTP {status}: {text[:200]}")
 
+    # -- faults -----------------------------------------------------------------
+
+    def restart_apiserver(self, down_seconds: float = 0.0, timeout: float = DEFAULT_TIMEOUT) -> float:
+        """Stops kube-apiserver (SIGTERM, as an upgrade or a crash-looping control plane
+        does), keeps it down `down_seconds`, starts it again on the same port and data, and
+        waits until the cluster is ready; returns how long the API was unreachable. The
+        other components stay up and reconnect on their own, as clients in a real cluster do."""
+        with self._locked():
+            state = self._require_state()
+            name = "kube-apiserver"
+            record = next(r for r in state.processes if r.name == name)
+            stopped = time.monotonic()
+            processes.stop(record.pid, record.binary, self._handles.pop(name, None))
+            time.sleep(down_seconds)
+            state.processes = [r for r in state.processes if r.name != name]
+            self._spawn(state, components.kube_apiserver(find_binaries(), self.layout, state.ports))
+            deadline = time.monotonic() + timeout
+            self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
+            unreachable = time.monotonic() - stopped
+            self._wait(state, deadline, lambda: self._readiness_problem(state, None))
+        return unreachable
+
     # -- readiness ---------------------------------------------------------------
 
     def wait_ready(self, timeout: float = DEFAULT_TIMEOUT) -> None:

@@ -9,6 +9,8 @@ settles the job's fate ends it (RULES below):
 - suspended: spec.suspend → Suspended, StatefulSets at zero;
 - past deadline: activeDeadlineSeconds → Failed/DeadlineExceeded;
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
+- restart begun: pods of a newer attempt than the status's (a restart whose status write
+  was lost) → that restart is taken up;
 - gang failed: a pod of the current attempt fails (or is replaced) → the failure policy
   (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
   rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
@@ -294,6 +296,33 @@ def driver_succeeded(p: _Pass) -> Fate | None:
     return p.finish(State.SUCCEEDED, ConditionType.SUCCEEDED, "DriverSucceeded", "the driver finished training")
 
 
+def restart_begun(p: _Pass) -> Fate | None:
+    """Pods of an attempt newer than the status's: a pass decided that restart (applied the
+    new templates, maybe deleted the old gang) and its operator died before writing the
+    status. The restart is taken up where it stopped, not decided again: the dying pass
+    checked backoffLimit, and the old gang's pods are no failure of the new one. Without
+    this, the job would re-apply the old templates and count a gang it does not have."""
+    newest = max((pod.attempt for pod in p.observed.pods if not pod.deleting), default=0)
+    if p.prev.state is None or newest <= p.prev.restart_count:
+        return None
+    status = p.status
+    status.restart_count = newest
+    status.gang_pod_uids = None
+    status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == newest and not pod.deleting])
+    ready = sum(r.ready for r in status.roles.values())
+    p.conds.set(
+        ConditionType.RESTARTING,
+        "True",
+        "RestartTakenUp",
+        f"pods of attempt {newest} exist while the status said {p.prev.restart_count}: a restart begun before the"
+        f" operator stopped; restarting the gang (restart {newest})",
+    )
+    p.conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, _wanted(status)))
+    status.state = State.RESTARTING.value
+    p.requeue = [1.0]
+    return Fate.RESTART
+
+
 def gang_failed(p: _Pass) -> Fate | None:
     prev, policy = p.prev, p.job.spec.run_policy
     # A failed pod counts even while its StatefulSet deletes it.
@@ -467,6 +496,7 @@ RULES: tuple[Rule, ...] = (
     suspended,
     past_deadline,
     driver_succeeded,
+    restart_begun,
     gang_failed,
     bad_image,
     stuck_before_start,

@@ -14,6 +14,10 @@ import copy
 import json
 import logging
 import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -120,6 +124,70 @@ class InProcessOperator:
                 if InProcessOperator._active is self and not self.running:
                     InProcessOperator._active = None
         return time.monotonic() - started
+
+
+# kopf's log line once the operator's start-up handler ran.
+STARTED = "Activity 'configure' succeeded"
+
+
+class OperatorProcess:
+    """The operator as its own process (`python -m rlkube_operator -n NAMESPACE`), as a
+    cluster runs it: started, SIGKILLed (no clean shutdown, as an OOM kill or a lost node
+    does) and started again. Every start appends to one log."""
+
+    def __init__(self, namespace: str, kubeconfig: Path, log_path: Path) -> None:
+        self.namespace = namespace
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.process: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        assert self.process is None or self.process.poll() is not None, "already running"
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        args = ["-n", self.namespace, "--metrics-port", "0", "--health-port", str(free_port())]
+        with self.log_path.open("ab") as log:
+            log.write(f"==> start {self.starts}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "rlkube_operator", *args], env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        self.starts += 1
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Until the latest start has run its start-up handler (its watches begin then)."""
+        wait_for(
+            lambda: self.log().count(STARTED) >= self.starts or not self.running,
+            "the operator to start",
+            timeout,
+        )
+        assert self.running, f"the operator exited: {self.log()[-2000:]}"
+
+    def kill(self) -> None:
+        assert self.process is not None and self.running, f"the operator exited: {self.log()[-2000:]}"
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 # --- CRDs ----------------------------------------------------------------------------------------

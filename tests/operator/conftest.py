@@ -84,3 +84,20 @@ def jobs(kube: ApiClient, kubectl: Kubectl, namespace: str, operator: InProcessO
     yield harness
     if operator.running:
         harness.delete_all()
+
+
+@pytest.fixture
+def no_session_operator() -> Iterator[None]:
+    """For tests that run operators as processes of their own: the in-process operator other
+    tests share watches every namespace (two operators on one job fight), so it is paused
+    meanwhile."""
+    from tests.operator.cluster_kit import InProcessOperator
+
+    paused = InProcessOperator._active
+    if paused is not None and paused.running:
+        paused.stop()
+    try:
+        yield
+    finally:
+        if paused is not None and not paused.running:
+            paused.start()

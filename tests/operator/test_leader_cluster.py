@@ -69,21 +69,6 @@ class Replica:
 
 
 @pytest.fixture
-def no_session_operator() -> Iterator[None]:
-    """The in-process operator other tests share watches every namespace: paused meanwhile."""
-    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
-
-    paused = InProcessOperator._active
-    if paused is not None and paused.running:
-        paused.stop()
-    try:
-        yield
-    finally:
-        if paused is not None and not paused.running:
-            paused.start()
-
-
-@pytest.fixture
 def replicas(
     cluster: ClusterInfo, rljob_crd: None, namespace: str, tmp_path: Path, no_session_operator: None
 ) -> Iterator[list[Replica]]:

@@ -78,6 +78,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "suspended",
         "past_deadline",
         "driver_succeeded",
+        "restart_begun",
         "gang_failed",
         "bad_image",
         "stuck_before_start",

@@ -8,9 +8,10 @@ from collections.abc import Callable
 
 import pytest
 
+from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
-from rlkube_operator.plan import Plan
+from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
     Observed,
@@ -260,6 +261,47 @@ def test_pods_of_an_older_attempt_are_ignored() -> None:
     assert (restarting.status, restarting.reason) == ("False", "Resumed")
     assert cond(s, "Running").status == "True"
     assert s.start_time == iso(at(0))  # the first start counts for the deadline
+
+
+def _restart_begun(pods: list[Obj]) -> Plan:
+    """An operator decided the gang's restart (new templates applied, the old gang deleted)
+    and died before its status write: the status still says the old attempt."""
+    return run(running(), pods, 100)
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        pytest.param(gang_pods(JOB, attempt=1, created=at(90)), id="new-gang-up"),
+        pytest.param(gang_pods(JOB, attempt=1, ready=False, created=at(90))[:2], id="new-gang-coming"),
+        # Killed between applying the templates and deleting the old gang: the failed pod's
+        # replacement already has the new template, the rest are of the old attempt.
+        pytest.param(replace_pod(PODS, pod("tiny-cpu", "actor", 1, attempt=1, created=at(90))), id="old-gang-left"),
+    ],
+)
+def test_a_restart_whose_status_write_was_lost_is_taken_up(pods: list[Obj]) -> None:
+    d = _restart_begun(pods)
+    s = d.status
+    assert (s.restart_count, s.state) == (1, "Restarting")
+    assert cond(s, "Restarting").status == "True"
+    assert [a.attempt for a in d.actions if isinstance(a, ApplyChildren)] == [1]  # never back to attempt 0
+    assert {name for a in d.actions if isinstance(a, DeletePods) for name, _ in a.pods} == {
+        p["metadata"]["name"] for p in pods if p["metadata"]["annotations"][ANNOTATION_ATTEMPT] == "0"
+    }
+    assert cond(s, "Restarting").reason == "RestartTakenUp"
+    # Then it is an ordinary restarted gang.
+    d = run(after(running(), d), gang_pods(JOB, attempt=1, created=at(90)), 110)
+    assert (d.status.restart_count, d.status.state, d.restart_gang) == (1, "Running", False)
+
+
+def test_a_lost_restart_past_the_backoff_limit_is_still_taken_up() -> None:
+    """The pass that began it checked backoffLimit; the job does not fail for it now."""
+    job = load_job(CPU, set_path("spec.runPolicy.backoffLimit", 1))
+    job = after(created(job), run(created(job), gang_pods(job), 10))
+    d = run(job, gang_pods(job, attempt=1, created=at(90)), 100)
+    assert (d.status.restart_count, d.status.state) == (1, "Restarting")
+    d = run(after(job, d), gang_pods(job, attempt=1, created=at(90)), 110)
+    assert (d.status.restart_count, d.status.state) == (1, "Running")
 
 
 # --- success, deadlines, timeouts ---------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""A role pod of a real training job killed at many points of its life: the tiny CPU job
+(tests/e2e/test_tiny_job.py) on the process node, with the operator as its own process.
+Each kill deletes one pod of the gang (the driver, an actor rank or the rollout engine,
+each in turn, in a seeded order) at a point of its life: while the new gang starts up
+(0 steps past its resume point) or 1 to 6 steps past it, each distance in turn. Each kill must give one gang restart and a
+resume from the last checkpoint, with no more than `saveFreq` steps trained again, and the
+job must still succeed with a right history: every step in metrics.jsonl once, in order,
+the restart count equal to the kills, one PodFailed Event per kill.
+
+`make test` kills RLKUBE_FAULT_POD_KILLS=3 times; `make faults` 10 times (the counts in
+docs/reliability.md). RLKUBE_FAULT_SEED picks the points and the pods.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from rlkube_e2e import tinyjob
+from rlkube_e2e.pools import POOL_LABEL
+from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established, wait_for
+from tests.operator.cluster_kit import OperatorProcess
+
+if TYPE_CHECKING:
+    from rlkube_e2e.procnode.node import ProcessNode
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
+
+KILLS = int(os.environ.get("RLKUBE_FAULT_POD_KILLS", "3"))
+SEED = int(os.environ.get("RLKUBE_FAULT_SEED", "18"))
+SAVE_FREQ = 5
+# New steps after a resume before the kill: 0 kills the gang while it starts up.
+MOST_STEPS_BETWEEN_KILLS = 6
+STEPS = 2 * SAVE_FREQ + (MOST_STEPS_BETWEEN_KILLS + 1) * KILLS + 4
+ROLE_PODS = ("controller-0", "actor-0", "actor-1", "rollout-0")
+TIMEOUT = 1200.0
+RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
+
+
+@pytest.fixture
+def operator_process(
+    cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator as a process watching `namespace`; an in-process one other tests left
+    running (cluster-wide) is paused meanwhile: two operators on one job fight."""
+    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
+
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(kubectl, "rljobs.rlkube.dev")
+    paused = InProcessOperator._active
+    if paused is not None and paused.running:
+        paused.stop()
+    process = OperatorProcess(namespace, cluster.kubeconfig, tmp_path / "operator.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        if paused is not None and not paused.running:
+            paused.start()
+
+
+@dataclass(frozen=True)
+class Kill:
+    pod: str
+    step: int  # the last step trained when it was killed
+    checkpoint: int  # the latest complete checkpoint then (0: none)
+    extra: int  # steps past the resume point it waited for
+
+
+def _latest_checkpoint(job: tinyjob.TinyJob) -> int:
+    latest = job.checkpoints / "latest"
+    return int(latest.read_text().strip().rsplit("_", 1)[-1]) if latest.exists() else 0
+
+
+def _steps(job: tinyjob.TinyJob) -> list[int]:
+    return [int(row["step"]) for row in job.metrics()]
+
+
+def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
+    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+) -> None:
+    rng = random.Random(SEED)
+    pool = process_node.labels[POOL_LABEL]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-faults", steps=STEPS, save_freq=SAVE_FREQ, pool=pool)
+    job.manifest["spec"]["runPolicy"].update(backoffLimit=KILLS + 2, activeDeadlineSeconds=3600)
+    tinyjob.apply(kubectl, namespace, job)
+    driver_log = process_node.log_path(namespace, f"{job.name}-controller-0")
+
+    kills: list[Kill] = []
+    resumed_from = 0
+
+    def resumes() -> list[int]:
+        text = driver_log.read_text(errors="replace") if driver_log.exists() else ""
+        return [int(m) for m in RESUMED.findall(text)]
+
+    resumed_before = 0
+    # Every role pod and every distance from the resume point (0: while the gang starts up)
+    # in turn, in a seeded order.
+    victims = [ROLE_PODS[i % len(ROLE_PODS)] for i in range(KILLS)]
+    extras = [i % (MOST_STEPS_BETWEEN_KILLS + 1) for i in range(KILLS)]
+    rng.shuffle(victims)
+    rng.shuffle(extras)
+    try:
+        for k in range(KILLS):
+            # The gang of attempt k runs (the operator says so), then `extra` steps past its resume point.
+            tinyjob.wait_state(kubectl, namespace, job.name, ("Running",), TIMEOUT)
+            status = tinyjob.status(kubectl, namespace, job.name)
+            assert status.get("restartCount", 0) == k, status
+            extra = extras[k]
+            target = resumed_from + extra
+            if extra > 0 and resumed_from > 0:
+                # The old gang's rows stay in metrics.jsonl until the new driver resumes and rewinds them.
+                wait_for(
+                    lambda before=resumed_before: len(resumes()) > before, f"the resume after kill {k}", timeout=TIMEOUT
+                )
+
+            def reached(target: int = target) -> bool:
+                steps = _steps(job)
+                return (max(steps) if steps else 0) >= target
+
+            wait_for(reached, f"step {target} (kill {k + 1})", timeout=TIMEOUT, interval=0.25)
+            victim = victims[k]
+            kubectl("-n", namespace, "delete", "pod", f"{job.name}-{victim}", "--wait=false")
+            steps, checkpoint = _steps(job), _latest_checkpoint(job)
+            done = max(steps) if steps else 0
+            # A right history at every point: each step once, in order (a resume drops the redone rows).
+            assert steps == list(range(1, done + 1)), steps
+            kills.append(Kill(victim, done, checkpoint, extra))
+            assert done - checkpoint <= SAVE_FREQ, kills[-1]
+            resumed_from, resumed_before = checkpoint, len(resumes())
+            wait_for(
+                lambda k=k: tinyjob.status(kubectl, namespace, job.name).get("restartCount", 0) == k + 1,
+                f"the gang restart after kill {k + 1}",
+                timeout=120,
+            )
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), TIMEOUT)
+    except (TimeoutError, AssertionError) as error:
+        log = driver_log.read_text(errors="replace")[-3000:] if driver_log.exists() else "(no driver log)"
+        raise AssertionError(
+            f"{error}\nkills so far {kills}\ndriver log:\n{log}\noperator log:\n{operator_process.log()[-3000:]}"
+        ) from error
+    assert final["state"] == "Succeeded", final
+    assert final["restartCount"] == KILLS
+    assert final["progress"]["step"] == STEPS
+    assert _steps(job) == list(range(1, STEPS + 1))
+    # Every resume was from the checkpoint that was latest when its gang was killed.
+    resumed = resumes()
+    assert set(resumed) <= {kill.checkpoint for kill in kills}, (resumed, kills)
+    last = kills[-1].checkpoint
+    assert last == 0 or resumed[-1] == last, (resumed, kills)
+    events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
+    assert events.count("PodFailed") == KILLS, events
+    redone = sum(kill.step - kill.checkpoint for kill in kills)
+    print(
+        f"faults: {KILLS} role pods killed {[(kill.pod, kill.step, kill.extra) for kill in kills]}, "
+        f"{KILLS} gang restarts, resumes from steps {resumed}, steps trained again {redone} "
+        f"(at most {SAVE_FREQ} per kill), {STEPS} steps each once in metrics.jsonl"
+    )
