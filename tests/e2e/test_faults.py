@@ -38,7 +38,7 @@ SEED = int(os.environ.get("RLKUBE_FAULT_SEED", "18"))
 SAVE_FREQ = 5
 # New steps after a resume before the kill: 0 kills the gang while it starts up.
 MOST_STEPS_BETWEEN_KILLS = 6
-STEPS = 2 * SAVE_FREQ + (MOST_STEPS_BETWEEN_KILLS + 1) * KILLS + 4
+STEPS = 3 * SAVE_FREQ + (MOST_STEPS_BETWEEN_KILLS + 1) * KILLS + 4
 ROLE_PODS = ("controller-0", "actor-0", "actor-1", "rollout-0")
 TIMEOUT = 1200.0
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
@@ -115,7 +115,8 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
             status = tinyjob.status(kubectl, namespace, job.name)
             assert status.get("restartCount", 0) == k, status
             extra = extras[k]
-            target = resumed_from + extra
+            # The first kill comes after the first checkpoint, so every kill is followed by a resume.
+            target = resumed_from + extra if k else SAVE_FREQ + max(extra, 1)
             if extra > 0 and resumed_from > 0:
                 # The old gang's rows stay in metrics.jsonl until the new driver resumes and rewinds them.
                 wait_for(
@@ -154,8 +155,8 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
     # Every resume was from the checkpoint that was latest when its gang was killed.
     resumed = resumes()
     assert set(resumed) <= {kill.checkpoint for kill in kills}, (resumed, kills)
-    last = kills[-1].checkpoint
-    assert last == 0 or resumed[-1] == last, (resumed, kills)
+    assert all(kill.checkpoint > 0 for kill in kills), kills  # every restart resumed
+    assert resumed[-1] == kills[-1].checkpoint, (resumed, kills)
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert events.count("PodFailed") == KILLS, events
     redone = sum(kill.step - kill.checkpoint for kill in kills)
