@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kubernetes import client, config
@@ -15,6 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.children.secret import ray_secret_name_of
+from rlkube_operator.observed import parse_time
 
 FIELD_MANAGER = "rlkube-operator"
 log = logging.getLogger(__name__)
@@ -71,6 +73,7 @@ class Cluster(Protocol):
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
+    def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, pod: str) -> str | None: ...
 
@@ -204,6 +207,20 @@ class Kube:
             return None
         latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return f"{latest.get('reason', '')}: {latest.get('message', '')}"
+
+    def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
+        """When the StatefulSet's controller last failed to create a pod, and why (its
+        FailedCreate Warning Event), if it has."""
+        selector = (
+            f"involvedObject.kind=StatefulSet,involvedObject.name={stateful_set},type=Warning,reason=FailedCreate"
+        )
+        found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
+        items = found.get("items") or []
+        if not items:
+            return None
+        latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        seen = parse_time(latest.get("lastTimestamp") or latest.get("eventTime"))
+        return (seen or datetime.min.replace(tzinfo=UTC)), str(latest.get("message", ""))
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         """Merge-patches the status subresource; returns the object as stored."""

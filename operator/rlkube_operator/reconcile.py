@@ -36,7 +36,7 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
-from rlkube_operator.status import Observed, compute_status, pods_to_explain
+from rlkube_operator.status import Observed, compute_status, pods_to_explain, stateful_sets_to_explain
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class Reconciler:
         tracked.adopt(meta["uid"])
         views = [view_pod(p) for p in pods]
         stuck = pods_to_explain(job, views, now)
+        short = stateful_sets_to_explain(job, views, now)
         observed = Observed(
             pods=views,
             now=now,
@@ -100,6 +101,11 @@ class Reconciler:
             since_last_write=time.monotonic() - tracked.last_write,
             job_created=parse_time(meta.get("creationTimestamp")),
             pod_warnings={pod: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod))},
+            create_failures={
+                name: failure
+                for name in short
+                if name in present_sets and (failure := self.kube.create_failure(meta["namespace"], name))
+            },
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]

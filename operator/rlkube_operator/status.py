@@ -18,6 +18,8 @@ settles the job's fate ends it (RULES below):
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
 - stuck before start: a scheduled pod whose containers do not start for
   pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
+- pods not created: a StatefulSet failing to create its pods (FailedCreate: a missing
+  ServiceAccount, a quota) for pendingTimeoutSeconds → Failed/PodsNotCreated;
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
@@ -27,6 +29,7 @@ A terminal job never gets pods again; its children go after ttlSecondsAfterFinis
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,6 +58,7 @@ from rlkube_operator.plan import (
 
 INVALID_CHILD = "InvalidChild"
 CONTAINERS_NOT_STARTED = "ContainersNotStarted"
+PODS_NOT_CREATED = "PodsNotCreated"
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
 # A status change that is only counts and messages (not a transition) waits at most this
@@ -77,6 +81,9 @@ class Observed:
     # Pod name -> its latest Warning Event ("Reason: message"), read for the pods
     # `pods_to_explain` names (scheduled, containers not started past the timeout).
     pod_warnings: dict[str, str] = field(default_factory=dict)
+    # StatefulSet name -> its latest FailedCreate Warning Event (last seen, message), read
+    # for the StatefulSets `stateful_sets_to_explain` names (short of pods past the timeout).
+    create_failures: dict[str, tuple[datetime, str]] = field(default_factory=dict)
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -437,6 +444,60 @@ def stuck_before_start(p: _Pass) -> Fate | None:
     return None
 
 
+def _pods_awaited_since(job: RLJob) -> datetime | None:
+    """When the current attempt's pods were asked for: the StatefulSets going in (Created), or
+    the gang's restart; None before the children exist, or for a job that wants no pods."""
+    status = job.status
+    if job.spec.suspend or status is None or is_terminal(status.state):
+        return None
+    wanted = (ConditionType.CREATED, ConditionType.RESTARTING)
+    times = [parse_time(c.last_transition_time) for c in status.conditions if c.type in wanted and c.status == "True"]
+    return max((t for t in times if t is not None), default=None)
+
+
+def _roles_missing_pods(job: RLJob, pods: list[PodView]) -> list[str]:
+    attempt = job.status.restart_count if job.status else 0
+    present = Counter(pod.role for pod in pods if pod.attempt == attempt and not pod.deleting)
+    return [
+        child_name(job.metadata.name or "", role.name)
+        for role in pod_roles(job)
+        if present.get(role.name, 0) < role.replicas
+    ]
+
+
+def stateful_sets_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
+    """The StatefulSets still short of pods pendingTimeoutSeconds after the attempt asked for
+    them: why is in their controller's FailedCreate Events."""
+    since = _pods_awaited_since(job)
+    if since is None or (now - since).total_seconds() < job.spec.run_policy.pending_timeout_seconds:
+        return []
+    return _roles_missing_pods(job, pods)
+
+
+def pods_not_created(p: _Pass) -> Fate | None:
+    """A StatefulSet that has not created its pods pendingTimeoutSeconds after the attempt
+    asked for them, and whose controller reported why (FailedCreate: a missing ServiceAccount,
+    a quota, a Pod Security violation), ends the job with that reason: its other roles' pods
+    would otherwise hold their GPUs waiting for it forever."""
+    since = _pods_awaited_since(p.job)
+    if since is None or not _roles_missing_pods(p.job, p.observed.pods):
+        return None
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    waited = (p.now - since).total_seconds()
+    if waited < timeout:
+        p.requeue.append(timeout - waited)
+        return None
+    for name, (last_seen, message) in sorted(p.observed.create_failures.items()):
+        if last_seen >= since:  # this attempt's failure, not an earlier one's
+            return p.finish(
+                State.FAILED,
+                ConditionType.FAILED,
+                PODS_NOT_CREATED,
+                f"StatefulSet {name} has not created its pods for over {timeout}s: {message}",
+            )
+    return None
+
+
 def unschedulable(p: _Pass) -> Fate | None:
     """Only a condition: the job waits for a node (the deadline, if any, ends it)."""
     timeout = p.job.spec.run_policy.pending_timeout_seconds
@@ -500,6 +561,7 @@ RULES: tuple[Rule, ...] = (
     gang_failed,
     bad_image,
     stuck_before_start,
+    pods_not_created,
     unschedulable,
     readiness,
 )

@@ -236,19 +236,17 @@ def wait_for_definite_states(custom: CustomObjectsApi, namespace: str, batch: li
 # What the fuzz found that admission cannot refuse, kept as tests of what should happen.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found by the fuzz: with spec.serviceAccountName naming a ServiceAccount that does not exist, "
-    "the StatefulSets cannot create pods (FailedCreate) and the job stays Created with no condition saying "
-    "why; the status function (operator/rlkube_operator/status.py) does not look at StatefulSet failures yet",
-)
 def test_a_job_whose_service_account_is_missing_says_so(jobs: Jobs) -> None:
+    """Found by the fuzz: with spec.serviceAccountName naming a ServiceAccount that does not
+    exist, the StatefulSets cannot create pods (FailedCreate) and the job stayed Created."""
     jobs.create(
         tiny_job(
             "tiny", jobs.namespace, {"spec.serviceAccountName": "missing", "spec.runPolicy.pendingTimeoutSeconds": 3}
         )
     )
-    wait_for(lambda: definite_state(jobs.get("tiny")), "a definite state", timeout=20)
+    wait_for(lambda: definite_state(jobs.get("tiny")), "a definite state", timeout=60)
+    failed = next(c for c in jobs.get("tiny")["status"]["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "PodsNotCreated" and "missing" in failed["message"], failed
 
 
 class DeletedJobKube:

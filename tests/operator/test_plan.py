@@ -82,6 +82,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "gang_failed",
         "bad_image",
         "stuck_before_start",
+        "pods_not_created",
         "unschedulable",
         "readiness",
     ]

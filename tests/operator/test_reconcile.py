@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +37,7 @@ class FakeKube:
         self.refuse = set(refuse)
         self.invalid = set(invalid)
         self.warnings: dict[str, str] = {}
+        self.create_failures: dict[str, tuple[datetime, str]] = {}
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -84,6 +86,10 @@ class FakeKube:
     def pod_warning(self, namespace: str, pod: str) -> str | None:
         self.calls.append(("pod_warning", namespace, pod))
         return self.warnings.get(pod)
+
+    def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
+        self.calls.append(("create_failure", namespace, stateful_set))
+        return self.create_failures.get(stateful_set)
 
     def kinds(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -299,3 +305,33 @@ def test_a_pod_whose_containers_never_start_fails_the_job_with_the_kubelets_even
     condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "ContainersNotStarted"
     assert "pod tiny-cpu-actor-1 (role actor)" in condition["message"] and MOUNT_FAILED in condition["message"]
+
+
+NO_SERVICE_ACCOUNT = (
+    'create Pod tiny-cpu-rollout-0 in StatefulSet tiny-cpu-rollout failed error: pods "tiny-cpu-rollout-0" is '
+    'forbidden: error looking up service account demo/missing: serviceaccount "missing" not found'
+)
+
+
+def test_a_stateful_set_that_cannot_create_its_pods_fails_the_job_after_the_timeout() -> None:
+    """The rollout's StatefulSet cannot create its pod (a missing ServiceAccount): the other
+    roles' pods run meanwhile. Its FailedCreate Event ends the job after pendingTimeoutSeconds."""
+    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
+    reconcile(kube, tracked, body_of(), [], 0)
+    body = body_of(status=kube.written())
+    pods = [p for p in gang_pods(load_job(CPU)) if "rollout" not in p["metadata"]["name"]]
+    kube.calls.clear()
+    everyone = reconcile(kube, tracked, body, gang_pods(load_job(CPU)), 10)
+    assert "create_failure" not in kube.kinds()  # every pod there: nothing to ask
+    assert everyone.state != "Failed"
+    kube.create_failures["tiny-cpu-rollout"] = (at(5), NO_SERVICE_ACCOUNT)
+    early = reconcile(kube, tracked, body, pods, 100)
+    assert "create_failure" not in kube.kinds()  # not before pendingTimeoutSeconds (300)
+    assert early.state != "Failed" and early.requeue_after is not None and early.requeue_after <= 200
+    failed = reconcile(kube, tracked, body, pods, 306)
+    assert ("create_failure", NAMESPACE, "tiny-cpu-rollout") in kube.calls
+    assert failed.state == "Failed"
+    condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
+    assert condition["reason"] == "PodsNotCreated"
+    assert 'serviceaccount "missing" not found' in condition["message"]
+    assert "StatefulSet tiny-cpu-rollout" in condition["message"]
