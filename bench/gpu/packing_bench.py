@@ -27,33 +27,19 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT / "trainer") not in sys.path:
-    sys.path.insert(0, str(ROOT / "trainer"))
+for _path in (ROOT / "trainer", Path(__file__).resolve().parent):
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
 import torch  # noqa: E402
+
+# The benchmark's model shapes are grpo_bench.py's (it imports nothing heavy at the top).
+from grpo_bench import FULL_SHAPE, QWEN25_05B, TINY  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from rlkube_trainer.models import response_log_probs  # noqa: E402
 from rlkube_trainer.packing import enable_packed_attention, token_bins  # noqa: E402
 
-# Qwen2.5-0.5B's architecture (its config.json), random-initialised (as grpo_bench.py's).
-QWEN25_05B = {
-    "vocab_size": 151936,
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 32768,
-    "rope_theta": 1000000.0,
-    "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": True,
-    "use_sliding_window": False,
-    "hidden_act": "silu",
-}
-TINY = {**QWEN25_05B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
-TINY.update(num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1024)
-FULL_SHAPE = {"prompts": 64, "n": 8, "prompt_len": 256, "response_len": 512}
 TINY_SHAPE = {"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 24}
 
 
