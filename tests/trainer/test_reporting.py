@@ -221,11 +221,14 @@ class FakeClock:
     def __call__(self) -> float:
         return self.now
 
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
 
 def unreachable_reporter(tmp_path: Path, clock: FakeClock) -> PodAnnotationReporter:
     # Nothing listens on port 1: connection refused at once, a network failure without waiting.
     api = kubeconfig_api(write_kubeconfig(tmp_path, "https://127.0.0.1:1", token="t"))
-    return PodAnnotationReporter(api, "ns", "pod", min_interval=5, max_backoff=40, clock=clock)
+    return PodAnnotationReporter(api, "ns", "pod", min_interval=5, max_backoff=40, clock=clock, sleep=clock.sleep)
 
 
 def write_kubeconfig(tmp_path: Path, server: str, token: str) -> Path:
@@ -253,8 +256,10 @@ def test_unreachable_api_server_is_logged_once_and_backs_off(tmp_path: Path, cap
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "cannot reach the API server for pod ns/pod" in warnings[0].getMessage()
-    reporter.report({"step": 2}, force=True)  # the final report is tried regardless
-    assert reporter.attempts == 4
+    slept = clock.now
+    reporter.report({"step": 2}, force=True)  # the final report is tried regardless, three times
+    assert reporter.attempts == 6
+    assert clock.now - slept == 3.0  # 1 s, then 2 s between the tries
 
 
 def test_reporter_from_env(tmp_path: Path) -> None:

@@ -144,6 +144,9 @@ def kubeconfig_api(path: Path | str, context: str | None = None) -> client.ApiCl
     return api
 
 
+FINAL_REPORT_WAITS = (1.0, 2.0)
+
+
 class PodAnnotationReporter:
     """Merge-patches `rlkube.dev/progress` on one pod, at most once per `min_interval` seconds.
 
@@ -167,6 +170,7 @@ class PodAnnotationReporter:
         max_backoff: float = 60.0,
         timeout: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         from kubernetes import client  # noqa: PLC0415
 
@@ -182,6 +186,7 @@ class PodAnnotationReporter:
         self.max_backoff = max_backoff
         self.timeout = timeout
         self._clock = clock
+        self._sleep = sleep
         self._lock = threading.Lock()
         self._next_allowed = -math.inf
         self._pending: dict[str, Any] | None = None
@@ -201,7 +206,15 @@ class PodAnnotationReporter:
                 self.throttled += 1
                 return
             self._pending = None
-            if self._patch(progress):
+            # A forced report is the run's last word (its final step): worth a few tries, a
+            # second apart and then two, against an API server busy for a moment.
+            landed = self._patch(progress)
+            for wait in FINAL_REPORT_WAITS if force else ():
+                if landed:
+                    break
+                self._sleep(wait)
+                landed = self._patch(progress)
+            if landed:
                 self._failures = 0
                 self._next_allowed = now + self.min_interval
             else:
