@@ -220,6 +220,10 @@ def test_the_operator_reconnects_after_the_api_server_restarts(
 ) -> None:
     if cluster.local is None:
         pytest.skip("restarts the session's own control plane (RLKUBE_KUBECONFIG points elsewhere)")
+    if os.environ.get("RLKUBE_FAULT_APISERVER") != "1":
+        # The restart is of the session's shared API server: on CI's 2 cores it took long
+        # enough once that the tests after it failed too. `make faults` runs it.
+        pytest.skip("restarts the session's shared API server: run by `make faults` (RLKUBE_FAULT_APISERVER=1)")
     jobs = Jobs(kube, kubectl, namespace)
     jobs.create(tiny_job("before", namespace))
     jobs.wait_running("before", timeout=60)
