@@ -396,6 +396,7 @@ def bad_image(p: _Pass) -> Fate | None:
 # How soon a pod whose containers are still being created past the timeout, with nothing
 # wrong reported (a large image still pulling), is looked at again.
 STARTING_RECHECK_SECONDS = 30.0
+CREATE_FAILURE_RECHECK_SECONDS = 5.0
 
 
 def _starting_too_long(job: RLJob, pod: PodView, now: datetime) -> bool:
@@ -495,6 +496,9 @@ def pods_not_created(p: _Pass) -> Fate | None:
                 PODS_NOT_CREATED,
                 f"StatefulSet {name} has not created its pods for over {timeout}s: {message}",
             )
+    # No failure reported yet: the controller-manager posts its Events asynchronously (late
+    # under load), and nothing else wakes the job when one arrives.
+    p.requeue.append(CREATE_FAILURE_RECHECK_SECONDS)
     return None
 
 

@@ -324,6 +324,11 @@ def test_a_stateful_set_that_cannot_create_its_pods_fails_the_job_after_the_time
     everyone = reconcile(kube, tracked, body, gang_pods(load_job(CPU)), 10)
     assert "create_failure" not in kube.kinds()  # every pod there: nothing to ask
     assert everyone.state != "Failed"
+    unexplained = reconcile(kube, tracked, body, pods, 301)
+    assert ("create_failure", NAMESPACE, "tiny-cpu-rollout") in kube.calls
+    assert unexplained.state != "Failed"  # its Event may still be on its way: ask again soon
+    assert unexplained.requeue_after is not None and unexplained.requeue_after <= 5
+    kube.calls.clear()
     kube.create_failures["tiny-cpu-rollout"] = (at(5), NO_SERVICE_ACCOUNT)
     early = reconcile(kube, tracked, body, pods, 100)
     assert "create_failure" not in kube.kinds()  # not before pendingTimeoutSeconds (300)
