@@ -6,6 +6,7 @@
 #   bash bench/gpu/issue15.sh install    # once every batch is there: vLLM 0.24 site, vLLM 0.26 site
 #   bash bench/gpu/issue15.sh rollout    # rollout options (rollout_bench.py), 0.24 then 0.26
 #   bash bench/gpu/issue15.sh rlkube     # GRPO and PPO steps with the rollout options that paid
+#   bash bench/gpu/issue15.sh rlkube-next  # GRPO steps on vLLM 0.26 (its site first on the path)
 #   bash bench/gpu/issue15.sh trl        # TRL 1.16 GRPOTrainer, its default precision, HF generation
 #   bash bench/gpu/issue15.sh verl-install  # with bench/gpu/carry/verl carried (fetch_verl_wheels.sh)
 #   bash bench/gpu/issue15.sh verl       # verl 0.9.1 main_ppo, GRPO, FSDP + vLLM, same shape
@@ -74,6 +75,13 @@ PY
       "${args[@]}" 2>&1 | grep -vE "^(INFO|WARNING|\(EngineCore)" | tail -40 | tee "$out/rlkube.log"
     keep rlkube.json
     ;;
+  rlkube-next)
+    export PYTHONPATH="$next_site:$site"
+    python3 -c "import vllm; print('vllm', vllm.__version__)"
+    python3 "$here/grpo_bench.py" rlkube --out "$out/rlkube-vllm-next.json" --steps 4 --budget "${BUDGET:-330}" \
+      --skip weight_sync,rollout_variants,profile_actor,profile_rollout,ppo,actor_update_variants,grpo_kl \
+      2>&1 | grep -vE "^(INFO|WARNING|\(EngineCore)" | tail -40 | tee "$out/rlkube-vllm-next.log"
+    ;;
   trl)
     export PYTHONPATH="$site"
     python3 "$here/grpo_bench.py" trl --generation hf --steps 4 --out "$out/trl-hf.json" 2>&1 |
@@ -85,7 +93,7 @@ PY
     PYTHONPATH="$site" python3 "$here/verl_bench.py" check 2>&1 | tail -5
     ;;
   verl)
-    PYTHONPATH="$site" python3 "$here/verl_bench.py" run --steps 4 --out "$out/verl.json" 2>&1 |
+    PYTHONPATH="$site" python3 "$here/verl_bench.py" run --steps "${VERL_STEPS:-3}" --out "$out/verl.json" 2>&1 |
       grep -E "verl summary|Error|error" | tail -20 || true
     keep verl.json
     ;;
