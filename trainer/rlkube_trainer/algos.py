@@ -21,6 +21,7 @@ IndexLike = Sequence[Hashable] | npt.NDArray[Any] | torch.Tensor
 
 _AdvT = TypeVar("_AdvT", bound=AdvEstimatorFn)
 _LossT = TypeVar("_LossT", bound=PolicyLossFn)
+_FnT = TypeVar("_FnT", bound=Callable[..., Any])
 
 ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}
 POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
@@ -31,48 +32,43 @@ FIXED_LOSS_AGG_MODES: dict[str, str] = {"gspo": "seq-mean-token-mean"}
 # --------------------------------------------------------------------------- registries
 
 
-def register_adv_est(name: str) -> Callable[[_AdvT], _AdvT]:
-    """Decorator registering an advantage estimator under ``name``; re-registering a different fn fails."""
-
-    def decorator(fn: _AdvT) -> _AdvT:
-        existing = ADV_ESTIMATOR_REGISTRY.get(name)
+def _register(registry: dict[str, Any], kind: str, name: str) -> Callable[[_FnT], _FnT]:
+    def decorator(fn: _FnT) -> _FnT:
+        existing = registry.get(name)
         if existing is not None and existing is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered to {existing!r}")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
+            raise ValueError(f"{kind} {name!r} is already registered to {existing!r}")
+        registry[name] = fn
         return fn
 
     return decorator
+
+
+def _lookup(registry: dict[str, _FnT], kind: str, name: str) -> _FnT:
+    try:
+        return registry[name]
+    except KeyError:
+        known = ", ".join(sorted(registry))
+        raise ValueError(f"unknown {kind} {name!r}; known: {known}") from None
+
+
+def register_adv_est(name: str) -> Callable[[_AdvT], _AdvT]:
+    """Decorator registering an advantage estimator under ``name``; re-registering a different fn fails."""
+    return _register(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
 def get_adv_estimator_fn(name: str) -> AdvEstimatorFn:
     """Return the advantage estimator registered as ``name``; ValueError listing known names otherwise."""
-    try:
-        return ADV_ESTIMATOR_REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(ADV_ESTIMATOR_REGISTRY))
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {known}") from None
+    return _lookup(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
 def register_policy_loss(name: str) -> Callable[[_LossT], _LossT]:
     """Decorator registering a policy loss under ``name``; re-registering a different fn fails."""
-
-    def decorator(fn: _LossT) -> _LossT:
-        existing = POLICY_LOSS_REGISTRY.get(name)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered to {existing!r}")
-        POLICY_LOSS_REGISTRY[name] = fn
-        return fn
-
-    return decorator
+    return _register(POLICY_LOSS_REGISTRY, "policy loss", name)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
     """Return the policy loss registered as ``name``; ValueError listing known names otherwise."""
-    try:
-        return POLICY_LOSS_REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(POLICY_LOSS_REGISTRY))
-        raise ValueError(f"unknown policy loss {name!r}; known: {known}") from None
+    return _lookup(POLICY_LOSS_REGISTRY, "policy loss", name)
 
 
 # --------------------------------------------------------------------------- masked helpers
