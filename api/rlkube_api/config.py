@@ -197,6 +197,13 @@ class FSDPConfig(ApiModel):
         "each layer's weights reach the GPU only for its forward and backward, and the optimizer steps on "
         "the CPU. The most GPU memory saved, at the optimizer's speed on the CPU.",
     )
+    optimizer_offload: bool = Field(
+        False,
+        description="Keep the optimizer state (AdamW's moments) in host memory between updates: it moves to "
+        "the GPU just before the update's first optimizer step and back to the host after the update, so it "
+        "is off the GPU while the rollout engine generates and syncs. Actor and critic (the reference has "
+        "no optimizer); with paramOffload the state is in host memory anyway.",
+    )
     reshard_after_forward: bool = Field(
         True,
         description="Free each layer's gathered weights after its forward and gather them again for the "
@@ -302,6 +309,14 @@ class CriticConfig(ApiModel):
 
 class ReferenceConfig(ApiModel):
     """The frozen reference policy (verl's ref section)."""
+
+    cel_rules = (
+        CelRule(
+            "!has(self.fsdpConfig) || !has(self.fsdpConfig.optimizerOffload) || !self.fsdpConfig.optimizerOffload",
+            "the reference has no optimizer: optimizerOffload applies to actor and critic",
+            ".fsdpConfig.optimizerOffload",
+        ),
+    )
 
     log_prob_max_token_len_per_gpu: TokenBudget | None = Field(
         None,

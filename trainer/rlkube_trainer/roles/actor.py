@@ -121,7 +121,14 @@ class Actor(Trainable):
             config.actor.fsdp_config,
             prepare=prepare,
         )
-        super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
+        super().__init__(
+            config.actor.optim,
+            total_steps,
+            config.actor.grad_clip,
+            device,
+            config.trainer.seed,
+            offload_optimizer=config.actor.fsdp_config.optimizer_offload,
+        )
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a
         # metric alone it would cost a softmax over the vocabulary at every response position
