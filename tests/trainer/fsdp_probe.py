@@ -2,9 +2,9 @@
 actor's strategy, fsdpSize and compute dtype given on the command line; writes each
 rank's local parameter shapes, the update's metrics and (rank 0) the weights after it.
 
-With the plan `resume`: two updates, a checkpoint between them, and the second update again
-by a fresh actor resumed from that checkpoint; the weights after each second update, and
-where the optimizer state was after each update and after the resume.
+With the plan `resume`, without and with optimizerOffload: two updates, a checkpoint between
+them, and the second update again by a fresh actor resumed from that checkpoint; the weights
+after each second update, and where the optimizer state was after each update and the resume.
 
 Every rank builds the same global batch and takes its contiguous share, as the driver's
 data-parallel dispatch does."""
@@ -72,26 +72,32 @@ def step(actor: Actor, batch: TrainBatch) -> dict[str, float]:
 
 
 def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
-    """Two updates, with a checkpoint after the first; then a fresh actor resumes from it and
-    makes the second update again."""
-    first = Actor(config, torch.device("cpu"), total_steps=10)
-    states = [optimizer_state(first)]
-    step(first, batch)
-    states.append(optimizer_state(first))
-    save_rank_state(Path(out, "checkpoint"), {"actor": first}, rank)
-    states.append(optimizer_state(first))
-    step(first, batch)
-    states.append(optimizer_state(first))
-    straight = {name: t.clone() for name, t in first.named_weights()}
-    resumed = Actor(config, torch.device("cpu"), total_steps=10)
-    load_rank_state(Path(out, "checkpoint"), {"actor": resumed}, rank)
-    states.append(optimizer_state(resumed))
-    step(resumed, batch)
-    states.append(optimizer_state(resumed))
-    again = {name: t.clone() for name, t in resumed.named_weights()}
+    """Without and with optimizerOffload: two updates, with a checkpoint after the first; then
+    a fresh actor resumes from it and makes the second update again."""
+    states: dict[str, list[dict[str, Any]]] = {}
+    weights: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    for offload in (False, True):
+        run = "offloaded" if offload else "kept"
+        config.actor.fsdp_config.optimizer_offload = offload
+        checkpoint = Path(out, run, "checkpoint")
+        first = Actor(config, torch.device("cpu"), total_steps=10)
+        states[run] = [optimizer_state(first)]
+        step(first, batch)
+        states[run].append(optimizer_state(first))
+        save_rank_state(checkpoint, {"actor": first}, rank)
+        states[run].append(optimizer_state(first))
+        step(first, batch)
+        states[run].append(optimizer_state(first))
+        straight = {name: t.clone() for name, t in first.named_weights()}
+        resumed = Actor(config, torch.device("cpu"), total_steps=10)
+        load_rank_state(checkpoint, {"actor": resumed}, rank)
+        states[run].append(optimizer_state(resumed))
+        step(resumed, batch)
+        states[run].append(optimizer_state(resumed))
+        weights[run] = {"straight": straight, "resumed": {name: t.clone() for name, t in resumed.named_weights()}}
     Path(out, f"rank_{rank}.json").write_text(json.dumps({"optimizer_states": states}))
     if rank == 0:
-        torch.save({"straight": straight, "resumed": again}, Path(out, "weights.pt"))
+        torch.save(weights, Path(out, "weights.pt"))
 
 
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan: str) -> None:

@@ -177,18 +177,19 @@ def test_optimizer_offload_keeps_the_state_on_the_host_between_updates_and_resum
     and after the resume (on CPU host and device are one: this checks the choreography; the
     moves themselves are checked on a GPU by test_optimizer_offload_gpu.py), and the weights
     equal those without offload, straight and resumed."""
-    kept = update(workdir, "resume", 2, "fsdp2", None, "fp32", plan="resume")
-    offloaded = update(workdir, "resume-offload", 2, "fsdp2", None, "fp32", optimizer_offload=True, plan="resume")
-    for rank in offloaded["ranks"]:
+    runs = update(workdir, "resume", 2, "fsdp2", None, "fp32", plan="resume")
+    weights = runs["weights"]
+    for rank in runs["ranks"]:
+        offloaded, kept = rank["optimizer_states"]["offloaded"], rank["optimizer_states"]["kept"]
         # before any update (no state yet), after update 1, after the save, after update 2,
         # after the resume, after the resumed update 2
-        assert [s["on_host"] for s in rank["optimizer_states"]] == [False, True, True, True, True, True]
-        assert [s["devices"] for s in rank["optimizer_states"]] == [[]] + [["cpu"]] * 5
-    assert not any(s["on_host"] for rank in kept["ranks"] for s in rank["optimizer_states"])
+        assert [s["on_host"] for s in offloaded] == [False, True, True, True, True, True]
+        assert [s["devices"] for s in offloaded] == [[]] + [["cpu"]] * 5
+        assert not any(s["on_host"] for s in kept)
     for run in ("straight", "resumed"):
-        for name, tensor in kept["weights"][run].items():
-            assert torch.equal(offloaded["weights"][run][name], tensor), (run, name)
-    for name, tensor in kept["weights"]["straight"].items():
-        assert torch.equal(kept["weights"]["resumed"][name], tensor), name
+        for name, tensor in weights["kept"][run].items():
+            assert torch.equal(weights["offloaded"][run][name], tensor), (run, name)
+    for name, tensor in weights["kept"]["straight"].items():
+        assert torch.equal(weights["kept"]["resumed"][name], tensor), name
     initial = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
-    assert any(not torch.equal(kept["weights"]["straight"][n], w) for n, w in initial.items())
+    assert any(not torch.equal(weights["kept"]["straight"][n], w) for n, w in initial.items())
