@@ -368,7 +368,11 @@ class RolloutConfig(ApiModel):
         "the actor's (training/rollout_probs_diff_*); costs rollout speed.",
     )
     update_weights_bucket_megabytes: int = Field(
-        512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
+        512,
+        ge=1,
+        description="Weight sync, in MiB of full tensors: colocated, each bucket is one gather from the "
+        "FSDP shards and reaches the engine before the next (its extra GPU memory: about twice this, or "
+        "twice the largest tensor); separate, each is one broadcast. verl's default is 2048.",
     )
     enable_prefix_caching: bool = Field(
         True,
