@@ -197,6 +197,13 @@ class FSDPConfig(ApiModel):
         "each layer's weights reach the GPU only for its forward and backward, and the optimizer steps on "
         "the CPU. The most GPU memory saved, at the optimizer's speed on the CPU.",
     )
+    optimizer_offload: bool = Field(
+        False,
+        description="Keep the optimizer state (AdamW's moments) in host memory between updates: it moves to "
+        "the GPU just before the update's first optimizer step and back to the host after the update, so it "
+        "is off the GPU while the rollout engine generates and syncs. Actor and critic (the reference has "
+        "no optimizer); with paramOffload the state is in host memory anyway.",
+    )
     reshard_after_forward: bool = Field(
         True,
         description="Free each layer's gathered weights after its forward and gather them again for the "
@@ -303,6 +310,14 @@ class CriticConfig(ApiModel):
 class ReferenceConfig(ApiModel):
     """The frozen reference policy (verl's ref section)."""
 
+    cel_rules = (
+        CelRule(
+            "!has(self.fsdpConfig) || !has(self.fsdpConfig.optimizerOffload) || !self.fsdpConfig.optimizerOffload",
+            "the reference has no optimizer: optimizerOffload applies to actor and critic",
+            ".fsdpConfig.optimizerOffload",
+        ),
+    )
+
     log_prob_max_token_len_per_gpu: TokenBudget | None = Field(
         None,
         description="actor.useDynamicBsz: tokens per micro-batch of the reference's log-prob pass; default "
@@ -353,7 +368,11 @@ class RolloutConfig(ApiModel):
         "the actor's (training/rollout_probs_diff_*); costs rollout speed.",
     )
     update_weights_bucket_megabytes: int = Field(
-        512, ge=1, description="Separate placement: size of each weight-broadcast bucket."
+        512,
+        ge=1,
+        description="Weight sync, in MiB of full tensors: colocated, each bucket is one gather from the "
+        "FSDP shards and reaches the engine before the next (its extra GPU memory: about twice this, or "
+        "twice the largest tensor); separate, each is one broadcast. verl's default is 2048.",
     )
     enable_prefix_caching: bool = Field(
         True,

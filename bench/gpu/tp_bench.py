@@ -87,6 +87,7 @@ def _config(args: argparse.Namespace, model_dir: Path, shape: dict[str, int]) ->
     }
     raw["actor"]["strategy"] = "fsdp2"
     raw["rollout"]["free_cache_engine"] = False
+    raw["rollout"]["update_weights_bucket_megabytes"] = args.bucket_mb
     return raw
 
 
@@ -173,6 +174,7 @@ def _rank(rank: int, args: argparse.Namespace, port: int, model_dir: str, shape:
             "gpus": args.gpus,
             "tp": args.tp,
             "engines": engines.count,
+            "bucket_mb": args.bucket_mb,
             "arch": "tiny" if args.tiny else args.arch,
             "shape": shape,
             "generate_tokens_per_s": total_tokens / max(r["generate_s"] for r in gathered),
@@ -203,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--gpu-util", type=float, default=None, help="rollout.gpu_memory_utilization (default 0.3; CPU: 0.02 of RAM)"
+    )
+    parser.add_argument(
+        "--bucket-mb", type=int, default=512, help="rollout.update_weights_bucket_megabytes (one gather per bucket)"
     )
     parser.add_argument("--workdir", default="/tmp/rlkube-tp-bench")
     parser.add_argument("--out", type=Path, default=Path("bench-out/tp.json"))

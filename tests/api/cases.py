@@ -170,6 +170,11 @@ INVALID = [
         ("spec.volumes", "mountPath"),
     ),
     Case("actor-strategy-unknown", _set("spec.actor.strategy", "zero3"), ("spec.actor.strategy",)),
+    Case(
+        "reference-optimizer-offload",
+        _set("spec.ref.fsdpConfig", {"optimizerOffload": True}),
+        ("spec.ref.fsdpConfig.optimizerOffload", "the reference has no optimizer"),
+    ),
     # --- what pod creation would refuse: quantities, labels, tolerations, names --------------------
     Case(
         "memory-in-gigabytes",

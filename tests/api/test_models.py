@@ -89,6 +89,18 @@ def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Pa
     assert "algorithm.adv_estimatr: Extra inputs are not permitted" in text
 
 
+def test_optimizer_offload_reaches_the_trainer_config_of_actor_and_critic(tmp_path: Path) -> None:
+    job = example("tiny-cpu.yaml")
+    job["spec"]["actor"] = {**job["spec"].get("actor", {}), "fsdpConfig": {"optimizerOffload": True}}
+    job["spec"]["critic"] = {**job["spec"].get("critic", {}), "fsdpConfig": {"optimizerOffload": True}}
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(parse_rljob(job).spec.trainer_config().to_config()))
+    config = load_trainer_config(path)
+    assert config.actor.fsdp_config.optimizer_offload and config.critic.fsdp_config.optimizer_offload
+    assert not config.actor.fsdp_config.param_offload
+    assert not config.ref.fsdp_config.optimizer_offload
+
+
 def test_trainer_config_file_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(InvalidSpec, match=r"missing\.yaml"):
         load_trainer_config(tmp_path / "missing.yaml")

@@ -2,6 +2,10 @@
 actor's strategy, fsdpSize and compute dtype given on the command line; writes each
 rank's local parameter shapes, the update's metrics and (rank 0) the weights after it.
 
+With the plan `resume`, without and with optimizerOffload: two updates, a checkpoint between
+them, and the second update again by a fresh actor resumed from that checkpoint; the weights
+after each second update, and where the optimizer state was after each update and the resume.
+
 Every rank builds the same global batch and takes its contiguous share, as the driver's
 data-parallel dispatch does."""
 
@@ -16,9 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
+from transformers import AutoConfig
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.fsdp import offloads_parameters
 from rlkube_trainer.rank_group import split
 from rlkube_trainer.roles import actor as actor_module
@@ -46,9 +52,63 @@ def global_batch(vocab: int) -> TrainBatch:
     return batch
 
 
-def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> None:
+def optimizer_state(actor: Actor) -> dict[str, Any]:
+    """Where the actor's optimizer state is: the device of every tensor but the step count, and
+    where the trainer means it to be."""
+    devices = sorted(
+        {
+            str(value.device)
+            for state in actor.optimizer.state.values()
+            for key, value in state.items()
+            if key != "step" and isinstance(value, torch.Tensor)
+        }
+    )
+    return {"devices": devices, "on_host": actor.optimizer_state_on_host}
+
+
+def step(actor: Actor, batch: TrainBatch) -> dict[str, float]:
+    batch.old_log_probs = actor.compute_log_prob(batch)
+    return actor.update(batch)
+
+
+def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
+    """Without and with optimizerOffload: two updates, with a checkpoint after the first; then
+    a fresh actor resumes from it and makes the second update again."""
+    states: dict[str, list[dict[str, Any]]] = {}
+    weights: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
+    for offload in (False, True):
+        run = "offloaded" if offload else "kept"
+        config.actor.fsdp_config.optimizer_offload = offload
+        checkpoint = Path(out, run, "checkpoint")
+        first = Actor(config, torch.device("cpu"), total_steps=10)
+        states[run] = [optimizer_state(first)]
+        step(first, batch)
+        states[run].append(optimizer_state(first))
+        save_rank_state(checkpoint, {"actor": first}, rank)
+        states[run].append(optimizer_state(first))
+        step(first, batch)
+        states[run].append(optimizer_state(first))
+        straight = {name: t.clone() for name, t in first.named_weights()}
+        resumed = Actor(config, torch.device("cpu"), total_steps=10)
+        load_rank_state(checkpoint, {"actor": resumed}, rank)
+        states[run].append(optimizer_state(resumed))
+        step(resumed, batch)
+        states[run].append(optimizer_state(resumed))
+        weights[run] = {"straight": straight, "resumed": {name: t.clone() for name, t in resumed.named_weights()}}
+    Path(out, f"rank_{rank}.json").write_text(json.dumps({"optimizer_states": states}))
+    if rank == 0:
+        torch.save(weights, Path(out, "weights.pt"))
+
+
+def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
+    if plan == "resume":
+        vocab = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
+        resume_main(rank, config, global_batch(vocab).select(torch.arange(SAMPLES)[split(SAMPLES, world)[rank]]), out)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
     reads = []  # the checkpoint reads of this rank (load_distributed: rank 0 only, when sharded)
     read = actor_module.load_causal_lm
     actor_module.load_causal_lm = lambda *a, **k: reads.append(1) or read(*a, **k)  # type: ignore[assignment]
@@ -79,8 +139,8 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> N
     dist.destroy_process_group()
 
 
-def main(world: int, port: int, config_path: str, out: str) -> None:
-    mp.spawn(rank_main, args=(world, port, config_path, out), nprocs=world, join=True)
+def main(world: int, port: int, config_path: str, out: str, plan: str) -> None:
+    mp.spawn(rank_main, args=(world, port, config_path, out, plan), nprocs=world, join=True)
 
 
 def config_for(
@@ -91,6 +151,7 @@ def config_for(
     param_dtype: str,
     offload: bool = False,
     reshard: bool = True,
+    optimizer_offload: bool = False,
 ) -> dict[str, Any]:
     from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
 
@@ -107,6 +168,7 @@ def config_for(
             "fsdp_config": {
                 "mixed_precision": {"param_dtype": param_dtype},
                 "param_offload": offload,
+                "optimizer_offload": optimizer_offload,
                 "reshard_after_forward": reshard,
             },
         }
@@ -115,4 +177,4 @@ def config_for(
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5] if len(sys.argv) > 5 else "update")

@@ -50,6 +50,8 @@ def update(
     dtype: str,
     offload: bool = False,
     reshard: bool = True,
+    optimizer_offload: bool = False,
+    plan: str = "update",
 ) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
     from fsdp_probe import config_for  # noqa: PLC0415
@@ -59,9 +61,10 @@ def update(
         return RUNS[out]
     out.mkdir()
     config = out / "config.yaml"
-    config.write_text(yaml.safe_dump(config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard)))
+    raw = config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload)
+    config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out)],
+        [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out), plan],
         capture_output=True,
         text=True,
         timeout=600,
@@ -165,3 +168,28 @@ def test_two_ranks_update_as_one_rank_does(workdir: Path) -> None:
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+
+
+@pytest.mark.trainer
+def test_optimizer_offload_keeps_the_state_on_the_host_between_updates_and_resumes_the_same(workdir: Path) -> None:
+    """Two updates on 2 FSDP2 ranks with a checkpoint between them, and the second again by an
+    actor resumed from it: with optimizerOffload the state is in host memory after each update
+    and after the resume (on CPU host and device are one: this checks the choreography; the
+    moves themselves are checked on a GPU by test_optimizer_offload_gpu.py), and the weights
+    equal those without offload, straight and resumed."""
+    runs = update(workdir, "resume", 2, "fsdp2", None, "fp32", plan="resume")
+    weights = runs["weights"]
+    for rank in runs["ranks"]:
+        offloaded, kept = rank["optimizer_states"]["offloaded"], rank["optimizer_states"]["kept"]
+        # before any update (no state yet), after update 1, after the save, after update 2,
+        # after the resume, after the resumed update 2
+        assert [s["on_host"] for s in offloaded] == [False, True, True, True, True, True]
+        assert [s["devices"] for s in offloaded] == [[]] + [["cpu"]] * 5
+        assert not any(s["on_host"] for s in kept)
+    for run in ("straight", "resumed"):
+        for name, tensor in weights["kept"][run].items():
+            assert torch.equal(weights["offloaded"][run][name], tensor), (run, name)
+    for name, tensor in weights["kept"]["straight"].items():
+        assert torch.equal(weights["kept"]["resumed"][name], tensor), name
+    initial = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
+    assert any(not torch.equal(weights["kept"]["straight"][n], w) for n, w in initial.items())

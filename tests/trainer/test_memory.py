@@ -20,7 +20,7 @@ from rlkube_trainer.tiny_task import init
 H200 = int(139.8 * GIB)
 HOST = 128 * GIB
 # Qwen2.5-7B and -0.5B: parameter counts of their checkpoints; embeddings (and the untied head).
-QWEN_7B = ModelShape(parameters=7_615_616_512, root_parameters=2 * 152_064 * 3_584)
+QWEN_7B = ModelShape(parameters=7_615_616_512, root_parameters=2 * 152_064 * 3_584, largest_tensor=152_064 * 3_584)
 QWEN_05B = ModelShape(parameters=494_032_768, root_parameters=151_936 * 896)
 COLOCATED = frozenset({Role.ACTOR, Role.ROLLOUT})
 
@@ -98,4 +98,22 @@ def test_model_shape_reads_the_checkpoint_without_loading_it(workdir: Path) -> N
     assert shape.parameters == sum(p.numel() for p in model.parameters())
     heads = 1 if model.config.tie_word_embeddings else 2
     assert shape.root_parameters == heads * model.config.vocab_size * model.config.hidden_size
+    assert shape.largest_tensor == max(p.numel() for p in model.parameters())
     assert ModelShape.of(workdir / "data") is None
+
+
+@pytest.mark.trainer
+def test_optimizer_offload_takes_the_moments_off_the_gpu_outside_the_update(workdir: Path) -> None:
+    def sums(**fsdp: Any) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+        memory = rank_memory(config(workdir, model_dtype="bf16", **fsdp), COLOCATED, 1, H200, {"actor": QWEN_7B})
+        generate, update = ({p.what: p.bytes for p in phase.parts} for phase in memory.gpu)
+        return generate, update, {p.what: p.bytes for p in memory.host.parts}
+
+    generate, update, host = sums()
+    off_generate, off_update, off_host = sums(optimizer_offload=True)
+    moments = 2 * 2 * QWEN_7B.parameters  # bf16 master weights: two bf16 moments
+    assert generate["actor AdamW moments"] == moments and "actor AdamW moments" not in off_generate
+    assert off_host["actor AdamW moments"] == moments and "actor AdamW moments" not in host
+    assert off_update == update  # the update has them back on the GPU
+    # The colocated sync's bucket: the largest tensor (the embedding) is above 512 MB.
+    assert generate["weight-sync bucket"] == 2 * 2 * 152_064 * 3_584

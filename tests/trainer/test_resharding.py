@@ -15,7 +15,17 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlkube_trainer.resharding import ModelShape, Slice, SyncBytes, gather_slices, staged, sync_bytes, tp_slice
+from rlkube_trainer.resharding import (
+    ModelShape,
+    Slice,
+    SyncBytes,
+    gather_full_tensors,
+    gather_slices,
+    shard_buckets,
+    staged,
+    sync_bytes,
+    tp_slice,
+)
 
 GQA = ModelShape(num_attention_heads=8, num_key_value_heads=2)
 
@@ -137,12 +147,39 @@ class TinyLlama(torch.nn.Module):
         self.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
 
 
+class Counted:
+    """A torch.distributed collective that counts its calls."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.calls = name, 0
+        self.wrapped = getattr(dist, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.wrapped(*args, **kwargs)
+
+    def __enter__(self) -> Counted:
+        setattr(dist, self.name, self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        setattr(dist, self.name, self.wrapped)
+
+
 def _gather(rank: int, world: int, port: int, tp: int, out: str) -> None:
+    """Both gathers in one 2-rank group (spawning ranks costs more than the gathers)."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    _gather_slices(rank, world, tp, out)
+    _gather_full(rank, world, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _gather_slices(rank: int, world: int, tp: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
     from rlkube_trainer.fsdp import shard_with_fsdp2  # noqa: PLC0415
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     torch.manual_seed(0)
     # A vocabulary of 100 pads to 128: the ranges [0, 64) and [64, 100) cut across the FSDP
     # rows [0, 50), [50, 100). 1 KV head over tp 2: both ranks keep it.
@@ -151,30 +188,93 @@ def _gather(rank: int, world: int, port: int, tp: int, out: str) -> None:
     full = {k: v.clone() for k, v in model.state_dict().items()}
     shard_with_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)))
     state = model.state_dict()
-    received, checked = 0, 0
-    for name, piece, part, got in gather_slices(
-        state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), torch.device("cpu")
-    ):
-        want = full[name] if part is None else full[name].narrow(part.dim, part.start, part.length)
-        assert torch.equal(piece, want), name
-        received += got
-        checked += 1
+    results = {}
+    # One tensor a bucket (a bucket smaller than any tensor), a few, all of them in one.
+    for bucket_bytes in (1, 40_000, 2**30):
+        received, checked = 0, 0
+        with Counted("all_to_all_single") as all_to_all:
+            for name, piece, part, got in gather_slices(
+                state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), torch.device("cpu"), bucket_bytes
+            ):
+                want = full[name] if part is None else full[name].narrow(part.dim, part.start, part.length)
+                assert torch.equal(piece, want), name
+                received += got
+                checked += 1
+        buckets = len(list(shard_buckets(state.items(), bucket_bytes)))
+        results[bucket_bytes] = {"received": received, "checked": checked, "collectives": all_to_all.calls,
+                                 "buckets": buckets}  # fmt: skip
     manifest = [(k, tuple(v.shape), v.dtype) for k, v in full.items()]
     predicted = sync_bytes(manifest, shape, world, rank, tp)
-    torch.save({"received": received, "checked": checked, "predicted": predicted}, f"{out}/{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
+    torch.save({"results": results, "predicted": predicted}, f"{out}/slices-{rank}.pt")
 
 
-def test_sharded_ranks_gather_exactly_their_slices(tmp_path: Path) -> None:
-    world, tp = 2, 2
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def gathered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("gathers")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_gather, args=(world, _free_port(), tp, str(tmp_path)), nprocs=world)
-    results: list[dict[str, Any]] = [torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in range(world)]
-    for r in results:
-        assert r["checked"] == 12  # 9 layer tensors + embedding, norm, LM head
-        assert r["received"] == r["predicted"].sliced
-        assert r["predicted"].sliced < r["predicted"].full
+    mp.spawn(_gather, args=(WORLD, _free_port(), 2, str(out)), nprocs=WORLD)
+    return out
+
+
+def test_sharded_ranks_gather_exactly_their_slices(gathered: Path) -> None:
+    ranks: list[dict[str, Any]] = [torch.load(gathered / f"slices-{r}.pt", weights_only=False) for r in range(WORLD)]
+    for rank in ranks:
+        assert rank["predicted"].sliced < rank["predicted"].full
+        for bucket_bytes, r in rank["results"].items():
+            assert r["checked"] == 12  # 9 layer tensors + embedding, norm, LM head
+            assert r["received"] == rank["predicted"].sliced
+            assert r["collectives"] == r["buckets"], bucket_bytes  # one all-to-all per bucket
+        # Every tensor alone; at 40 kB of fp32 full tensors: [embed 25.6k], [q 16.4k, k 4.1k,
+        # v 4.1k], [o 16.4k], [gate 24.6k], [up 24.6k], [down 24.6k, 2 layer norms, norm],
+        # [lm_head 25.6k]; all in one (the layer's and the root's FSDP2 units share a group).
+        assert [rank["results"][b]["buckets"] for b in (1, 40_000, 2**30)] == [12, 7, 1]
+
+
+def _gather_full(rank: int, world: int, out: str) -> None:
+    """Full tensors from FSDP2 shards, per tensor (DTensor.full_tensor) and in buckets."""
+    from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
+
+    from rlkube_trainer.fsdp import shard_with_fsdp2  # noqa: PLC0415
+
+    torch.manual_seed(0)
+    # Uneven shards: 101 words (51 + 50 rows), 3 rows of `odd` (2 + 1), and 1 row of `single`
+    # (rank 1 holds none of it).
+    model = TinyLlama(vocab=101, hidden=64, heads=4, kv_heads=1, intermediate=96)
+    model.odd = torch.nn.Parameter(torch.randn(3, 5))
+    model.single = torch.nn.Parameter(torch.randn(1, 7))
+    shard_with_fsdp2(model, init_device_mesh("cpu", (world,), mesh_dim_names=("shard",)))
+    state = model.state_dict()
+    assert state["single"].to_local().shape[0] == (1 if rank == 0 else 0)  # type: ignore[attr-defined]
+    per_tensor = [(name, t.full_tensor()) for name, t in state.items()]  # type: ignore[attr-defined]
+    results = {}
+    for bucket_bytes in (1, 40_000, 2**30):
+        with Counted("all_gather_into_tensor") as all_gather:
+            bucketed = list(gather_full_tensors(state.items(), bucket_bytes, torch.device("cpu")))
+        buckets = [[n for n, _ in b] for _, b in shard_buckets(state.items(), bucket_bytes)]
+        identical = [n for (n, a), (m, b) in zip(per_tensor, bucketed, strict=True) if n == m and torch.equal(a, b)]
+        results[bucket_bytes] = {"identical": identical, "collectives": all_gather.calls, "buckets": buckets}
+    torch.save({"names": [n for n, _ in per_tensor], "results": results}, f"{out}/full-{rank}.pt")
+
+
+def test_bucketed_gathers_give_every_full_tensor_bit_for_bit_with_one_collective_per_bucket(gathered: Path) -> None:
+    for r in range(WORLD):
+        rank = torch.load(gathered / f"full-{r}.pt", weights_only=False)
+        names = rank["names"]
+        assert len(names) == 14
+        for bucket_bytes, result in rank["results"].items():
+            assert result["identical"] == names, bucket_bytes  # every tensor, in order, bit for bit
+            assert result["collectives"] == len(result["buckets"]), bucket_bytes
+            assert [n for b in result["buckets"] for n in b] == names
+        buckets = {b: r["buckets"] for b, r in rank["results"].items()}
+        assert len(buckets[1]) == 14  # a bucket smaller than any tensor: each alone
+        assert len(buckets[2**30]) == 1
+        # 40 kB: tensors gathered together up to it (a larger one alone: the 101 × 64 fp32
+        # embedding is 25.9 kB, the 96 × 64 projections 24.6 kB each).
+        assert 1 < len(buckets[40_000]) < 14
+        assert any(len(b) > 1 for b in buckets[40_000])
 
 
 def test_a_rank_removes_only_its_own_stale_cpu_shm_segment(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ a module-scoped fixture, closed only when the module is done.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import shutil
@@ -202,6 +203,33 @@ def test_vllm_update_weights_matches_fresh_engine(
         assert_logprobs_close(sample.logprobs, expected_lp)
 
 
+def streamed_state(path: Path, drawn: list[str]) -> tuple[list[str], Iterator[tuple[str, torch.Tensor]]]:
+    """A model's state dict as the bucketed weight sync hands it over: the names first, then
+    the tensors one at a time (`drawn` records which were taken)."""
+    state = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in state.items():
+            drawn.append(name)
+            yield name, tensor
+
+    return list(state), tensors()
+
+
+def test_vllm_takes_announced_weights_as_they_come(
+    vllm_to_update: RolloutEngine, vllm_w0: RolloutEngine, w0_path: Path, prompts: list[list[int]]
+) -> None:
+    """Runs after the update to W1: streams W0 back (state-dict names, tied lm_head included)."""
+    drawn: list[str] = []
+    names, tensors = streamed_state(w0_path, drawn)
+    with pytest.raises(ValueError, match=r"missing: \['model.norm.weight'\]"):
+        vllm_to_update.update_weights(tensors, [n for n in names if n != "model.norm.weight"])
+    assert drawn == []  # refused before any tensor was taken
+    vllm_to_update.update_weights(tensors, names)
+    assert drawn == names
+    assert greedy_tokens(vllm_to_update, prompts) == greedy_tokens(vllm_w0, prompts)
+
+
 def test_vllm_rejects_partial_update(vllm_w0: RolloutEngine, w1: tuple[Path, dict[str, torch.Tensor]]) -> None:
     partial = [(n, t) for n, t in w1[1].items() if "q_proj" not in n]
     with pytest.raises(ValueError, match=r"missing: \['model.layers.0.self_attn.q_proj"):
@@ -255,13 +283,24 @@ def test_hf_samples_with_logprobs_of_the_sampling_distribution(w0_path: Path, pr
         assert_logprobs_close(sample.logprobs, expected)
 
 
-def test_hf_rejects_partial_update(w0_path: Path, w1: tuple[Path, dict[str, torch.Tensor]]) -> None:
+def test_hf_rejects_partial_update(
+    w0_path: Path, w1: tuple[Path, dict[str, torch.Tensor]], prompts: list[list[int]]
+) -> None:
     with build_rollout_engine("hf", model_path=w0_path) as engine:
         with pytest.raises(ValueError, match=r"missing: \['model.norm.weight'\]"):
             engine.update_weights([(n, t) for n, t in w1[1].items() if n != "model.norm.weight"])
         # Tied embeddings: named_parameters() has no lm_head.weight, state_dict() has both; both work.
         model = AutoModelForCausalLM.from_pretrained(w1[0], dtype=torch.float32)
         engine.update_weights(model.state_dict().items())
+        w1_greedy = greedy_tokens(engine, prompts)
+        # Announced names, then the tensors as they come (back to W0); one not announced is refused.
+        drawn: list[str] = []
+        names, tensors = streamed_state(w0_path, drawn)
+        engine.update_weights(tensors, names)
+        assert drawn == names and greedy_tokens(engine, prompts) != w1_greedy
+        _, tensors = streamed_state(w0_path, [])
+        with pytest.raises(ValueError, match=r"model\.bogus was not among the names announced"):
+            engine.update_weights(itertools.chain(tensors, [("model.bogus", torch.zeros(1))]), names)
 
 
 def test_unknown_engine_name() -> None:

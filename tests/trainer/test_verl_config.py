@@ -89,6 +89,8 @@ def test_fsdp_settings_arrive_for_each_role() -> None:
                 "actor_rollout_ref.actor.fsdp_config.model_dtype": "bfloat16",
                 "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": False,
                 "actor_rollout_ref.ref.fsdp_config.param_offload": True,
+                "actor_rollout_ref.ref.fsdp_config.optimizer_offload": True,  # no optimizer: ignored
+                "critic.model.fsdp_config.optimizer_offload": True,
                 "critic.model.fsdp_config.mixed_precision": {"param_dtype": "fp32", "reduce_dtype": "fp32"},
                 "actor_rollout_ref.rollout.enable_prefix_caching": False,
                 "actor_rollout_ref.rollout.max_num_seqs": 512,
@@ -98,7 +100,8 @@ def test_fsdp_settings_arrive_for_each_role() -> None:
     ).config
     actor = config.actor.fsdp_config
     assert (actor.param_offload, actor.model_dtype, actor.reshard_after_forward) == (True, "bf16", False)
-    assert config.ref.fsdp_config.param_offload is True
+    assert actor.optimizer_offload is True and config.critic.fsdp_config.optimizer_offload is True
+    assert config.ref.fsdp_config.param_offload is True and config.ref.fsdp_config.optimizer_offload is False
     assert config.critic.fsdp_config.mixed_precision.param_dtype == "fp32"
     rollout = config.rollout
     assert (rollout.enable_prefix_caching, rollout.max_num_seqs, rollout.max_num_batched_tokens) == (False, 512, 16384)
@@ -107,7 +110,6 @@ def test_fsdp_settings_arrive_for_each_role() -> None:
 REFUSED = [
     ("unknown-key", {"actor_rollout_ref.actor.use_magic": True}, "actor_rollout_ref.actor.use_magic: unknown verl key"),
     ("unknown-section", {"fancy": {"x": 1}}, "fancy.x: unknown verl key"),
-    ("optimizer-offload-alone", {"actor_rollout_ref.actor.fsdp_config.optimizer_offload": True}, "actor_rollout_ref.actor.fsdp_config.optimizer_offload: offloading the optimizer state alone"),
     ("fp16", {"actor_rollout_ref.actor.fsdp_config.model_dtype": "fp16"}, "actor_rollout_ref.actor.fsdp_config.model_dtype: only bf16 and fp32"),
     ("lora", {"actor_rollout_ref.model.lora_rank": 32}, "actor_rollout_ref.model.lora_rank: LoRA is not supported"),
     ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
@@ -205,3 +207,10 @@ def test_the_example_recipe_converts() -> None:
         5,
         2,
     )
+
+
+def test_optimizer_offload_alone_arrives() -> None:
+    """verl's optimizer_offload without param_offload: the state alone leaves the GPU between updates."""
+    config = convert(variant(**{"actor_rollout_ref.actor.fsdp_config.optimizer_offload": True})).config
+    fsdp = config.actor.fsdp_config
+    assert (fsdp.optimizer_offload, fsdp.param_offload) == (True, False)

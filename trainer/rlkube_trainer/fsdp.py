@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -148,10 +147,3 @@ def average_gradients(model: nn.Module) -> None:
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
-
-
-def full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor of the model's state dict, whole (sharded ones gathered)."""
-    for name, tensor in model.state_dict().items():
-        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-        yield name, full.detach()

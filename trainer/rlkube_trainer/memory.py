@@ -2,6 +2,11 @@
 loaded, so a configuration that cannot fit stops with what to change instead of running out
 of memory in the middle of its first step.
 
+Two phases are checked: generation (the rollout engine awake: the colocated weight sync, the
+generation, and the log-prob passes, which run before the engine sleeps only when it does not
+free its cache) and the actor update. With optimizerOffload AdamW's moments count on the GPU
+in the update only, and in host memory always (their pinned host buffers stay allocated).
+
 Only memory that follows from the configuration and the checkpoint's parameter count is
 counted: master weights, gradients, AdamW's two moments and the temporaries of its step
 (torch's foreach AdamW makes one parameter-sized temporary, the square root of the second
@@ -37,6 +42,8 @@ class ModelShape:
 
     parameters: int
     root_parameters: int
+    # The largest tensor's elements: a weight-sync bucket holds at least that one whole.
+    largest_tensor: int = 0
 
     @classmethod
     def of(cls, path: str | Path) -> ModelShape | None:
@@ -45,28 +52,29 @@ class ModelShape:
         files = sorted(Path(path).glob("*.safetensors"))
         if not files:
             return None
-        parameters = sum(_safetensors_numel(f) for f in files)
+        sizes = [n for f in files for n in _safetensors_numels(f)]
         config = json.loads((Path(path) / "config.json").read_text())
         text = config.get("text_config", config)
         embedding = int(text.get("vocab_size", 0)) * int(text.get("hidden_size", 0))
         heads = 1 if text.get("tie_word_embeddings", False) else 2
-        return cls(parameters, embedding * heads)
+        return cls(sum(sizes), embedding * heads, max(sizes, default=0))
 
 
-def _safetensors_numel(path: Path) -> int:
+def _safetensors_numels(path: Path) -> list[int]:
+    """Each tensor's element count, from the file's header."""
     # The format: an 8-byte little-endian header length, then a JSON header of shapes.
     with path.open("rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(length))
-    total = 0
+    sizes = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         count = 1
         for dim in entry["shape"]:
             count *= int(dim)
-        total += count
-    return total
+        sizes.append(count)
+    return sizes
 
 
 @dataclass(frozen=True)
@@ -150,6 +158,13 @@ def rank_memory(
         always, during = trainable_parts(name, shapes[name], fsdp, shard, sharded)
         if sharded and fsdp.param_offload:
             host.parts += always + during
+        elif fsdp.optimizer_offload:
+            # The moments wait in host memory outside the update (generation, weight sync, the
+            # log-prob passes) and are on the GPU during it, so both memories hold room for them.
+            weights, moments = always
+            generate.parts.append(weights)
+            host.parts.append(moments)
+            update.parts += always + during
         else:
             generate.parts += always
             update.parts += always + during
@@ -168,6 +183,15 @@ def rank_memory(
         engine = Part("rollout engine (gpuMemoryUtilization)", int(config.rollout.gpu_memory_utilization * gpu_bytes))
         generate.parts.append(engine)
         colocated = Role.ACTOR in hosts
+        if colocated and "actor" in shapes and "actor" not in unsharded:
+            # The colocated sync runs with the engine awake: one bucket of gathered full tensors
+            # and the flat buffer it arrived in (fsdp.gather_full_tensors); a tensor larger than
+            # the bucket is a bucket of its own.
+            master = DTYPE_BYTES[config.actor.fsdp_config.model_dtype]
+            bucket = max(
+                config.rollout.update_weights_bucket_megabytes * 2**20, shapes["actor"].largest_tensor * master
+            )
+            generate.parts.append(Part("weight-sync bucket", 2 * bucket))
         if colocated and config.rollout.free_cache_engine and "actor" in shapes:
             # Asleep (level 1) while the actor trains: its weights wait in host memory.
             tp = config.roles.rollout.tensor_parallel_size
@@ -185,6 +209,7 @@ class DoesNotFit(RuntimeError):
 
 ADVICE = (
     "actor.fsdpConfig.modelDtype: bf16 (halves weights, gradients and AdamW moments)",
+    "actor.fsdpConfig.optimizerOffload: true (AdamW's moments in host memory outside the update)",
     "actor.fsdpConfig.paramOffload: true (states in host memory)",
     "more GPUs in the actor pool (FSDP shards the states over them; fsdpSize shards within groups)",
     "a lower rollout.gpuMemoryUtilization, or rollout.freeCacheEngine: true",

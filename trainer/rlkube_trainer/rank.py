@@ -14,6 +14,7 @@ import datetime
 import glob
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -209,19 +210,27 @@ class Rank:
             self.engine_asleep = False
         tp = self.spec.tensor_parallel_size
         if tp == 1:
-            return load_into_engine(self.engine, self.actor.named_weights())
+            # Full tensors gathered bucket by bucket, each into the engine before the next.
+            return load_into_engine(self.engine, self.actor.named_weights(), self.actor.weight_names())
         # Tensor parallel: only this rank's slice of each tensor, from the FSDP shards.
-        model = self.actor.model
-        shape = ModelShape.of(model.config)
-        state = model.state_dict()
-        weights, received, loaded = [], 0, 0
-        for name, piece, part, got in gather_slices(
-            state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), self.device
-        ):
-            weights.append((name, staged(piece, part, tuple(state[name].shape))))
-            received += got
-            loaded += piece.numel() * piece.element_size()
-        self.engine.update_weights(weights)
+        actor = self.actor
+        shape = ModelShape.of(actor.model.config)
+        state = actor.model.state_dict()
+        received, loaded = 0, 0
+
+        def slices() -> Iterator[tuple[str, torch.Tensor]]:
+            nonlocal received, loaded
+            for name, piece, part, got in gather_slices(
+                state.items(),
+                lambda n, s, r: tp_slice(n, s, shape, tp, r % tp),
+                self.device,
+                actor.sync_bucket_bytes,
+            ):
+                received += got
+                loaded += piece.numel() * piece.element_size()
+                yield name, staged(piece, part, tuple(state[name].shape))
+
+        self.engine.update_weights(slices(), list(state))
         log.info(
             "weight sync: %d bytes of tensor-parallel slices, %d received from other ranks%s",
             loaded,
@@ -232,7 +241,8 @@ class Rank:
 
     def weight_manifest(self) -> Manifest:
         assert self.actor is not None
-        return manifest_of(self.actor.named_weights())
+        # The shapes and dtypes of the full tensors, from the state dict: nothing is gathered.
+        return manifest_of(self.actor.model.state_dict().items())
 
     def join_weight_sync(self, addr: str, port: int) -> None:
         """Ranks with a weight-sync rank (actor rank 0, every rollout rank) join the broadcast."""
@@ -256,7 +266,9 @@ class Rank:
     def receive_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
         """Rollout ranks: the broadcast into the running engine."""
         assert self.engine is not None and self.broadcast is not None
-        return load_into_engine(self.engine, self.broadcast.receive(manifest, bucket_bytes))
+        return load_into_engine(
+            self.engine, self.broadcast.receive(manifest, bucket_bytes), [spec.name for spec in manifest]
+        )
 
     # --- checkpoints -------------------------------------------------------------------------------
     def _trainables(self) -> dict[str, Trainable]:

@@ -74,7 +74,7 @@ def _strategy(value: Any) -> str:
 
 PERF = "a performance setting of verl's engines; rlkube sizes its own"
 DERIVED = "derived from other keys in rlkube"
-NO_OFFLOAD = "rlkube offloads parameters and optimizer state together (param_offload)"
+NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
 VAL = "rlkube validates with the training sampling settings"
 STRATEGIES = ("fsdp", "fsdp2")
@@ -88,13 +88,14 @@ def _dtype(value: Any) -> str:
     return names[value]
 
 
-def _fsdp(role: str, target: str) -> dict[str, Rule]:
-    """A role's fsdp_config, mapped to the rlkube section `target`."""
+def _fsdp(role: str, target: str, optimizer: bool = True) -> dict[str, Rule]:
+    """A role's fsdp_config, mapped to the rlkube section `target` (`optimizer`: the role has one)."""
     fsdp = f"{target}.fsdp_config"
     return {
         f"{role}.fsdp_config.param_offload": To(f"{fsdp}.param_offload"),
-        # Judged beside param_offload in _finish: rlkube offloads both or neither.
-        f"{role}.fsdp_config.optimizer_offload": Ignored(NO_OFFLOAD),
+        f"{role}.fsdp_config.optimizer_offload": To(f"{fsdp}.optimizer_offload")
+        if optimizer
+        else Ignored("the reference has no optimizer"),
         f"{role}.fsdp_config.offload_policy": Ignored(NO_OFFLOAD, _falsy, "offload_policy is not supported"),
         f"{role}.fsdp_config.wrap_policy": Ignored(FSDP),
         f"{role}.fsdp_config.reshard_after_forward": To(f"{fsdp}.reshard_after_forward"),
@@ -242,7 +243,7 @@ RULES: dict[str, Rule] = {
     f"{_REF}.entropy_from_logits_with_chunking": Ignored(PERF),
     f"{_REF}.entropy_checkpointing": Ignored(PERF),
     f"{_REF}.profiler": Ignored("profiling is a benchmark concern here"),
-    **_fsdp(_REF, "ref"),
+    **_fsdp(_REF, "ref", optimizer=False),
     # --- rollout ------------------------------------------------------------------------------
     f"{_ROLLOUT}.name": To("rollout.name"),
     f"{_ROLLOUT}.n": To("rollout.n"),
@@ -438,14 +439,6 @@ class Conversion:
 _REF_PATTERN = re.compile(r"\$\{([^}]*)\}")
 
 
-def _lookup_or(root: Mapping[str, Any], dotted: str) -> Any:
-    """The value at `dotted`, or None where a part is missing."""
-    try:
-        return _lookup(root, dotted)
-    except KeyError:
-        return None
-
-
 def _lookup(root: Mapping[str, Any], dotted: str) -> Any:
     node: Any = root
     for part in dotted.split("."):
@@ -560,16 +553,8 @@ def convert(verl: Mapping[str, Any], source: str = "config") -> Conversion:
 def _finish(
     tree: dict[str, Any], verl: Mapping[str, Any], mapped: list[tuple[str, str]], ignored: list[tuple[str, str]]
 ) -> list[str]:
-    """What depends on more than one key: which reward source verl would use, resume paths,
-    and optimizer offload (only together with parameter offload, as rlkube does it)."""
+    """What depends on more than one key: which reward source verl would use, resume paths."""
     errors: list[str] = []
-    for role in (_ACTOR, "critic.model"):
-        fsdp = _lookup_or(verl, f"{role}.fsdp_config") or {}
-        if fsdp.get("optimizer_offload") and not fsdp.get("param_offload"):
-            errors.append(
-                f"{role}.fsdp_config.optimizer_offload: offloading the optimizer state alone is not "
-                "supported; set param_offload too (rlkube offloads both)"
-            )
     reward = tree.setdefault("reward", {})
     if not reward.get("function", {}).get("path"):
         reward.pop("function", None)  # a name without a path (verl's default name) selects nothing

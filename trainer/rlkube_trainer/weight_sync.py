@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -68,11 +68,22 @@ def buckets(manifest: Manifest, bucket_bytes: int) -> list[list[TensorSpec]]:
     return out
 
 
-def load_into_engine(engine: RolloutEngine, named: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """New weights into a running engine (which drops its prefix cache); returns the bytes."""
-    weights = list(named)
-    engine.update_weights(weights)
-    return sum(t.numel() * t.element_size() for _, t in weights)
+def load_into_engine(
+    engine: RolloutEngine, named: Iterable[tuple[str, torch.Tensor]], names: Collection[str] | None = None
+) -> int:
+    """New weights into a running engine (which drops its prefix cache); returns the bytes.
+    With `names` (what `named` will yield) the engine takes each tensor as it comes, so a
+    bucketed gather or broadcast holds one bucket at a time."""
+    loaded = 0
+
+    def counted() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal loaded
+        for name, tensor in named:
+            loaded += tensor.numel() * tensor.element_size()
+            yield name, tensor
+
+    engine.update_weights(counted(), names)
+    return loaded
 
 
 class BroadcastGroup:
@@ -99,11 +110,19 @@ class BroadcastGroup:
         log.info("weight-sync group: rank %d of %d at %s:%d", rank, world_size, addr, port)
 
     def send(self, named: Iterable[tuple[str, torch.Tensor]], manifest: Manifest, bucket_bytes: int) -> int:
-        """Rank 0: broadcasts the tensors, in manifest order. Returns the bytes sent."""
-        tensors = dict(named)
+        """Rank 0: broadcasts the tensors, which come in manifest order, a bucket at a time.
+        Returns the bytes sent."""
+        tensors = iter(named)
         sent = 0
         for bucket in buckets(manifest, bucket_bytes):
-            flat = torch.cat([tensors[s.name].to(self.device, s.dtype).reshape(-1) for s in bucket])
+            parts = []
+            for spec in bucket:
+                name, tensor = next(tensors)
+                if name != spec.name:
+                    raise RuntimeError(f"weight sync: {name} arrived where the manifest has {spec.name}")
+                parts.append(tensor.to(self.device, spec.dtype).reshape(-1))
+            flat = torch.cat(parts)
+            del parts
             self.group.broadcast(flat, 0).wait()
             sent += flat.numel() * flat.element_size()
         return sent

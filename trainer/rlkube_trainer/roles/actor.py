@@ -18,9 +18,10 @@ from rlkube_trainer.algos import (
     kl_penalty,
 )
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.fsdp import DTYPES, full_tensors
+from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import LossScale, enable_packed_attention
+from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 
 
@@ -121,12 +122,21 @@ class Actor(Trainable):
             config.actor.fsdp_config,
             prepare=prepare,
         )
-        super().__init__(config.actor.optim, total_steps, config.actor.grad_clip, device, config.trainer.seed)
+        super().__init__(
+            config.actor.optim,
+            total_steps,
+            config.actor.grad_clip,
+            device,
+            config.trainer.seed,
+            offload_optimizer=config.actor.fsdp_config.optimizer_offload,
+        )
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a
         # metric alone it would cost a softmax over the vocabulary at every response position
         # and its backward. `actor/entropy` is then not reported.
         self.with_entropy = config.actor.entropy_coeff != 0
+        # Full weights for the engines are gathered from the shards in buckets of this size.
+        self.sync_bucket_bytes = config.rollout.update_weights_bucket_megabytes * 2**20
 
     def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast(self.device):
@@ -162,6 +172,11 @@ class Actor(Trainable):
         return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy, scale)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The policy's full weights for the rollout engine (HF names; shards gathered one
-        tensor at a time, a collective over the actor's group when sharded)."""
-        yield from full_tensors(self.model)
+        """The policy's full weights for the rollout engine (HF names; shards gathered a bucket
+        of tensors at a time, rollout.updateWeightsBucketMegabytes: a collective over the
+        actor's group when sharded)."""
+        yield from gather_full_tensors(self.model.state_dict().items(), self.sync_bucket_bytes, self.device)
+
+    def weight_names(self) -> list[str]:
+        """The names `named_weights` yields, without gathering anything."""
+        return list(self.model.state_dict())

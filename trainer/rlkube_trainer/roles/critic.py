@@ -50,7 +50,14 @@ class Critic(Trainable):
         self.samples_per_mini_batch = mini * config.rollout.n
         self.micro_batching, self.forward_batching = critic_batching(config.critic)
         self.shuffle = False
-        super().__init__(config.critic.optim, total_steps, config.critic.grad_clip, device, config.trainer.seed + 1)
+        super().__init__(
+            config.critic.optim,
+            total_steps,
+            config.critic.grad_clip,
+            device,
+            config.trainer.seed + 1,
+            offload_optimizer=config.critic.fsdp_config.optimizer_offload,
+        )
 
     def _values(self, micro: TrainBatch) -> torch.Tensor:
         with autocast(self.device):

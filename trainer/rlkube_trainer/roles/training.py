@@ -140,6 +140,32 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+HOST = torch.device("cpu")
+
+
+@torch.no_grad()
+def move_optimizer_state(optimizer: torch.optim.Optimizer, to_host: bool) -> int:
+    """Moves the optimizer state that lives beside its parameter (AdamW's moments, DTensor
+    shards under FSDP2) to host memory, or back to its parameter's device; returns the bytes
+    moved. The step count stays where torch keeps it (on the CPU unless the optimizer is fused
+    or capturable). From a GPU the host copies land in pinned memory (non-blocking copies to
+    the CPU allocate it), and the host waits for them: a checkpoint may read them next. With
+    paramOffload the parameters, and so the state, are in host memory already: nothing moves."""
+    moved = 0
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            where = HOST if to_host else param.device
+            for key, value in state.items():
+                if key == "step" or not isinstance(value, torch.Tensor) or value.device == where:
+                    continue
+                state[key] = value.to(where, non_blocking=True)
+                moved += value.numel() * value.element_size()
+    if moved and to_host and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return moved
+
+
 def build_optimizer(params: Iterator[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(
         list(params), lr=optim.lr, betas=(optim.betas[0], optim.betas[1]), weight_decay=optim.weight_decay
@@ -201,7 +227,12 @@ def mean_metrics(values: dict[str, list[float]]) -> Metrics:
 
 class Trainable:
     """A role with an optimizer. Subclasses set `model` and the loop's sizes before calling
-    `__init__`, and define `micro_batch_loss`."""
+    `__init__`, and define `micro_batch_loss`.
+
+    With `offload_optimizer` (fsdpConfig.optimizerOffload, verl's optimizer_offload) the
+    optimizer state waits in host memory between updates: it returns to the parameters'
+    device just before an update's first optimizer step and leaves after the update, so the
+    rollout engine generates, and the weights sync, without it on the GPU."""
 
     model: nn.Module
     prefix: str  # the metrics' namespace: "actor" or "critic"
@@ -210,12 +241,23 @@ class Trainable:
     micro_batching: MicroBatching
     shuffle: bool
 
-    def __init__(self, optim: OptimConfig, total_steps: int, grad_clip: float, device: torch.device, seed: int) -> None:
+    def __init__(
+        self,
+        optim: OptimConfig,
+        total_steps: int,
+        grad_clip: float,
+        device: torch.device,
+        seed: int,
+        offload_optimizer: bool = False,
+    ) -> None:
         self.device = device
         self.grad_clip = grad_clip
         self.optimizer = build_optimizer(self.model.parameters(), optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
         self.generator = torch.Generator().manual_seed(seed)
+        self.offload_optimizer = offload_optimizer
+        # Where the optimizer state is meant to be now: True between updates when offloaded.
+        self.optimizer_state_on_host = False
 
     def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         """What one micro-batch (already on the device) adds to the mini-batch's loss, weighed by
@@ -237,6 +279,7 @@ class Trainable:
                 stats[f"{self.prefix}/grad_norm"].append(self._optimizer_step())
         stats[f"{self.prefix}/lr"].append(float(self.scheduler.get_last_lr()[0]))
         self.scheduler.step()
+        self._offload_optimizer_state()
         return mean_metrics(stats)
 
     def _optimizer_step(self) -> float:
@@ -244,11 +287,26 @@ class Trainable:
         norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(grad_norm):
+            self._load_optimizer_state()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def _offload_optimizer_state(self) -> None:
+        if self.offload_optimizer:
+            moved = move_optimizer_state(self.optimizer, to_host=True)
+            self.optimizer_state_on_host = True
+            if moved:
+                log.debug("%s: %d bytes of optimizer state to host memory", self.prefix, moved)
+
+    def _load_optimizer_state(self) -> None:
+        if self.optimizer_state_on_host:
+            move_optimizer_state(self.optimizer, to_host=False)
+            self.optimizer_state_on_host = False
+
     # --- checkpoint state ------------------------------------------------------------------------
+    # With offload the state is saved from host memory; loading puts it beside the parameters
+    # (torch's Optimizer.load_state_dict), so it is offloaded again after.
     def state_dict(self) -> dict[str, Any]:
         return {
             "model": self.model.state_dict(),
@@ -262,6 +320,7 @@ class Trainable:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
+        self._offload_optimizer_state()
 
     # A sharded model's parameters and optimizer state are DTensors: they go through
     # torch.distributed.checkpoint (checkpoint.state.save_sharded), the rest stays per rank.
@@ -271,10 +330,13 @@ class Trainable:
 
     def sharded_state_dict(self) -> dict[str, Any]:
         model, optimizer = get_state_dict(self.model, self.optimizer)
+        # Before the first step get_state_dict makes the (zero) state where the parameters are.
+        self._offload_optimizer_state()
         return {"model": model, "optimizer": optimizer}
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        self._offload_optimizer_state()
 
     def local_state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state()}

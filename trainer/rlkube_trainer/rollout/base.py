@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal, Self
@@ -117,7 +117,9 @@ class RolloutEngine(ABC):
         """Sample `sampling.n` responses for each prompt."""
 
     @abstractmethod
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], names: Collection[str] | None = None
+    ) -> None:
         """Replace the engine's weights.
 
         Names are Hugging Face parameter names, as from `model.named_parameters()` or
@@ -125,6 +127,10 @@ class RolloutEngine(ABC):
         is expected (tied weights may be given once). Tensors may be on any device and in any
         floating dtype; the engine copies and casts them. Cached prefixes computed with the old
         weights are dropped.
+
+        With `names` (the names `named_tensors` will yield, checked before any weight is touched)
+        the tensors are consumed as they come, so a caller gathering them in buckets holds one
+        bucket at a time; without, they are all taken first.
         """
 
     @abstractmethod
@@ -153,3 +159,18 @@ class RolloutEngine(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def streamed(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], names: Collection[str]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors as they come, refusing any not announced in `names` (a caller's bug: the
+    update is then already partial) and any announced one that never came."""
+    expected, seen = set(names), set()
+    for name, tensor in named_tensors:
+        if name not in expected:
+            raise ValueError(f"update_weights: {name} was not among the names announced")
+        seen.add(name)
+        yield name, tensor
+    if missing := expected - seen:
+        raise ValueError(f"update_weights: announced but not given: {sorted(missing)[:10]}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from rlkube_trainer.rollout.base import (
     RolloutSample,
     SamplingConfig,
     check_prompts,
+    streamed,
 )
 
 logger = logging.getLogger(__name__)
@@ -162,26 +163,36 @@ class HFRolloutEngine(RolloutEngine):
             )
         return samples
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], names: Collection[str] | None = None
+    ) -> None:
         model = self._live_model()
-        new_state = dict(named_tensors)
+        if names is None:
+            weights = list(named_tensors)
+            names, named_tensors = [name for name, _ in weights], weights
         current = model.state_dict(keep_vars=True)
-        unknown = set(new_state) - set(current)
+        unknown = set(names) - set(current)
         # A name counts as given if any name sharing its storage is given: tied weights appear
         # twice in state_dict() but once in named_parameters().
         by_storage: dict[int, set[str]] = {}
         for name, tensor in current.items():
             by_storage.setdefault(tensor.data_ptr(), set()).add(name)
-        missing = {name for name, tensor in current.items() if not by_storage[tensor.data_ptr()] & new_state.keys()}
+        missing = {name for name, tensor in current.items() if not by_storage[tensor.data_ptr()] & set(names)}
         if unknown or missing:
             raise ValueError(
                 "update_weights needs every parameter of the model under its Hugging Face name "
                 f"(as from model.named_parameters()); unknown: {sorted(unknown)[:10]}, "
                 f"missing: {sorted(missing)[:10]}"
             )
-        # strict=False only because tied aliases may be absent; completeness was checked above.
-        # load_state_dict copies into the existing tensors, casting dtype and moving device.
-        model.load_state_dict(new_state, strict=False)
+        # Each tensor copied (cast, moved) into the one it replaces as it comes.
+        with torch.no_grad():
+            for name, tensor in streamed(named_tensors, names):
+                if tensor.shape != current[name].shape:
+                    raise ValueError(
+                        f"update_weights: {name} has shape {tuple(tensor.shape)}, the model's is "
+                        f"{tuple(current[name].shape)}"
+                    )
+                current[name].copy_(tensor)
 
     def reset_prefix_cache(self) -> None:
         # generate() keeps no KV cache across calls.

@@ -30,7 +30,7 @@ import gc
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -52,6 +52,7 @@ from rlkube_trainer.rollout.base import (
     RolloutSample,
     SamplingConfig,
     check_prompts,
+    streamed,
 )
 
 logger = logging.getLogger(__name__)
@@ -258,7 +259,9 @@ class VLLMRolloutEngine(RolloutEngine):
                 )
         return RolloutBatch(samples=samples, n=sampling.n)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], names: Collection[str] | None = None
+    ) -> None:
         """Load new weights in place: the model's own `load_weights` where its layers still carry
         their weight loaders (unquantized models on GPU: 13 ms for a 0.5B model on an H200), else
         the worker's layerwise `reload_weights` (62 ms there); see `weight_update`.
@@ -284,30 +287,45 @@ class VLLMRolloutEngine(RolloutEngine):
         pickled to each; that case wants `weight_transfer` instead).
         """
         llm = self._engine()
-        weights = list(named_tensors)
-        self._check_names({name for name, _ in weights})
-        if self._tied_embeddings and not any(name == "lm_head.weight" for name, _ in weights):
-            # With tied embeddings vLLM's lm_head shares the embedding parameter, but on CPU its
-            # post-processing keeps a separate packed copy for the logits matmul, which layerwise
-            # reload only refreshes when lm_head itself receives a weight: without this, sampling
-            # would keep using the old output embedding. HF's named_parameters() lists the tied
-            # weight once (as the input embedding), hence the duplicate here.
-            embed = [tensor for name, tensor in weights if name.endswith("embed_tokens.weight")]
-            if len(embed) == 1:
-                weights.append(("lm_head.weight", embed[0]))
-            else:
-                logger.warning("tied embeddings but no unique *embed_tokens.weight; lm_head may go stale")
+        if names is None:
+            weights = list(named_tensors)
+            names, named_tensors = [name for name, _ in weights], weights
+        self._check_names(set(names))
         started = time.perf_counter()
-        tensors = [(name, t.detach()) for name, t in weights]
+        tensors = self._with_tied_head(streamed(named_tensors, names), names)
+        # Both loaders consume the iterator as it comes (the layerwise reload keeps a layer's
+        # parts until the layer is complete), so a bucketed caller's buckets come and go.
         if self._use_direct_load(llm):
             # The model's own loader copies (and casts) each tensor into the parameter it belongs to,
             # fusing q/k/v and gate/up on the way: the storage CUDA graphs point at stays the same.
-            llm.apply_model(lambda model: model.load_weights(iter(tensors)))
+            llm.apply_model(lambda model: model.load_weights(tensors))
         else:
             llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors, "is_checkpoint_format": True})
         # Prefix-cache entries hold KV computed by the old weights.
         llm.reset_prefix_cache()
-        logger.debug("vLLM weights updated (%d tensors) in %.3f s", len(weights), time.perf_counter() - started)
+        logger.debug("vLLM weights updated (%d tensors) in %.3f s", len(names), time.perf_counter() - started)
+
+    def _with_tied_head(
+        self, named_tensors: Iterator[tuple[str, torch.Tensor]], names: Collection[str]
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The tensors, detached; with tied embeddings and no lm_head.weight given, the embedding
+        again as lm_head.weight. vLLM's lm_head shares the embedding parameter, but on CPU its
+        post-processing keeps a separate packed copy for the logits matmul, which layerwise
+        reload only refreshes when lm_head itself receives a weight: without this, sampling
+        would keep using the old output embedding. HF's named_parameters() lists the tied
+        weight once (as the input embedding), hence the duplicate."""
+        embeds = [name for name in names if name.endswith("embed_tokens.weight")]
+        duplicate = self._tied_embeddings and "lm_head.weight" not in names
+        if duplicate and len(embeds) != 1:
+            logger.warning("tied embeddings but no unique *embed_tokens.weight; lm_head may go stale")
+            duplicate = False
+        embed = None
+        for name, tensor in named_tensors:
+            yield name, tensor.detach()
+            if duplicate and name == embeds[0]:
+                embed = tensor.detach()
+        if embed is not None:  # last, as the loaders have always seen it
+            yield "lm_head.weight", embed
 
     def _use_direct_load(self, llm: Any) -> bool:
         if self.weight_update == "reload":
