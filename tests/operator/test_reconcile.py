@@ -65,6 +65,13 @@ class FakeKube:
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         self.calls.append(("delete_pods", namespace, tuple(sorted(pods))))
 
+    def release_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
+        self.calls.append(("release_pods", namespace, tuple(sorted(pods))))
+
+    def job_exists(self, namespace: str, name: str) -> bool:
+        self.calls.append(("job_exists", namespace, name))
+        return True
+
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
         self.calls.append(("scale_to_zero", namespace, tuple(sorted(stateful_sets))))
 
