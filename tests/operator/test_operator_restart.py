@@ -15,7 +15,7 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import FINALIZER_POD_TRACKING
 from rlkube_e2e.testing import wait_for
-from tests.operator.cluster_kit import FAIL_LABEL, TINY_PODS, InProcessOperator, Jobs, attempt, condition, tiny_job
+from tests.operator.cluster_kit import TINY_PODS, InProcessOperator, Jobs, attempt, condition, tiny_job
 
 pytestmark = pytest.mark.cluster
 
@@ -31,14 +31,6 @@ def restartable(operator: InProcessOperator) -> Iterator[InProcessOperator]:
     yield operator
     if not operator.running:
         operator.start()
-
-
-def fail_with(jobs: Jobs, pod: str, exit_code: int) -> None:
-    """kwok's chaos stage fails the pod with this exit code and a termination message."""
-    annotations = {f"{FAIL_LABEL}/exit-code": str(exit_code), f"{FAIL_LABEL}/message": f"bye with {exit_code}"}
-    jobs.core.patch_namespaced_pod(
-        pod, jobs.namespace, {"metadata": {"labels": {FAIL_LABEL: "true"}, "annotations": annotations}}
-    )
 
 
 def held_failed(jobs: Jobs, pod: str) -> dict[str, Any] | None:
@@ -63,7 +55,7 @@ def test_a_pod_failed_while_the_operator_is_down_keeps_its_exit_code(
     assert all(FINALIZER_POD_TRACKING in p["metadata"].get("finalizers", []) for p in pods)
 
     restartable.stop()
-    fail_with(jobs, f"{JOB}-actor-1", exit_code)
+    jobs.fail_pod(f"{JOB}-actor-1", exit_code, f"bye with {exit_code}")
     victim = wait_for(lambda: held_failed(jobs, f"{JOB}-actor-1"), "the failed pod deleted and held", timeout=30)
     time.sleep(1)  # time for its StatefulSet to replace it, were the pod not held
     assert len(jobs.pods(JOB, include_deleting=True)) == TINY_PODS  # not replaced: the name is still taken
