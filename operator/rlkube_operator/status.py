@@ -349,9 +349,10 @@ def gang_failed(p: _Pass) -> Fate | None:
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
     if not (failed or deleted or replaced):
         return None
+    # A deleted pod's conditions still count (DisruptionTarget: preempted, evicted).
     pod, verdict = gravest(
-        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed]
-        + [(pod, COUNTED) for pod in deleted + replaced]
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed + deleted]
+        + [(pod, COUNTED) for pod in replaced]
     )
     if pod.failed:
         cause = pod.failure_reason()

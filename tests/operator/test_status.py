@@ -638,6 +638,14 @@ def test_a_held_pod_deleted_while_the_gang_runs_restarts_it() -> None:
     assert released(d) == {"tiny-cpu-actor-1"}
 
 
+def test_a_held_pod_preempted_while_the_gang_runs_restarts_it_uncounted() -> None:
+    preempted = held("actor", 1)
+    preempted["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True"})
+    d = run(running(), replace_pod(PODS, preempted), 100)
+    assert (d.status.restart_count, d.status.uncounted_restarts) == (1, 1)
+    assert cond(d.status, "Restarting").reason == "PodDisrupted"
+
+
 @pytest.mark.parametrize(
     "job",
     [pytest.param(with_spec(running(), suspend=True), id="suspending"), pytest.param(restarted(), id="old-attempt")],
