@@ -11,7 +11,7 @@ settles the job's fate ends it (RULES below):
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
 - restart begun: pods of a newer attempt than the status's (a restart whose status write
   was lost) → that restart is taken up;
-- gang failed: a pod of the current attempt fails (or is replaced) → the failure policy
+- gang failed: a pod of the current attempt fails (or is deleted, or replaced) → the failure policy
   (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
   rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
   pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
@@ -24,6 +24,8 @@ settles the job's fate ends it (RULES below):
   condition, naming the role;
 - readiness: Running once every pod is ready.
 A terminal job never gets pods again; its children go after ttlSecondsAfterFinished.
+Pods being deleted that the operator's finalizer holds (names.FINALIZER_POD_TRACKING) are
+released after the status write that used what they showed (ReleasePods).
 """
 
 from __future__ import annotations
