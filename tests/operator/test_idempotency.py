@@ -129,7 +129,13 @@ def test_a_job_deleted_while_the_operator_is_down_stays_gone(jobs: Jobs, restart
     # No finalizer of the operator's holds it: the job goes, its children are collected.
     wait_for(lambda: not jobs.exists(JOB), "the RLJob to be gone without the operator", timeout=15)
     wait_for(lambda: not jobs.children(JOB), "every child to be garbage-collected", timeout=60)
-    restartable.start()
+
+    def held() -> bool:  # deleted by the garbage collector, held by the operator's finalizer
+        pods = jobs.pods(JOB, include_deleting=True)
+        return len(pods) == TINY_PODS and all(p["metadata"].get("deletionTimestamp") for p in pods)
+
+    wait_for(held, "the job's pods deleted and held", timeout=30)
+    restartable.start()  # its pod handler finds no RLJob for them and releases them
 
     time.sleep(3)  # the new instance recreates nothing
     assert not jobs.children(JOB)
