@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import Enum, auto
@@ -466,14 +466,13 @@ def stuck_before_start(p: _Pass) -> Fate | None:
     return None
 
 
-def _pods_awaited_since(job: RLJob) -> datetime | None:
+def _pods_awaited_since(job: RLJob, state: str | None, conditions: Iterable[Condition]) -> datetime | None:
     """When the current attempt's pods were asked for: the StatefulSets going in (Created), or
     the gang's restart; None before the children exist, or for a job that wants no pods."""
-    status = job.status
-    if job.spec.suspend or status is None or is_terminal(status.state):
+    if job.spec.suspend or is_terminal(state):
         return None
     wanted = (ConditionType.CREATED, ConditionType.RESTARTING)
-    times = [parse_time(c.last_transition_time) for c in status.conditions if c.type in wanted and c.status == "True"]
+    times = [parse_time(c.last_transition_time) for c in conditions if c.type in wanted and c.status == "True"]
     return max((t for t in times if t is not None), default=None)
 
 
@@ -490,7 +489,7 @@ def _roles_missing_pods(job: RLJob, pods: list[PodView]) -> list[str]:
 def stateful_sets_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
     """The StatefulSets still short of pods pendingTimeoutSeconds after the attempt asked for
     them: why is in their controller's FailedCreate Events."""
-    since = _pods_awaited_since(job)
+    since = _pods_awaited_since(job, job.status.state, job.status.conditions) if job.status else None
     if since is None or (now - since).total_seconds() < job.spec.run_policy.pending_timeout_seconds:
         return []
     return _roles_missing_pods(job, pods)
@@ -501,7 +500,10 @@ def pods_not_created(p: _Pass) -> Fate | None:
     asked for them, and whose controller reported why (FailedCreate: a missing ServiceAccount,
     a quota, a Pod Security violation), ends the job with that reason: its other roles' pods
     would otherwise hold their GPUs waiting for it forever."""
-    since = _pods_awaited_since(p.job)
+    # This pass's conditions: the pass that creates the children starts the wait, and must
+    # come back when it is over (the watch may bring nothing: a StatefulSet that cannot create
+    # pods may never change).
+    since = _pods_awaited_since(p.job, p.status.state, p.conds.by_type.values())
     if since is None or not _roles_missing_pods(p.job, p.observed.pods):
         return None
     timeout = p.job.spec.run_policy.pending_timeout_seconds

@@ -244,7 +244,16 @@ def test_a_job_whose_service_account_is_missing_says_so(jobs: Jobs) -> None:
             "tiny", jobs.namespace, {"spec.serviceAccountName": "missing", "spec.runPolicy.pendingTimeoutSeconds": 3}
         )
     )
-    wait_for(lambda: definite_state(jobs.get("tiny")), "a definite state", timeout=60)
+    try:
+        wait_for(lambda: definite_state(jobs.get("tiny")), "a definite state", timeout=60)
+    except AssertionError as timed_out:
+        warnings = [
+            (e["involvedObject"]["name"], e.get("reason"), e.get("lastTimestamp") or e.get("eventTime"))
+            for e in map(
+                jobs.plain, jobs.core.list_namespaced_event(jobs.namespace, field_selector="type=Warning").items
+            )
+        ]
+        raise AssertionError(f"{timed_out}; status {jobs.get('tiny').get('status')}; warnings {warnings}") from None
     failed = next(c for c in jobs.get("tiny")["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodsNotCreated" and "missing" in failed["message"], failed
 

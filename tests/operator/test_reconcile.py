@@ -349,7 +349,10 @@ def test_a_stateful_set_that_cannot_create_its_pods_fails_the_job_after_the_time
     """The rollout's StatefulSet cannot create its pod (a missing ServiceAccount): the other
     roles' pods run meanwhile. Its FailedCreate Event ends the job after pendingTimeoutSeconds."""
     kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
-    reconcile(kube, tracked, body_of(), [], 0)
+    created = reconcile(kube, tracked, body_of(), [], 0)
+    # The pass that creates the StatefulSets comes back when the wait is over: a StatefulSet
+    # that cannot create pods may never change, so no watch event would bring it.
+    assert created.requeue_after is not None and created.requeue_after <= 300
     body = body_of(status=kube.written())
     pods = [p for p in gang_pods(load_job(CPU)) if "rollout" not in p["metadata"]["name"]]
     kube.calls.clear()
