@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import logging
 import os
@@ -60,6 +61,25 @@ def _identity(args: argparse.Namespace) -> str:
     return str(args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}")
 
 
+async def _operate(args: argparse.Namespace, election: Election | None) -> None:
+    # Losing the Lease stops the operator; its pod restarts as a standby. The stop flag is an
+    # asyncio Event: kopf waits on a threading one in an executor thread that nothing wakes on
+    # SIGTERM, and the process then hangs at exit (until the kubelet's SIGKILL, Lease held).
+    stop = asyncio.Event()
+    if election is not None:
+        loop = asyncio.get_running_loop()
+        election.on_lost = lambda: loop.call_soon_threadsafe(stop.set)
+    # kopf runs standalone: its peering is not leader election (the Lease is).
+    await kopf.operator(
+        standalone=True,
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        memo=kopf.Memo(election=election),
+        stop_flag=stop,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO)
@@ -71,17 +91,9 @@ def main(argv: list[str] | None = None) -> None:
         timings = Timings(args.lease_duration, args.renew_every, args.retry_every)
         elector = LeaderElector(connect(pool_size=2), _lease_namespace(args), args.lease_name, _identity(args), timings)
         election = Election(elector)
-    # kopf runs standalone: its peering is not leader election (the Lease is).
     try:
-        kopf.run(
-            standalone=True,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
-            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-            memo=kopf.Memo(election=election),
-            # Losing the Lease stops the operator; its pod restarts as a standby.
-            stop_flag=election.lost if election else None,
-        )
+        with contextlib.suppress(asyncio.CancelledError):
+            asyncio.run(_operate(args, election))
     finally:
         if election is not None:
             election.stop()

@@ -188,11 +188,12 @@ class LeaderElector:
 
 class Election:
     """Runs the elector in a thread of its own: `on_leading` is called once the Lease is held;
-    `lost` is set when it is lost (the operator then stops: the caller passes it to kopf as
-    the stop flag)."""
+    `lost` is set when it is lost, and `on_lost` called (the operator then stops: the caller
+    raises kopf's stop flag from it)."""
 
-    def __init__(self, elector: LeaderElector) -> None:
+    def __init__(self, elector: LeaderElector, on_lost: Callable[[], object] | None = None) -> None:
         self.elector = elector
+        self.on_lost = on_lost
         self.lost = threading.Event()
         self.leading = threading.Event()
         self._done = threading.Event()
@@ -205,6 +206,8 @@ class Election:
             self.leading.set()
             on_leading()
             self.elector.keep_renewing(self.lost, self._done)
+            if self.lost.is_set() and self.on_lost is not None:
+                self.on_lost()
 
     def stop(self) -> None:
         """Stops standing by or renewing; a Lease still held is handed back."""

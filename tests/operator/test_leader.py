@@ -180,3 +180,22 @@ def test_a_holder_that_cannot_renew_reports_the_lease_lost() -> None:
     lost, stop = threading.Event(), threading.Event()
     a.keep_renewing(lost, stop)  # returns once it gives up: 8 s (duration - renew_every) of its clock
     assert lost.is_set()
+
+
+def test_an_election_that_loses_the_lease_calls_on_lost() -> None:
+    """The operator's stop flag is raised from on_lost (an asyncio Event set thread-safely)."""
+    leases = FakeLeases()
+    lost = threading.Event()
+    election = Election(
+        LeaderElector(client.ApiClient(), "ops", "lease", "a", Timings(0.3, 0.05, 0.05)), on_lost=lost.set
+    )
+    election.elector.leases = leases  # type: ignore[assignment]
+    leading = threading.Event()
+    election.start(on_leading=leading.set)
+    assert leading.wait(5)
+    assert leases.lease is not None and leases.lease.spec is not None
+    leases.lease.spec.holder_identity = "usurper"  # renewals fail from now on
+    assert lost.wait(5)
+    assert election.lost.is_set()
+    election.stop()
+    assert leases.holder == "usurper"  # a lost Lease is not "handed back"

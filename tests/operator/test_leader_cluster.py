@@ -30,6 +30,8 @@ pytestmark = pytest.mark.cluster
 
 JOB = "failover"
 LEASE = "rlkube-operator-leader"
+# Well within the kubelet's default terminationGracePeriodSeconds (30).
+STOP_SECONDS = 15
 
 
 def _free_port() -> int:
@@ -139,3 +141,19 @@ def test_killing_the_active_replica_hands_the_running_job_to_the_other(
 
 def children_of_kind(children: dict[str, str], kind: str) -> list[str]:
     return [key for key in children if key.startswith(f"{kind}/")]
+
+
+def test_a_stopped_replica_exits_at_once_and_hands_the_lease_back(
+    kube: ApiClient, namespace: str, replicas: list[Replica]
+) -> None:
+    """SIGTERM (a rollout, a drain) ends the process well within the kubelet's 30 s grace and
+    frees the Lease, so the standby takes over at once instead of waiting for it to expire."""
+    wait_for(lambda: lease_holder(kube, namespace) is not None, "a replica to take the Lease", timeout=120)
+    holder = next(r for r in replicas if r.identity == lease_holder(kube, namespace))
+    standby = next(r for r in replicas if r is not holder)
+    began = time.monotonic()
+    holder.process.terminate()
+    holder.process.wait(STOP_SECONDS)
+    assert "released Lease" in holder.log()
+    wait_for(lambda: lease_holder(kube, namespace) == standby.identity, "the standby to take the Lease", timeout=30)
+    print(f"stopped in {time.monotonic() - began:.1f} s")
