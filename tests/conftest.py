@@ -15,9 +15,8 @@ test runs that need no cluster do not pay for them (about 2 s).
 
 from __future__ import annotations
 
+import contextlib
 import os
-import re
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,26 +31,20 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterInfo]:
-    from rlkube_e2e.cluster import LocalCluster
     from rlkube_e2e.errors import ClusterError
-    from rlkube_e2e.testing import ClusterInfo
+    from rlkube_e2e.testing import ClusterInfo, local_cluster
 
     external = os.environ.get("RLKUBE_KUBECONFIG")
     if external:
         yield ClusterInfo(Path(external))
         return
-    # die_with_parent: a killed pytest takes the control plane down with it.
-    local = LocalCluster(tmp_path_factory.mktemp("cluster"), die_with_parent=True)
-    try:
-        local.up()
-    except ClusterError as error:
-        local.down(keep=True)
-        pytest.fail(f"local cluster: {error}", pytrace=False)
-    try:
-        yield ClusterInfo(local.kubeconfig, local)
-    finally:
-        # State (with logs) stays in pytest's temp dir, which keeps the last few runs.
-        local.down(keep=True)
+    with contextlib.ExitStack() as stack:
+        try:
+            # State (with logs) stays in pytest's temp dir, which keeps the last few runs.
+            info = stack.enter_context(local_cluster(tmp_path_factory.mktemp("cluster"), keep_state=True))
+        except ClusterError as error:
+            pytest.fail(f"local cluster: {error}", pytrace=False)
+        yield info
 
 
 @pytest.fixture(scope="session")
@@ -78,19 +71,8 @@ def kubectl(cluster: ClusterInfo) -> Kubectl:
 def namespace(kube: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace per test, named after it; deleted afterwards (without waiting)."""
     from kubernetes.client import CoreV1Api
-    from kubernetes.client.exceptions import ApiException
 
-    from rlkube_e2e.testing import create_namespace
+    from rlkube_e2e.testing import namespace_for_test
 
-    core = CoreV1Api(kube)
-    stem = re.sub(r"[^a-z0-9-]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{stem or 't'}-{secrets.token_hex(3)}"
-    create_namespace(core, name, {"rlkube.dev/test": "true"}, timeout=30)
-    try:
+    with namespace_for_test(CoreV1Api(kube), request.node.name, {"rlkube.dev/test": "true"}) as name:
         yield name
-    finally:
-        try:
-            core.delete_namespace(name)
-        except ApiException as error:
-            if error.status != 404:
-                raise

@@ -6,10 +6,13 @@ and can be imported by any test module.
 
 from __future__ import annotations
 
+import contextlib
+import re
+import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -17,7 +20,7 @@ from typing import TypeVar
 from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
 
-from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
+from rlkube_e2e.cluster import DEFAULT_POOLS_FILE, REPO_ROOT, LocalCluster
 
 T = TypeVar("T")
 
@@ -32,6 +35,41 @@ class ClusterInfo:
 
     kubeconfig: Path
     local: LocalCluster | None = None
+
+
+@contextlib.contextmanager
+def local_cluster(state_dir: Path, pools_file: Path = DEFAULT_POOLS_FILE, *, keep_state: bool) -> Iterator[ClusterInfo]:
+    """A control plane of its own in `state_dir` (on ports chosen free, so it runs beside
+    others), up for the `with` block. Its processes die with the test process if that is
+    killed. On the way out they are stopped; the state dir (etcd data, certificates, logs)
+    is kept only if `keep_state`, and when the start-up failed (the error names its logs)."""
+    local = LocalCluster(state_dir, pools_file, die_with_parent=True)
+    try:
+        local.up()
+    except BaseException:
+        local.down(keep=True)
+        raise
+    try:
+        yield ClusterInfo(local.kubeconfig, local)
+    finally:
+        local.down(keep=keep_state)
+
+
+@contextlib.contextmanager
+def namespace_for_test(core: CoreV1Api, test_name: str, labels: dict[str, str]) -> Iterator[str]:
+    """A fresh namespace named after a test (and a random suffix), deleted afterwards
+    without waiting."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    name = f"{stem or 't'}-{secrets.token_hex(3)}"
+    create_namespace(core, name, labels, timeout=30)
+    try:
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
 
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0, interval: float = 0.2) -> T:

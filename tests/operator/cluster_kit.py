@@ -30,6 +30,7 @@ from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi,
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 
+from rlkube_api.crd import CRD_FILES
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_e2e.testing import Kubectl, wait_established, wait_for
@@ -191,6 +192,11 @@ def free_port() -> int:
 
 
 # --- CRDs ----------------------------------------------------------------------------------------
+
+
+def install_rljob_crd(kubectl: Kubectl) -> None:
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
+    wait_established(kubectl, "rljobs.rlkube.dev")
 
 
 def install_podgroup_crds(kubectl: Kubectl) -> None:

@@ -29,11 +29,9 @@ if TYPE_CHECKING:
 
 @pytest.fixture(scope="session")
 def rljob_crd(kubectl: Kubectl) -> None:
-    from rlkube_api.crd import CRD_FILES
-    from rlkube_e2e.testing import wait_established
+    from tests.operator.cluster_kit import install_rljob_crd
 
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
-    wait_established(kubectl, "rljobs.rlkube.dev")
+    install_rljob_crd(kubectl)
 
 
 @pytest.fixture(scope="session")

@@ -7,25 +7,34 @@
   (it sees a pod fail afterwards, and a job created afterwards);
 - a node deleted under a running job: its pods go, the gang restarts on the node left.
 
+The last two break a control plane, so they get one of their own (`own_control_plane`,
+shared by both, up once for the module), never the session's that every other test uses.
+
 `make test` kills the operator RLKUBE_FAULT_KILLS=3 times; `make faults` 10 times, with
 the counts in docs/reliability.md. RLKUBE_FAULT_SEED picks the kill points.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
+import shutil
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from rlkube_api.names import ANNOTATION_ATTEMPT
+from rlkube_e2e import processes
+from rlkube_e2e.cluster import LocalCluster
 from rlkube_e2e.pools import MANAGED_BY_LABEL, POOL_LABEL, NodePool
-from rlkube_e2e.testing import wait_for
+from rlkube_e2e.state import ClusterState
+from rlkube_e2e.testing import Kubectl, local_cluster, namespace_for_test, wait_for
 from tests.operator.cluster_kit import (
     TINY_PODS,
     Jobs,
@@ -33,6 +42,7 @@ from tests.operator.cluster_kit import (
     OperatorProcess,
     attempt,
     condition,
+    install_rljob_crd,
     is_true,
     ready,
     tiny_job,
@@ -41,7 +51,7 @@ from tests.operator.cluster_kit import (
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from rlkube_e2e.testing import ClusterInfo, Kubectl
+    from rlkube_e2e.testing import ClusterInfo
 
 pytestmark = pytest.mark.cluster
 
@@ -51,24 +61,90 @@ JOBS = 20
 # Children every job has (StatefulSets are checked apart): kinds the operator always makes.
 ROLE_SETS = 3  # controller, actor, rollout
 
+# One node for the jobs of the API-server test; the node-deletion test makes its own.
+OWN_POOLS = Path(__file__).with_name("fault-pools.yaml")
+# Bounds for a loaded 2-core machine; each wait ends as soon as its condition holds.
+SLOW = 180.0
 
-# The faults of the session's shared control plane (the API server restarted, a Node deleted)
-# run only in `make faults`.
-SHARED_CLUSTER_FAULTS = "RLKUBE_FAULT_CLUSTER"
+
+@contextlib.contextmanager
+def _operator_running(namespace: str, kubeconfig: Path, log: Path) -> Iterator[OperatorProcess]:
+    process = OperatorProcess(namespace, kubeconfig, log)
+    process.start()
+    process.wait_started(timeout=SLOW)
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(f"--- operator log (last 3000 characters)\n{process.log()[-3000:]}")
 
 
 @pytest.fixture
 def operator_process(
     cluster: ClusterInfo, rljob_crd: None, namespace: str, tmp_path: Path, no_session_operator: None
 ) -> Iterator[OperatorProcess]:
-    process = OperatorProcess(namespace, cluster.kubeconfig, tmp_path / "operator.log")
-    process.start()
-    process.wait_started()
-    try:
+    with _operator_running(namespace, cluster.kubeconfig, tmp_path / "operator.log") as process:
         yield process
-    finally:
-        process.stop()
-        print(f"--- operator log (last 3000 characters)\n{process.log()[-3000:]}")
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """A control plane of these tests' own: etcd, kube-apiserver, controller-manager,
+    scheduler and kwok on ports and in a state dir of their own, with the RLJob CRD. The
+    session's shared one is never restarted or loses a node under the other tests."""
+
+    local: LocalCluster
+    kube: ApiClient
+    kubectl: Kubectl
+    started_in: float
+
+
+@pytest.fixture(scope="module")
+def own_control_plane(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControlPlane]:
+    from kubernetes import config  # noqa: PLC0415
+
+    state_dir = tmp_path_factory.mktemp("faults-cluster")
+    failed_before = request.session.testsfailed
+    started = time.monotonic()
+    with local_cluster(state_dir, OWN_POOLS, keep_state=False) as info:
+        assert info.local is not None
+        kubectl = Kubectl(info.kubeconfig)
+        install_rljob_crd(kubectl)
+        kube = config.new_client_from_config(config_file=str(info.kubeconfig))
+        plane = ControlPlane(info.local, kube, kubectl, time.monotonic() - started)
+        print(f"faults: own control plane up in {plane.started_in:.1f} s")
+        state = ClusterState.load(info.local.layout.state_file)
+        try:
+            yield plane
+        finally:
+            kube.close()
+            if request.session.testsfailed > failed_before:
+                # The state dir goes with the control plane; its logs are worth keeping.
+                shutil.copytree(info.local.logs_dir, tmp_path_factory.mktemp("faults-cluster-logs"), dirs_exist_ok=True)
+    # Torn down whole: no process left (their ports went with them), no file.
+    assert state is not None
+    left = [r.name for r in state.processes if processes.is_running(r.pid, r.binary)]
+    assert not left, f"processes of the faults' control plane still running: {left}"
+    assert not state_dir.exists(), f"{state_dir} left behind: {sorted(p.name for p in state_dir.iterdir())}"
+
+
+@pytest.fixture
+def own_namespace(own_control_plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
+    from kubernetes.client import CoreV1Api  # noqa: PLC0415
+
+    with namespace_for_test(CoreV1Api(own_control_plane.kube), request.node.name, {}) as name:
+        yield name
+
+
+@pytest.fixture
+def own_operator(own_control_plane: ControlPlane, own_namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator as its own process, on the faults' own control plane (the session's
+    in-process operator watches the session's cluster only: nothing to pause)."""
+    kubeconfig = own_control_plane.local.kubeconfig
+    with _operator_running(own_namespace, kubeconfig, tmp_path / "operator.log") as process:
+        yield process
 
 
 def _settled(job: Obj, restarts: int) -> bool:
@@ -221,29 +297,44 @@ def test_a_restart_begun_by_a_killed_operator_is_taken_up(
 
 
 def test_the_operator_reconnects_after_the_api_server_restarts(
-    cluster: ClusterInfo, kube: ApiClient, kubectl: Kubectl, namespace: str, operator_process: OperatorProcess
+    own_control_plane: ControlPlane, own_namespace: str, own_operator: OperatorProcess
 ) -> None:
-    if cluster.local is None:
-        pytest.skip("restarts the session's own control plane (RLKUBE_KUBECONFIG points elsewhere)")
-    if os.environ.get(SHARED_CLUSTER_FAULTS) != "1":
-        # The restart is of the session's shared API server: on CI's 2 cores it took long
-        # enough once that the tests after it failed too. `make faults` runs it.
-        pytest.skip(f"restarts the session's shared API server: run by `make faults` ({SHARED_CLUSTER_FAULTS}=1)")
-    jobs = Jobs(kube, kubectl, namespace)
+    namespace = own_namespace
+    jobs = Jobs(own_control_plane.kube, own_control_plane.kubectl, namespace)
     jobs.create(tiny_job("before", namespace))
-    jobs.wait_running("before", timeout=60)
-    jobs.wait_pods("before", TINY_PODS)
+    jobs.wait_running("before", timeout=SLOW)
+    jobs.wait_pods("before", TINY_PODS, timeout=SLOW)
 
-    unreachable = cluster.local.restart_apiserver(down_seconds=5.0)
-    assert operator_process.running, operator_process.log()[-3000:]
+    unreachable = own_control_plane.local.restart_apiserver(down_seconds=5.0, timeout=SLOW)
+    assert own_operator.running, own_operator.log()[-3000:]
     # Its watches came back: a pod failure and a new job, both after the restart, are acted on.
     jobs.fail_pod("before-actor-0")
-    jobs.wait_running("before", restarts=1, timeout=120)
-    jobs.wait_pods("before", TINY_PODS, at_attempt=1, timeout=60)
+    job = jobs.wait_running("before", restarts=1, timeout=SLOW)
+    jobs.wait_pods("before", TINY_PODS, at_attempt=1, timeout=SLOW)
     jobs.create(tiny_job("after", namespace))
-    jobs.wait_running("after", timeout=120)
-    assert operator_process.running
+    jobs.wait_running("after", timeout=SLOW)
+    # What stays: the restart counted once, its Event written after the restart.
+    assert job["status"]["restartCount"] == 1
+    failures = [e["message"] for e in jobs.events("before") if e.get("reason") == "PodFailed"]
+    assert len(failures) == 1 and "before-actor-0" in failures[0], failures
+    assert own_operator.running
+    assert own_operator.starts == 1  # the same process throughout
     print(f"faults: API server unreachable for {unreachable:.1f} s; the operator carried on")
+
+
+def _story(jobs: Jobs, name: str) -> str:
+    """What a user would look at when a wait fails: the job's Events and its pods."""
+    events = sorted(jobs.events(name), key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    lines = [f"  {e.get('lastTimestamp')} {e['reason']} x{e.get('count', 1)}: {e['message']}" for e in events]
+    for pod in jobs.pods(name, include_deleting=True):
+        meta, status = pod["metadata"], pod.get("status") or {}
+        conditions = ",".join(f"{c['type']}={c['status']}" for c in status.get("conditions") or [])
+        deleting = " deleting" if meta.get("deletionTimestamp") else ""
+        lines.append(
+            f"  pod {meta['name']} uid {meta['uid'][:8]} attempt {attempt(pod)} on {pod['spec'].get('nodeName')}:"
+            f" {status.get('phase')}{deleting} [{conditions}]"
+        )
+    return "\n".join(lines)
 
 
 def _fault_nodes(pool: str, count: int) -> list[Obj]:
@@ -256,14 +347,11 @@ def _fault_nodes(pool: str, count: int) -> list[Obj]:
 
 
 def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
-    kube: ApiClient, kubectl: Kubectl, namespace: str, operator_process: OperatorProcess
+    own_control_plane: ControlPlane, own_namespace: str, own_operator: OperatorProcess
 ) -> None:
-    if os.environ.get(SHARED_CLUSTER_FAULTS) != "1":
-        # Deletes a Node of the session's shared cluster; it failed in a CI run on 2 cores
-        # (it passed alone). `make faults` runs it.
-        pytest.skip(f"deletes a node of the session's shared cluster: run by `make faults` ({SHARED_CLUSTER_FAULTS}=1)")
     from kubernetes.client import CoreV1Api  # noqa: PLC0415
 
+    kube, kubectl, namespace = own_control_plane.kube, own_control_plane.kubectl, own_namespace
     core = CoreV1Api(kube)
     pool = f"fault-{namespace[-6:]}"
     nodes = _fault_nodes(pool, 2)
@@ -283,25 +371,32 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
                 for n in nodes
             ),
             "the fault pool's nodes to be Ready",
-            timeout=60,
+            timeout=SLOW,
         )
         jobs.create(tiny_job("node-lost", namespace, overrides))
-        jobs.wait_running("node-lost", timeout=60)
-        pods = jobs.wait_pods("node-lost", TINY_PODS)
+        jobs.wait_running("node-lost", timeout=SLOW)
+        pods = jobs.wait_pods("node-lost", TINY_PODS, timeout=SLOW)
         victim = next(p for p in pods if p["metadata"]["name"] == "node-lost-actor-0")["spec"]["nodeName"]
         lost = sorted(p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == victim)
         # The node goes, as a scaled-down or failed cloud node does: the pod garbage
         # collector deletes its pods, the StatefulSets replace them, the gang restarts.
         started = time.monotonic()
         core.delete_node(victim)
-        job = jobs.wait_running("node-lost", restarts=1, timeout=180)
-        pods = jobs.wait_pods("node-lost", TINY_PODS, at_attempt=1, timeout=60)
+        # The pod garbage collector waits 40 s before it deletes a lost node's pods.
+        try:
+            job = jobs.wait_running("node-lost", restarts=1, timeout=SLOW + 60)
+        except AssertionError as error:
+            raise AssertionError(f"{str(error)[:3000]}\n{_story(jobs, 'node-lost')}") from None
+        pods = jobs.wait_pods("node-lost", TINY_PODS, at_attempt=1, timeout=SLOW)
+        events = [(e["reason"], e["message"]) for e in jobs.events("node-lost")]
         print(
-            f"faults: node {victim} deleted under pods {lost}; gang Running again after {time.monotonic() - started:.1f} s"
+            f"faults: node {victim} deleted under pods {lost}; gang Running again after"
+            f" {time.monotonic() - started:.1f} s; Events {events}; restarts {job['status'].get('restartCount')},"
+            f" uncounted {job['status'].get('uncountedRestarts')}"
         )
         assert {p["spec"]["nodeName"] for p in pods} == {n["metadata"]["name"] for n in nodes} - {victim}
-        failures = [e["message"] for e in jobs.events("node-lost") if e.get("reason") == "PodFailed"]
-        assert len(failures) == 1 and any(name in failures[0] for name in lost), failures
+        failures = [m for r, m in events if r in ("PodFailed", "PodDisrupted")]
+        assert len(failures) == 1 and any(name in failures[0] for name in lost), (events, job["status"])
         assert job["status"]["restartCount"] == 1
     finally:
         kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false")
