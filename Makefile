@@ -74,8 +74,8 @@ fuzz: venv toolchain ## generated RLJobs, valid and invalid, against the API ser
 FAULT_KILLS ?= 10
 
 .PHONY: faults
-faults: venv toolchain sysdeps ## fault runs: the operator SIGKILLed, role pods of a real job killed, FAULT_KILLS times each (RLKUBE_FAULT_SEED); the API server restarted, a node deleted
-	RLKUBE_FAULT_KILLS=$(FAULT_KILLS) RLKUBE_FAULT_POD_KILLS=$(FAULT_KILLS) RLKUBE_FAULT_CLUSTER=1 \
+faults: venv toolchain sysdeps ## fault runs: the operator SIGKILLed, role pods of a real job killed, FAULT_KILLS times each (RLKUBE_FAULT_SEED); the API server restarted, a node deleted (as in make test)
+	RLKUBE_FAULT_KILLS=$(FAULT_KILLS) RLKUBE_FAULT_POD_KILLS=$(FAULT_KILLS) \
 		$(VENV)/bin/pytest tests/operator/test_faults.py tests/e2e/test_faults.py -s $(PYTEST_ARGS)
 
 .PHONY: cluster-up

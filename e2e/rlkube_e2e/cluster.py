@@ -249,6 +249,7 @@ class LocalCluster:
             state = self._require_state()
             name = "kube-apiserver"
             record = next(r for r in state.processes if r.name == name)
+            stopped_at = datetime.datetime.now(datetime.UTC)
             stopped = time.monotonic()
             processes.stop(record.pid, record.binary, self._handles.pop(name, None))
             time.sleep(down_seconds)
@@ -257,7 +258,8 @@ class LocalCluster:
             deadline = time.monotonic() + timeout
             self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
             unreachable = time.monotonic() - stopped
-            self._wait(state, deadline, lambda: self._readiness_problem(state, None))
+            # Fresh node leases: kwok reached the new API server (it renews every quarter lease).
+            self._wait(state, deadline, lambda: self._readiness_problem(state, stopped_at))
         return unreachable
 
     # -- readiness ---------------------------------------------------------------

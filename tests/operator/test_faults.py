@@ -307,6 +307,7 @@ def test_the_operator_reconnects_after_the_api_server_restarts(
 
     unreachable = own_control_plane.local.restart_apiserver(down_seconds=5.0, timeout=SLOW)
     assert own_operator.running, own_operator.log()[-3000:]
+    settled = _runs_a_pod(own_control_plane, namespace)
     # Its watches came back: a pod failure and a new job, both after the restart, are acted on.
     jobs.fail_pod("before-actor-0")
     job = jobs.wait_running("before", restarts=1, timeout=SLOW)
@@ -319,7 +320,31 @@ def test_the_operator_reconnects_after_the_api_server_restarts(
     assert len(failures) == 1 and "before-actor-0" in failures[0], failures
     assert own_operator.running
     assert own_operator.starts == 1  # the same process throughout
-    print(f"faults: API server unreachable for {unreachable:.1f} s; the operator carried on")
+    print(
+        f"faults: API server unreachable for {unreachable:.1f} s, a new pod Ready {settled:.1f} s later;"
+        " the operator carried on"
+    )
+
+
+def _runs_a_pod(plane: ControlPlane, namespace: str) -> float:
+    """Until the control plane schedules and runs a pod again. Its scheduler and kwok
+    re-list everything after an API server restart; a gang restart begun meanwhile twice
+    left the new gang unready for minutes, and the next test's pods too, with the scheduler
+    logging its cache "corrupted": a kube-scheduler matter, not the operator's, which is
+    what this test is about."""
+    from kubernetes.client import CoreV1Api  # noqa: PLC0415
+
+    started = time.monotonic()
+    core = CoreV1Api(plane.kube)
+    pod = {"metadata": {"name": "probe"}, "spec": {"containers": [{"name": "c", "image": "probe"}]}}
+    core.create_namespaced_pod(namespace, pod)
+    wait_for(
+        lambda: ready(plane.kube.sanitize_for_serialization(core.read_namespaced_pod("probe", namespace))),  # type: ignore[no-untyped-call]
+        "a pod made after the API server restart to be Ready",
+        timeout=SLOW,
+    )
+    core.delete_namespaced_pod("probe", namespace, grace_period_seconds=0)
+    return time.monotonic() - started
 
 
 def _story(jobs: Jobs, name: str) -> str:
@@ -359,7 +384,8 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
         kubectl("create", "-f", "-", input=json.dumps(node))
     try:
         selector: dict[str, Any] = {"nodeSelector": {POOL_LABEL: pool}}
-        overrides = {"spec.controller.pool": selector}
+        # No restart to spare: a node lost is a disruption, not counted against the limit.
+        overrides: dict[str, Any] = {"spec.controller.pool": selector, "spec.runPolicy.backoffLimit": 0}
         overrides |= {f"spec.roles.{role}.pool": selector for role in ("actor", "rollout")}
         jobs = Jobs(kube, kubectl, namespace)
         wait_for(
@@ -395,9 +421,11 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
             f" uncounted {job['status'].get('uncountedRestarts')}"
         )
         assert {p["spec"]["nodeName"] for p in pods} == {n["metadata"]["name"] for n in nodes} - {victim}
+        # What stays: one restart, not counted, its Event naming a pod lost with the node.
         failures = [m for r, m in events if r in ("PodFailed", "PodDisrupted")]
         assert len(failures) == 1 and any(name in failures[0] for name in lost), (events, job["status"])
-        assert job["status"]["restartCount"] == 1
+        assert ("PodDisrupted", failures[0]) in events and "its node lost" in failures[0]
+        assert (job["status"]["restartCount"], job["status"].get("uncountedRestarts")) == (1, 1)
     finally:
         kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false")
         for node in nodes:
