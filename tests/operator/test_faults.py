@@ -115,11 +115,12 @@ def own_control_plane(
         kube = config.new_client_from_config(config_file=str(info.kubeconfig))
         plane = ControlPlane(info.local, kube, kubectl, time.monotonic() - started)
         print(f"faults: own control plane up in {plane.started_in:.1f} s")
-        state = ClusterState.load(info.local.layout.state_file)
         try:
             yield plane
         finally:
             kube.close()
+            # Read now: the API-server restart changed a process id.
+            state = ClusterState.load(info.local.layout.state_file)
             if request.session.testsfailed > failed_before:
                 # The state dir goes with the control plane; its logs are worth keeping.
                 shutil.copytree(info.local.logs_dir, tmp_path_factory.mktemp("faults-cluster-logs"), dirs_exist_ok=True)
