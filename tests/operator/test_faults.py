@@ -311,7 +311,10 @@ def test_the_operator_reconnects_after_the_api_server_restarts(
     settled = _runs_a_pod(own_control_plane, namespace)
     # Its watches came back: a pod failure and a new job, both after the restart, are acted on.
     jobs.fail_pod("before-actor-0")
-    job = jobs.wait_running("before", restarts=1, timeout=SLOW)
+    try:
+        job = jobs.wait_running("before", restarts=1, timeout=SLOW)
+    except AssertionError as error:
+        raise AssertionError(f"{str(error)[:3000]}\n{_story(jobs, 'before')}") from None
     jobs.wait_pods("before", TINY_PODS, at_attempt=1, timeout=SLOW)
     jobs.create(tiny_job("after", namespace))
     jobs.wait_running("after", timeout=SLOW)
