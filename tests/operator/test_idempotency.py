@@ -103,8 +103,9 @@ def test_a_failure_while_the_operator_is_down_is_noticed_after(jobs: Jobs, resta
     untrack(jobs, f"{JOB}-rollout-0")
     jobs.fail_pod(f"{JOB}-rollout-0")
     # With nobody watching, the StatefulSet replaces the failed pod (same attempt).
-    wait_for(lambda: victim not in uids(jobs.pods(JOB, include_deleting=True)), "the failed pod to be replaced")
-    assert len(uids(jobs.wait_pods(JOB, TINY_PODS)) - old) == 1
+    # Waits sized for a loaded 2-core CI machine (the controller-manager is slow there).
+    wait_for(lambda: victim not in uids(jobs.pods(JOB, include_deleting=True)), "the failed pod to be replaced", 90)
+    assert len(uids(jobs.wait_pods(JOB, TINY_PODS, timeout=90)) - old) == 1
     before = reconciles(jobs.namespace)
     restartable.start()
     wait_for(lambda: reconciles(jobs.namespace) > before, "the new operator instance to reconcile the job", 30)
@@ -113,9 +114,9 @@ def test_a_failure_while_the_operator_is_down_is_noticed_after(jobs: Jobs, resta
     # The Event keeps the cause; the Restarting condition may already read "Resumed"
     # when the replacement gang comes up within one poll.
     assert f"{JOB}-rollout-0" in jobs.wait_event(JOB, "PodFailed")["message"]
-    pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
+    pods = jobs.wait_pods(JOB, TINY_PODS, at_attempt=1, timeout=90)
     assert not uids(pods) & old
-    jobs.wait_running(JOB, restarts=1)
+    jobs.wait_running(JOB, restarts=1, timeout=90)
     assert jobs.child_uids(JOB) == children
 
 
