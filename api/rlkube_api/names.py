@@ -16,11 +16,6 @@ MANAGED_BY: Final = "rlkube-operator"
 ANNOTATION_ATTEMPT: Final = "rlkube.dev/attempt"
 # The driver writes its progress (JSON) here; the operator copies it into status.progress.
 ANNOTATION_PROGRESS: Final = "rlkube.dev/progress"
-# On every role pod (through its StatefulSet's template), as Kubernetes Jobs put
-# batch.kubernetes.io/job-tracking on theirs: a pod being deleted (a failed pod its StatefulSet
-# replaces, a gang restart, a scale-down) stays, its status and exit code intact, until the
-# operator has recorded it in the job's status and removes the finalizer (docs/reliability.md).
-FINALIZER_POD_TRACKING: Final = "rlkube.dev/pod-tracking"
 # StatefulSet pods carry their ordinal in this label (Kubernetes >= 1.28).
 LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
 

@@ -150,12 +150,6 @@ def pod_changed(
         if type == "DELETED" or view.deleting:
             _keep_if_lost(tracked, view, pod)
         tracked.wake()
-    if (tracked is None or tracked.task is None) and view.deleting and view.tracked and type != "DELETED":
-        # No loop looks after this pod: its job is gone (deleted while the operator was down,
-        # or before the pod's deletion began), or the job's first event is still to come.
-        kube = operator.reconciler.kube
-        if not kube.job_exists(*key):
-            kube.release_pods(key[0], [(view.name, view.uid)])
 
 
 def _keep_if_lost(tracked: TrackedJob, view: PodView, pod: Manifest) -> None:
@@ -186,12 +180,6 @@ async def job_changed(
         if gone is not None:
             METRICS.set_job(gone.namespace, gone.name, None, 0, was=gone.state)
         operator.publish_states()
-        # Nobody needs what its pods show any more: they go with their StatefulSets, unheld.
-        held = [
-            (p["metadata"]["name"], p["metadata"]["uid"]) for p in ix["pods_by_job"].get(key, []) if view_pod(p).tracked
-        ]
-        if held:
-            await asyncio.get_running_loop().run_in_executor(None, operator.reconciler.kube.release_pods, key[0], held)
         return
     tracked = operator.job(key)
     if not tracked.delivered(_without_managed_fields(body)):

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from rlkube_api.names import FINALIZER_POD_TRACKING, LABEL_JOB
+from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.children.secret import ray_secret_name_of
 from rlkube_operator.observed import parse_time
@@ -70,8 +70,6 @@ class Cluster(Protocol):
     def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None: ...
     def create(self, manifest: dict[str, Any]) -> bool: ...
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
-    def release_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
-    def job_exists(self, namespace: str, name: str) -> bool: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
@@ -146,23 +144,6 @@ class Kube:
                 if exc.status not in (404, 409):  # gone already, or already replaced
                     raise
 
-    def release_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
-        """Removes the operator's finalizer from (name, uid) pods, other finalizers left as they
-        are (the patch Kubernetes' Job controller sends for its own). The uid in the patch
-        makes it apply to that object only, never to a successor under the same name."""
-        for name, uid in pods:
-            patch = {"metadata": {"uid": uid, "$deleteFromPrimitiveList/finalizers": [FINALIZER_POD_TRACKING]}}
-            try:
-                self._call(
-                    "PATCH",
-                    f"/api/v1/namespaces/{namespace}/pods/{name}",
-                    body=patch,
-                    content_type="application/strategic-merge-patch+json",
-                )
-            except ApiException as exc:
-                if exc.status not in (404, 409, 422):  # gone already, or another pod by now
-                    raise
-
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
         """Sets these StatefulSets' replicas to 0; a merge patch never recreates one that was deleted."""
         path = _collection_path("apps/v1", "StatefulSet", namespace)
@@ -203,15 +184,6 @@ class Kube:
         except ApiException as exc:
             if exc.status != 404:
                 raise
-
-    def job_exists(self, namespace: str, name: str) -> bool:
-        try:
-            self._call("GET", f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
 
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """A Secret's value, or None when the Secret (or key) does not exist."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, FINALIZER_POD_TRACKING, LABEL_ROLE
+from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_ROLE
 
 # The waiting reason of a scheduled pod whose containers have not started: pulling its image,
 # or stuck (a volume that cannot be mounted, a sandbox that cannot be made).
@@ -40,9 +40,6 @@ class PodView:
     phase: str
     created: datetime | None
     deleting: bool = False
-    # The pod carries the operator's finalizer: being deleted, it stays (status intact) until
-    # a pass has used what it shows and releases it (plan.ReleasePods).
-    tracked: bool = False
     ready: bool = False
     # When the pod was bound to a node (its PodScheduled condition turned True).
     scheduled_at: datetime | None = None
@@ -126,7 +123,6 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         phase=status.get("phase", "Pending"),
         created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
-        tracked=FINALIZER_POD_TRACKING in (meta.get("finalizers") or []),
         scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,
@@ -157,8 +153,6 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         key: meta[key] for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp") if key in meta
     }
     slim_meta["labels"] = {k: v for k, v in labels.items() if k == LABEL_ROLE}
-    if FINALIZER_POD_TRACKING in (meta.get("finalizers") or []):
-        slim_meta["finalizers"] = [FINALIZER_POD_TRACKING]
     slim_meta["annotations"] = {k: v for k, v in annotations.items() if k in (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS)}
     slim_status = {key: status[key] for key in ("phase", "reason", "message") if key in status}
     # Every condition: podFailurePolicy rules may name any type (DisruptionTarget, say).
@@ -186,8 +180,5 @@ def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
     status function restarts the gang even after its StatefulSet replaced it."""
     lost = dict(pod)
     lost["status"] = {**(pod.get("status") or {}), "phase": "Failed", "reason": LOST_REASON, "message": why}
-    # A record of a pod that is gone: not being deleted, nothing to release.
-    lost["metadata"] = {
-        k: v for k, v in (pod.get("metadata") or {}).items() if k not in ("deletionTimestamp", "finalizers")
-    }
+    lost["metadata"] = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "deletionTimestamp"}
     return lost

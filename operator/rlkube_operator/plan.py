@@ -34,15 +34,6 @@ class DeletePods:
 
 
 @dataclass(frozen=True)
-class ReleasePods:
-    """Removes the operator's finalizer from pods being deleted, after the status write that
-    recorded what they showed (their exit codes): only then do they go, and their
-    StatefulSets replace them. Each by its UID, as DeletePods."""
-
-    pods: tuple[tuple[str, str], ...]  # (name, uid)
-
-
-@dataclass(frozen=True)
 class ScaleToZero:
     """Stops a finishing job's pods without re-applying (so recreating) any child."""
 
@@ -71,16 +62,7 @@ class ObserveTimeToRunning:
     seconds: float
 
 
-Action = (
-    ApplyChildren
-    | DeletePods
-    | ReleasePods
-    | ScaleToZero
-    | DeleteChildren
-    | WriteStatus
-    | CountRestart
-    | ObserveTimeToRunning
-)
+Action = ApplyChildren | DeletePods | ScaleToZero | DeleteChildren | WriteStatus | CountRestart | ObserveTimeToRunning
 
 
 @dataclass

@@ -33,7 +33,6 @@ from rlkube_operator.plan import (
     DeletePods,
     Event,
     ObserveTimeToRunning,
-    ReleasePods,
     ScaleToZero,
     WriteStatus,
 )
@@ -101,7 +100,6 @@ class Reconciler:
             ),
             since_last_write=time.monotonic() - tracked.last_write,
             job_created=parse_time(meta.get("creationTimestamp")),
-            job_deleting=bool(meta.get("deletionTimestamp")),
             pod_warnings={pod: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod))},
             create_failures={
                 name: failure
@@ -122,8 +120,6 @@ class Reconciler:
                         return ReconcileResult(requeue_after=REPLAN_SECONDS, replan=True)
                 case DeletePods(pods=stale):
                     self.kube.delete_pods(namespace, stale)
-                case ReleasePods(pods=recorded):
-                    self.kube.release_pods(namespace, recorded)
                 case ScaleToZero(stateful_sets=sets):
                     self.kube.scale_to_zero(namespace, sets)
                 case DeleteChildren():

@@ -11,7 +11,7 @@ settles the job's fate ends it (RULES below):
 - driver succeeded: the controller pod's container exits 0 → Succeeded;
 - restart begun: pods of a newer attempt than the status's (a restart whose status write
   was lost) → that restart is taken up;
-- gang failed: a pod of the current attempt fails (or is deleted, or replaced) → the failure policy
+- gang failed: a pod of the current attempt fails (or is replaced) → the failure policy
   (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
   rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
   pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
@@ -24,8 +24,6 @@ settles the job's fate ends it (RULES below):
   condition, naming the role;
 - readiness: Running once every pod is ready.
 A terminal job never gets pods again; its children go after ttlSecondsAfterFinished.
-Pods being deleted that the operator's finalizer holds (names.FINALIZER_POD_TRACKING) are
-released after the status write that used what they showed (ReleasePods).
 """
 
 from __future__ import annotations
@@ -54,7 +52,6 @@ from rlkube_operator.plan import (
     Event,
     ObserveTimeToRunning,
     Plan,
-    ReleasePods,
     ScaleToZero,
     WriteStatus,
 )
@@ -91,8 +88,6 @@ class Observed:
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
     job_created: datetime | None = None
-    # The RLJob has a deletionTimestamp (a foreground deletion waits for its pods).
-    job_deleting: bool = False
 
 
 def _iso(t: datetime) -> str:
@@ -339,29 +334,13 @@ def gang_failed(p: _Pass) -> Fate | None:
     prev, policy = p.prev, p.job.spec.run_policy
     # A failed pod counts even while its StatefulSet deletes it.
     failed = [pod for pod in p.observed.pods if pod.attempt == prev.restart_count and pod.failed]
-    # A pod of the gang deleted by someone else (the operator deletes only older attempts'),
-    # held by the operator's finalizer: the gang lost it, though nothing replaced it yet.
-    deleted = [
-        pod
-        for pod in p.observed.pods
-        if pod.deleting
-        and not pod.failed
-        and pod_loss_breaks_gang(prev.state, prev.restart_count, p.job.spec.suspend, pod.attempt)
-    ]
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
-    if not (failed or deleted or replaced):
+    if not (failed or replaced):
         return None
-    # A deleted pod's conditions still count (DisruptionTarget: preempted, evicted).
     pod, verdict = gravest(
-        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed + deleted]
-        + [(pod, COUNTED) for pod in replaced]
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, COUNTED) for pod in replaced]
     )
-    if pod.failed:
-        cause = pod.failure_reason()
-    elif pod.deleting:
-        cause = "it was deleted while the job ran"
-    else:
-        cause = "it was deleted or failed and its StatefulSet replaced it"
+    cause = pod.failure_reason() if pod.failed else "it was deleted or failed and its StatefulSet replaced it"
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
     if verdict.why:
         what = f"{what}; {verdict.why}"
@@ -596,10 +575,6 @@ RULES: tuple[Rule, ...] = (
 
 def compute_status(job: RLJob, observed: Observed) -> Plan:
     prev = job.status or RLJobStatus()
-    if observed.job_deleting:
-        # Going: its pods need not be recorded, and a foreground deletion waits for them.
-        tracked = tuple((pod.name, pod.uid) for pod in observed.pods if pod.tracked)
-        return Plan(prev, [], [ReleasePods(tracked)] if tracked else [])
     status = prev.model_copy(deep=True)
     status.observed_generation = job.metadata.generation
     current = [pod for pod in observed.pods if pod.attempt == prev.restart_count and not pod.deleting]
@@ -663,16 +638,6 @@ def _stale_pods(observed: Observed, status: RLJobStatus) -> list[Action]:
     return [DeletePods(stale)] if stale else []
 
 
-def _pods_to_release(observed: Observed, actions: list[Action]) -> list[Action]:
-    """The pods held by the operator's finalizer that are being deleted, or that this plan
-    deletes (a restart's old gang)."""
-    deleted = {uid for a in actions if isinstance(a, DeletePods) for _, uid in a.pods}
-    release = tuple(
-        (pod.name, pod.uid) for pod in observed.pods if pod.tracked and (pod.deleting or pod.uid in deleted)
-    )
-    return [ReleasePods(release)] if release else []
-
-
 def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:
     """Adds the status write (now, or a requeue for when it is due) and the metrics."""
     events = p.conds.events if fate is not None else []
@@ -683,9 +648,6 @@ def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:
     elif delay is not None:
         # Nothing is lost: the next pass computes the status afresh from the pods.
         requeue.append(delay)
-    if delay is None or delay == 0:
-        # What the pods being deleted showed is in the status now (or was already).
-        actions += _pods_to_release(p.observed, actions)
     if fate is Fate.RESTART:
         actions.append(CountRestart())
     first_run = state_of(p.prev.state) in (None, State.PENDING, State.CREATED) and p.status.restart_count == 0

@@ -394,12 +394,9 @@ class Jobs:
 
     # --- what happens to pods ---
 
-    def fail_pod(self, pod_name: str, exit_code: int = 1, message: str = "container failed") -> None:
-        """kwok's chaos stage turns the Running pod Failed, its container terminated with
-        this exit code and termination message."""
-        annotations = {f"{FAIL_LABEL}/exit-code": str(exit_code), f"{FAIL_LABEL}/message": message}
-        patch = {"metadata": {"labels": {FAIL_LABEL: "true"}, "annotations": annotations}}
-        self.core.patch_namespaced_pod(pod_name, self.namespace, patch)
+    def fail_pod(self, pod_name: str) -> None:
+        """kwok's chaos stage turns the Running pod Failed (exit code 1)."""
+        self.core.patch_namespaced_pod(pod_name, self.namespace, {"metadata": {"labels": {FAIL_LABEL: "true"}}})
 
     def finish_driver(self, name: str) -> None:
         """The driver exits 0: the controller pod's container terminates with exit

@@ -13,14 +13,7 @@ from typing import Any
 
 import yaml
 
-from rlkube_api.names import (
-    ANNOTATION_ATTEMPT,
-    ANNOTATION_PROGRESS,
-    FINALIZER_POD_TRACKING,
-    LABEL_JOB,
-    LABEL_POD_INDEX,
-    LABEL_ROLE,
-)
+from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_POD_INDEX, LABEL_ROLE
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import parse_rljob
 from rlkube_operator.children.topology import pod_roles
@@ -112,10 +105,8 @@ def pod(
     restarts: int = 0,
     progress: dict[str, Any] | str | None = None,
     deleting: bool = False,
-    tracked: bool = False,
 ) -> Obj:
-    """A pod of a job's StatefulSet as the API server returns it; `tracked`: with the
-    operator's finalizer, as its StatefulSet's template gives every role pod."""
+    """A pod of a job's StatefulSet as the API server returns it."""
     annotations = {ANNOTATION_ATTEMPT: str(attempt)}
     if progress is not None:
         annotations[ANNOTATION_PROGRESS] = progress if isinstance(progress, str) else json.dumps(progress)
@@ -130,8 +121,6 @@ def pod(
     }
     if deleting:
         meta["deletionTimestamp"] = iso(created + timedelta(seconds=1))
-    if tracked:
-        meta["finalizers"] = ["example.com/other", FINALIZER_POD_TRACKING]
     if unschedulable is not None:
         scheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": unschedulable}
         return {

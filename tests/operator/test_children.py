@@ -12,7 +12,6 @@ import yaml
 from rlkube_api.names import (
     ANNOTATION_ATTEMPT,
     CONFIG_FILE,
-    FINALIZER_POD_TRACKING,
     LABEL_JOB,
     LABEL_MANAGED_BY,
     LABEL_ROLE,
@@ -437,8 +436,6 @@ def test_attempt_is_stamped_on_every_pod_template(attempt: int) -> None:
         assert template_meta["labels"][LABEL_ROLE] == role
         # The operator replaces pods itself, as a gang.
         assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
-        # A pod being deleted stays until the operator has recorded what it showed.
-        assert template_meta["finalizers"] == [FINALIZER_POD_TRACKING]
 
 
 # --- the trainer's ConfigMap --------------------------------------------------------------------

@@ -275,10 +275,8 @@ def test_a_restart_begun_by_a_killed_operator_is_taken_up(
 ) -> None:
     """The kill point no random one is likely to hit: after a pass applied a restart's new
     templates and deleted the old gang, before its status write. Made by hand, as that pass
-    would leave it: the old gang's pods held by the operator's finalizer (released only after
-    the status write), so no new gang comes while nobody runs. The next operator finishes
-    that restart once (restartCount 1, a new gang), neither re-applying the old templates nor
-    waiting for a gang that never comes."""
+    would leave it; the next operator finishes that restart instead of re-applying the old
+    templates and waiting for a gang that never comes."""
     jobs = Jobs(kube, kubectl, namespace)
     jobs.create(tiny_job("lost-write", namespace))
     jobs.wait_running("lost-write", timeout=60)
@@ -289,17 +287,14 @@ def test_a_restart_begun_by_a_killed_operator_is_taken_up(
         kubectl("-n", namespace, "patch", "statefulset", name, "--type=merge", "-p", json.dumps(patch))
     for pod in old:
         kubectl("-n", namespace, "delete", "pod", pod["metadata"]["name"], "--wait=false")
-    time.sleep(1)
-    # Held: still there (Terminating), so their StatefulSets make no new gang meanwhile.
-    assert len(jobs.pods("lost-write", include_deleting=True)) == TINY_PODS
+    jobs.wait_pods("lost-write", TINY_PODS, at_attempt=1, timeout=60)  # the new gang, unwatched
     assert jobs.get("lost-write")["status"]["restartCount"] == 0
     operator_process.start()
     job = jobs.wait_running("lost-write", restarts=1, timeout=60)
     assert condition(job, "Restarting") is not None
     pods = jobs.wait_pods("lost-write", TINY_PODS, at_attempt=1, timeout=30)
     assert {p["metadata"]["uid"] for p in pods}.isdisjoint(p["metadata"]["uid"] for p in old)
-    # The held pods' deletion is the loss the next operator sees (their Event says so).
-    assert "PodFailed" in [e["reason"] for e in jobs.events("lost-write")]
+    assert "RestartTakenUp" in [e["reason"] for e in jobs.events("lost-write")]
 
 
 def test_the_operator_reconnects_after_the_api_server_restarts(

@@ -114,8 +114,7 @@ def test_killing_the_active_replica_hands_the_running_job_to_the_other(
 
     active.kill()
     killed = time.monotonic()
-    # While nobody is active: its StatefulSet deletes it, the operator's finalizer holds it.
-    jobs.fail_pod(f"{JOB}-actor-0", exit_code=42)
+    jobs.fail_pod(f"{JOB}-actor-0")  # while nobody is active: the StatefulSet replaces it unwatched
     wait_for(lambda: lease_holder(kube, namespace) == standby.identity, "the standby to take the Lease", 60)
     took_over = time.monotonic() - killed
     jobs.wait(JOB, lambda j: (j.get("status") or {}).get("restartCount") == 1, "the gang restart", timeout=60)
@@ -134,9 +133,7 @@ def test_killing_the_active_replica_hands_the_running_job_to_the_other(
     created_before, created_after = condition(before, "Created"), condition(after, "Created")
     assert created_before is not None and created_after is not None
     assert created_after["lastTransitionTime"] == created_before["lastTransitionTime"]
-    failures = [e for e in jobs.events(JOB) if e["reason"] == "PodFailed"]
-    assert len(failures) == 1
-    assert "exit code 42" in failures[0]["message"]  # the held pod's, not "replaced"
+    assert [e["reason"] for e in jobs.events(JOB)].count("PodFailed") == 1
 
 
 def children_of_kind(children: dict[str, str], kind: str) -> list[str]:

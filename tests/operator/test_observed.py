@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, FINALIZER_POD_TRACKING
-from rlkube_operator.observed import PodView, as_lost, slim_pod, view_pod
+from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS
+from rlkube_operator.observed import PodView, slim_pod, view_pod
 from tests.operator.helpers import T0, Obj, at, pod
 
 JOB = "tiny-cpu"
@@ -184,15 +184,6 @@ def test_the_slim_pod_the_index_keeps_gives_the_same_view(
     obj: Obj, expected: dict[str, Any], failed: bool, succeeded: bool
 ) -> None:
     assert view_pod(slim_pod(obj)) == view_pod(obj)
-
-
-def test_the_operators_finalizer_is_seen_and_kept_in_the_slim_pod() -> None:
-    held = pod(JOB, "actor", 1, phase="Failed", ready=False, terminated=(42, "Error"), deleting=True, tracked=True)
-    view = view_pod(slim_pod(held))
-    assert (view.tracked, view.deleting, view.terminated) == (True, True, (42, "Error"))
-    assert slim_pod(held)["metadata"]["finalizers"] == [FINALIZER_POD_TRACKING]  # only ours is read
-    assert not view_pod(pod(JOB, "actor", 1)).tracked
-    assert not view_pod(as_lost(slim_pod(held), "deleted")).tracked  # a record of a pod that is gone
 
 
 def test_the_slim_pod_drops_what_the_operator_never_reads() -> None:

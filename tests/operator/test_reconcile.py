@@ -12,7 +12,6 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_api.conditions import State
-from rlkube_api.names import FINALIZER_POD_TRACKING
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
@@ -65,13 +64,6 @@ class FakeKube:
 
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
         self.calls.append(("delete_pods", namespace, tuple(sorted(pods))))
-
-    def release_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
-        self.calls.append(("release_pods", namespace, tuple(sorted(pods))))
-
-    def job_exists(self, namespace: str, name: str) -> bool:
-        self.calls.append(("job_exists", namespace, name))
-        return True
 
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
         self.calls.append(("scale_to_zero", namespace, tuple(sorted(stateful_sets))))
@@ -169,30 +161,6 @@ def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:
     assert deleted[2] == tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods))
     assert kube.written()["restartCount"] == 1
     assert result.state == State.RESTARTING
-
-
-def test_held_pods_are_released_after_the_status_that_recorded_them() -> None:
-    """A failed pod its StatefulSet is deleting, held by the operator's finalizer, and the old
-    gang the restart deletes: released only once the restart is written."""
-    kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
-    first = reconcile(kube, tracked, body_of(), [], 0)
-    assert first.written is not None
-    up = reconcile(kube, tracked, first.written, gang_pods(JOB), 10)
-    assert up.written is not None
-    kube.calls.clear()
-    held = pod(NAME, "actor", 1, phase="Failed", ready=False, terminated=(42, "Error"), deleting=True, tracked=True)
-    others = [
-        {**p, "metadata": {**p["metadata"], "finalizers": [FINALIZER_POD_TRACKING]}}
-        for p in gang_pods(JOB)
-        if p["metadata"]["name"] != held["metadata"]["name"]
-    ]
-    result = reconcile(kube, tracked, up.written, [*others, held], 100)
-
-    kinds = kube.kinds()
-    assert kinds[-3:] == ["delete_pods", "patch_status", "release_pods"]
-    released = next(c for c in kube.calls if c[0] == "release_pods")
-    assert released[2] == tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in [*others, held]))
-    assert "exit code 42" in next(e.message for e in result.events if e.reason == "PodFailed")
 
 
 def test_finishing_scales_to_zero_without_applying() -> None:

@@ -11,7 +11,7 @@ import pytest
 from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.observed import view_pod
-from rlkube_operator.plan import ApplyChildren, DeletePods, Plan, ReleasePods
+from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
     Observed,
@@ -577,107 +577,6 @@ def test_a_resumed_gang_is_not_taken_for_replaced_pods() -> None:
     assert (d.status.restart_count, d.restart_gang, d.status.state) == (0, False, "Running")
 
 
-# --- pods held by the operator's finalizer -------------------------------------------------------
-
-
-def held(role: str, index: int = 0, **kwargs: object) -> Obj:
-    """A pod being deleted that the operator's finalizer holds (status intact)."""
-    return pod("tiny-cpu", role, index, deleting=True, tracked=True, **kwargs)  # type: ignore[arg-type]
-
-
-HELD_FAILED = held("actor", 1, phase="Failed", ready=False, terminated=(42, "Error"))
-HELD_CONFIG_ERROR = held("actor", 1, phase="Failed", ready=False, terminated=(78, "Error"))
-HELD_DELETED = held("actor", 1)
-
-
-def track(pods: list[Obj]) -> list[Obj]:
-    """`pods` with the operator's finalizer, as their StatefulSets made them."""
-    return [{**p, "metadata": {**p["metadata"], "finalizers": HELD_FAILED["metadata"]["finalizers"]}} for p in pods]
-
-
-def restarted() -> RLJob:
-    """After a gang restart (restartCount 1) decided at T0 + 100 s."""
-    return after(running(), run(running(), replace_pod(PODS, FAILED_ACTOR), 100))
-
-
-def kinds(decision: Plan) -> list[str]:
-    return [type(a).__name__ for a in decision.actions]
-
-
-def released(decision: Plan) -> set[str]:
-    return {name for a in decision.actions if isinstance(a, ReleasePods) for name, _ in a.pods}
-
-
-def test_a_held_failed_pod_is_classified_by_its_exit_code_and_released_after_the_write() -> None:
-    """The operator was down while the pod failed and its StatefulSet deleted it: the
-    finalizer kept it, so its exit code decides and is in the Event."""
-    d = run(running(), replace_pod(PODS, HELD_FAILED), 100)
-    assert (d.status.restart_count, d.status.state) == (1, "Restarting")
-    (event,) = [e for e in d.events if e.reason == "PodFailed"]
-    assert "pod tiny-cpu-actor-1 (role actor) failed: Error (exit code 42)" in event.message
-    assert kinds(d).index("WriteStatus") < kinds(d).index("ReleasePods")
-    # The held pod and the old gang the restart deletes, all after the write.
-    assert released(d) == {"tiny-cpu-actor-1"}
-    d = run(running(), replace_pod(track(PODS), HELD_FAILED), 100)
-    assert released(d) == {p["metadata"]["name"] for p in PODS}
-
-
-def test_a_held_pod_with_the_trainers_config_error_fails_the_job() -> None:
-    d = run(running(), replace_pod(PODS, HELD_CONFIG_ERROR), 100)
-    assert (d.status.state, cond(d.status, "Failed").reason) == ("Failed", "TrainerConfigError")
-    assert "exit code 78" in cond(d.status, "Failed").message
-    assert released(d) == {"tiny-cpu-actor-1"}
-
-
-def test_a_held_pod_deleted_while_the_gang_runs_restarts_it() -> None:
-    d = run(running(), replace_pod(PODS, HELD_DELETED), 100)
-    assert (d.status.restart_count, d.restart_gang) == (1, True)
-    assert (
-        "tiny-cpu-actor-1 (role actor) failed: it was deleted while the job ran" in cond(d.status, "Restarting").message
-    )
-    assert released(d) == {"tiny-cpu-actor-1"}
-
-
-def test_a_held_pod_preempted_while_the_gang_runs_restarts_it_uncounted() -> None:
-    preempted = held("actor", 1)
-    preempted["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True"})
-    d = run(running(), replace_pod(PODS, preempted), 100)
-    assert (d.status.restart_count, d.status.uncounted_restarts) == (1, 1)
-    assert cond(d.status, "Restarting").reason == "PodDisrupted"
-
-
-@pytest.mark.parametrize(
-    "job",
-    [pytest.param(with_spec(running(), suspend=True), id="suspending"), pytest.param(restarted(), id="old-attempt")],
-)
-def test_pods_deleted_on_purpose_are_released_without_a_restart(job: RLJob) -> None:
-    d = run(job, replace_pod(PODS, HELD_DELETED), 101)
-    assert d.status.restart_count == (job.status.restart_count if job.status else 0)
-    assert not d.restart_gang
-    assert released(d) == {"tiny-cpu-actor-1"}
-
-
-def test_nothing_is_released_while_the_status_write_waits() -> None:
-    """Counts alone may wait for the interval; the pods are held until the status that saw
-    them is written."""
-    new_gang = gang_pods(JOB, attempt=1, ready=False, created=at(110))[:3] + gang_pods(JOB, attempt=1)[3:]
-    pods = [*new_gang, held("actor", 1, phase="Failed", ready=False, terminated=(1, "Error"))]
-    observed = Observed([view_pod(p) for p in pods], at(112), since_last_write=0.1)
-    d = compute_status(restarted(), observed)
-    assert d.written is None and d.requeue_after is not None
-    assert released(d) == set()
-    d = compute_status(restarted(), Observed([view_pod(p) for p in pods], at(112), since_last_write=5.0))
-    assert d.written is not None and released(d) == {"tiny-cpu-actor-1"}
-
-
-def test_a_job_being_deleted_releases_every_held_pod_and_does_nothing_else() -> None:
-    pods = track(PODS)
-    d = compute_status(running(), Observed([view_pod(p) for p in pods], at(100), job_deleting=True))
-    assert kinds(d) == ["ReleasePods"]
-    assert released(d) == {p["metadata"]["name"] for p in PODS}
-    assert d.events == [] and d.status == running().status
-
-
 # --- every decision is a fixed point --------------------------------------------------------------
 
 
@@ -701,9 +600,6 @@ BAD_IMAGE = replace_pod(PODS, pod("tiny-cpu", "actor", 0, phase="Pending", ready
         pytest.param(created(), PODS, 10, id="all-ready"),
         pytest.param(running(), replace_pod(PODS, FAILED_ACTOR), 100, id="restart-decision"),
         pytest.param(RESTARTED, _old_gang_deleting(), 101, id="old-gang-deleting"),
-        pytest.param(running(), replace_pod(PODS, HELD_FAILED), 100, id="held-failed-pod"),
-        pytest.param(running(), replace_pod(PODS, HELD_DELETED), 100, id="held-deleted-pod"),
-        pytest.param(running(), replace_pod(PODS, HELD_CONFIG_ERROR), 100, id="held-config-error"),
         pytest.param(RESTARTED, [], 102, id="no-pods"),
         pytest.param(RESTARTED, NEW_GANG_PENDING, 111, id="new-gang-pending"),
         pytest.param(RESTARTED, NEW_GANG_PENDING[:2] + NEW_GANG[2:], 112, id="new-gang-half-ready"),

@@ -13,7 +13,6 @@ from rlkube_api.names import (
     CONFIG_FILE,
     CONTROLLER_ROLE,
     DRIVER_METRICS_PORT,
-    FINALIZER_POD_TRACKING,
     NODE_HEALTH_PORT,
     RAY_PORT,
     RENDEZVOUS_PORT,
@@ -191,8 +190,6 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         "metadata": {
             "labels": {**role_labels(job, role.name), **scheduling.labels},
             "annotations": {ANNOTATION_ATTEMPT: str(attempt), **scheduling.annotations},
-            # A failed pod stays until the operator has read its exit code (names.py says why).
-            "finalizers": [FINALIZER_POD_TRACKING],
         },
         "spec": pod,
     }
