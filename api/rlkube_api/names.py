@@ -16,6 +16,11 @@ MANAGED_BY: Final = "rlkube-operator"
 ANNOTATION_ATTEMPT: Final = "rlkube.dev/attempt"
 # The driver writes its progress (JSON) here; the operator copies it into status.progress.
 ANNOTATION_PROGRESS: Final = "rlkube.dev/progress"
+# On the Event a trainer container posts about its own pod as it exits non-zero (reason
+# EVENT_TRAINER_EXITED): the exit code. The Event outlives the pod, so a pod replaced while no
+# operator watched still has its exit code and message on record.
+ANNOTATION_EXIT_CODE: Final = "rlkube.dev/exit-code"
+EVENT_TRAINER_EXITED: Final = "TrainerExited"
 # StatefulSet pods carry their ordinal in this label (Kubernetes >= 1.28).
 LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
 
@@ -69,6 +74,7 @@ class Env:
     NAMESPACE: Final = "RLKUBE_NAMESPACE"
     ROLE: Final = "RLKUBE_ROLE"
     POD_NAME: Final = "RLKUBE_POD_NAME"
+    POD_UID: Final = "RLKUBE_POD_UID"
     POD_IP: Final = "RLKUBE_POD_IP"
     CONFIG: Final = "RLKUBE_CONFIG"
     ATTEMPT: Final = "RLKUBE_ATTEMPT"

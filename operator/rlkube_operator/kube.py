@@ -76,6 +76,7 @@ class Cluster(Protocol):
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, pod: str) -> str | None: ...
+    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
 
 
 class Kube:
@@ -207,6 +208,12 @@ class Kube:
             return None
         latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
         return f"{latest.get('reason', '')}: {latest.get('message', '')}"
+
+    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        """The Events about one pod, by its UID (they outlive the pod, an hour by default)."""
+        selector = f"involvedObject.kind=Pod,involvedObject.uid={uid}"
+        found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
+        return list(found.get("items") or [])
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         """When the StatefulSet's controller last failed to create a pod, and why (its

@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_ROLE
+from rlkube_api.names import (
+    ANNOTATION_ATTEMPT,
+    ANNOTATION_EXIT_CODE,
+    ANNOTATION_PROGRESS,
+    EVENT_TRAINER_EXITED,
+    LABEL_ROLE,
+)
 
 # The waiting reason of a scheduled pod whose containers have not started: pulling its image,
 # or stuck (a volume that cannot be mounted, a sandbox that cannot be made).
@@ -58,6 +64,8 @@ class PodView:
     # Set for a pod the gang lost while running (deleted, evicted): phase Failed, this reason.
     lost_reason: str | None = None
     progress: dict[str, Any] = field(default_factory=dict)
+    # Rebuilt from the Events about a pod replaced while no operator watched (`departed_pod`).
+    departed: bool = False
 
     @property
     def failed(self) -> bool:
@@ -182,3 +190,54 @@ def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
     lost["status"] = {**(pod.get("status") or {}), "phase": "Failed", "reason": LOST_REASON, "message": why}
     lost["metadata"] = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "deletionTimestamp"}
     return lost
+
+
+# Reasons of the Events that say a pod was disrupted rather than failed on its own: its kubelet
+# evicted it (node pressure), the scheduler preempted it, the taint manager deleted it with
+# its unreachable node. A pod seen while it ran says so in its DisruptionTarget condition.
+DISRUPTION_EVENT_REASONS = frozenset({"Evicted", "Preempted", "TaintManagerEviction"})
+
+
+def _event_time(event: dict[str, Any]) -> str:
+    return str(event.get("lastTimestamp") or event.get("eventTime") or "")
+
+
+def departed_pod(events: list[dict[str, Any]], replacements: dict[str, PodView]) -> PodView | None:
+    """A gang member that failed and was replaced while no operator watched, as far as the
+    Events about it (one pod UID's) tell: the exit its trainer recorded (code, message), and
+    whether it was disrupted. `replacements`: by name, the pods its StatefulSet made in place
+    of gang members; the departed pod's role and attempt are its replacement's. None when the
+    Events say neither, or the pod has not been replaced."""
+    if not events:
+        return None
+    involved = events[0].get("involvedObject") or {}
+    replacement = replacements.get(str(involved.get("name", "")))
+    if replacement is None:
+        return None
+    exits = [e for e in events if e.get("reason") == EVENT_TRAINER_EXITED]
+    disruptions = [e for e in events if e.get("reason") in DISRUPTION_EVENT_REASONS]
+    terminated, message = None, ""
+    if exits:
+        last = max(exits, key=_event_time)
+        code = ((last.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_EXIT_CODE, "")
+        if code.lstrip("-").isdigit():
+            terminated, message = (int(code), "Error"), str(last.get("message") or "")
+    lost_reason = None
+    if disruptions:
+        last = max(disruptions, key=_event_time)
+        lost_reason = f"{last.get('reason')}: {last.get('message', '')}"
+    if terminated is None and lost_reason is None:
+        return None
+    return PodView(
+        name=replacement.name,
+        uid=str(involved.get("uid", "")),
+        role=replacement.role,
+        attempt=replacement.attempt,
+        phase="Failed",
+        created=None,
+        terminated=terminated,
+        termination_message=message,
+        conditions=frozenset([(DISRUPTION_TARGET, "True")] if lost_reason else []),
+        lost_reason=lost_reason,
+        departed=True,
+    )

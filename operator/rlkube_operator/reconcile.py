@@ -25,7 +25,7 @@ from rlkube_operator.desired import desired_children
 from rlkube_operator.job_state import Manifest, TrackedJob, digest
 from rlkube_operator.kube import Cluster
 from rlkube_operator.metrics import METRICS
-from rlkube_operator.observed import parse_time, view_pod
+from rlkube_operator.observed import PodView, departed_pod, parse_time, view_pod
 from rlkube_operator.plan import (
     ApplyChildren,
     CountRestart,
@@ -106,6 +106,7 @@ class Reconciler:
                 for name in short
                 if name in present_sets and (failure := self.kube.create_failure(meta["namespace"], name))
             },
+            departed=self.departed_pods(meta["namespace"], job, views),
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]
@@ -141,6 +142,18 @@ class Reconciler:
         if is_terminal(plan.status.state):
             tracked.forget_children()  # none are applied again, and every later write is a transition
         return ReconcileResult(plan.events, written, plan.status.state, plan.requeue_after)
+
+    def departed_pods(self, namespace: str, job: RLJob, views: list[PodView]) -> dict[str, PodView]:
+        """The running gang's members that are gone, replaced unseen (the operator was down):
+        what their Events tell of how they ended, by pod name. Asks only while a member is
+        missing and a pod stands in its place, so almost never."""
+        gang = set(job.status.gang_pod_uids or []) if job.status is not None else set()
+        replacements = {v.name: v for v in views if v.uid and v.uid not in gang}
+        if not gang or not replacements:
+            return {}
+        missing = gang - {v.uid for v in views}
+        found = (departed_pod(self.kube.pod_events(namespace, uid), replacements) for uid in sorted(missing))
+        return {view.name: view for view in found if view is not None}
 
     def apply_children(
         self, tracked: TrackedJob, job: RLJob, attempt: int, pods_wanted: bool, present_sets: set[str]

@@ -84,6 +84,9 @@ class Observed:
     # StatefulSet name -> its latest FailedCreate Warning Event (last seen, message), read
     # for the StatefulSets `stateful_sets_to_explain` names (short of pods past the timeout).
     create_failures: dict[str, tuple[datetime, str]] = field(default_factory=dict)
+    # Pod name -> the gang member its StatefulSet replaced while no operator watched, as its
+    # Events tell it (`observed.departed_pod`): read for the replaced pods of a running gang.
+    departed: dict[str, PodView] = field(default_factory=dict)
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -337,10 +340,19 @@ def gang_failed(p: _Pass) -> Fate | None:
     replaced = _replaced_pods(p.current, prev.gang_pod_uids)
     if not (failed or replaced):
         return None
+    # A replaced member whose Events tell how it ended is judged as if it had been seen.
+    departed = [p.observed.departed[pod.name] for pod in replaced if pod.name in p.observed.departed]
+    unknown = [pod for pod in replaced if pod.name not in p.observed.departed]
     pod, verdict = gravest(
-        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed] + [(pod, COUNTED) for pod in replaced]
+        [(pod, classify(pod, policy.pod_failure_policy)) for pod in failed + departed]
+        + [(pod, COUNTED) for pod in unknown]
     )
-    cause = pod.failure_reason() if pod.failed else "it was deleted or failed and its StatefulSet replaced it"
+    if not pod.failed:
+        cause = "it was deleted or failed and its StatefulSet replaced it"
+    elif pod.departed:
+        cause = f"{pod.failure_reason()} (from its Events: its StatefulSet replaced it while no operator watched)"
+    else:
+        cause = pod.failure_reason()
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"
     if verdict.why:
         what = f"{what}; {verdict.why}"

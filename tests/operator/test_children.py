@@ -285,7 +285,8 @@ def test_pods_run_as_the_account_allowed_to_report_progress(
     assert set(accounts) == ({service_account} if creates_account else set())
     for role, sts in by_kind(children, "StatefulSet").items():
         assert pod_spec(sts)["serviceAccountName"] == service_account, role
-    # The driver may patch its own pod (the progress annotation) and nothing else.
+    # The driver may patch its own pod (the progress annotation), any pod may record its
+    # exit as an Event, and nothing else.
     role_obj = by_kind(children, "Role")["tiny-cpu-progress"]
     assert role_obj["rules"] == [
         {
@@ -293,7 +294,8 @@ def test_pods_run_as_the_account_allowed_to_report_progress(
             "resources": ["pods"],
             "resourceNames": ["tiny-cpu-controller-0"],
             "verbs": ["get", "patch"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
     binding = by_kind(children, "RoleBinding")["tiny-cpu-progress"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-cpu-progress"}

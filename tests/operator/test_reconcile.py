@@ -38,6 +38,7 @@ class FakeKube:
         self.invalid = set(invalid)
         self.warnings: dict[str, str] = {}
         self.create_failures: dict[str, tuple[datetime, str]] = {}
+        self.events: dict[str, list[dict[str, Any]]] = {}  # by the pod UID they are about
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -86,6 +87,10 @@ class FakeKube:
     def pod_warning(self, namespace: str, pod: str) -> str | None:
         self.calls.append(("pod_warning", namespace, pod))
         return self.warnings.get(pod)
+
+    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
+        self.calls.append(("pod_events", namespace, uid))
+        return self.events.get(uid, [])
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         self.calls.append(("create_failure", namespace, stateful_set))

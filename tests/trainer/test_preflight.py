@@ -119,8 +119,8 @@ def test_the_termination_message_goes_only_where_the_file_exists(tmp_path: Path)
     write_termination_message("nothing here", str(target))
     assert not target.exists()
     target.write_text("")
-    write_termination_message("x" * 5000, str(target))
-    assert target.read_text() == "x" * 4096  # the kubelet's limit
+    write_termination_message("x" * 5000 + "the error", str(target))
+    assert target.read_text() == "x" * 4087 + "the error"  # the kubelet's limit, the end kept
 
 
 def test_the_cli_exits_with_the_config_code_before_starting_ray(task: Path, tmp_path: Path) -> None:

@@ -16,6 +16,8 @@ import argparse
 import logging
 import os
 import sys
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from rlkube_api.config import TrainerConfig
@@ -27,6 +29,8 @@ from rlkube_trainer import verl_config
 log = logging.getLogger("rlkube.trainer")
 # The driver waits this long for every role pod to join before giving up.
 NODES_TIMEOUT = 900.0
+# Python's own exit code for an uncaught exception.
+UNCAUGHT_ERROR = 1
 
 
 def _load(path: Path) -> TrainerConfig:
@@ -36,14 +40,31 @@ def _load(path: Path) -> TrainerConfig:
         raise SystemExit(_fail(ExitCode.CONFIG, str(exc))) from None
 
 
-def _fail(code: ExitCode, message: str) -> int:
-    """Reports an error on stderr and as the container's termination message (in a pod, the
-    operator puts it into the job's condition and Event); returns the exit code."""
+def _fail(code: int, message: str) -> int:
+    """Reports an error on stderr, as the container's termination message (in a pod, the
+    operator puts it into the job's condition and Event) and as an Event about the pod, which
+    outlives it (exit_record.py); returns the exit code."""
+    from rlkube_trainer.exit_record import record_exit  # noqa: PLC0415
     from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415
 
     print(f"error: {message}", file=sys.stderr)
-    write_termination_message(f"exit code {int(code)}: {message}")
+    said = f"exit code {int(code)}: {message}"
+    write_termination_message(said)
+    record_exit(int(code), said)
     return int(code)
+
+
+def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A pod's command: an error nothing else caught exits 1 and is reported as `_fail`
+    reports the others, with its traceback (whose end names the error)."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except Exception:
+            return _fail(UNCAUGHT_ERROR, traceback.format_exc().strip())
+
+    return run
 
 
 def _config_errors() -> tuple[type[Exception], ...]:
@@ -183,14 +204,14 @@ def main(argv: list[str] | None = None) -> int:
     run.set_defaults(handler=_run)
     driver = sub.add_parser("driver", help="the controller pod: Ray head and driver")
     driver.add_argument("--config", type=Path, default=Path("/etc/rlkube/config.yaml"))
-    driver.set_defaults(handler=_driver)
+    driver.set_defaults(handler=_in_pod(_driver))
     node = sub.add_parser("node", help="a role pod: join the Ray head as ROLE")
     node.add_argument(
         "--role", choices=["actor", "critic", "reference", "reward", "rollout"], help=f"default: ${Env.ROLE}"
     )
     node.add_argument("--gpus", type=int, default=None, help="GPUs to advertise (default: PET_NPROC_PER_NODE)")
     node.add_argument("--health-port", type=int, default=NODE_HEALTH_PORT)
-    node.set_defaults(handler=_node)
+    node.set_defaults(handler=_in_pod(_node))
     tiny = sub.add_parser("tiny-task", help="write the tiny CPU task (model, data, reward, config) into DIR")
     tiny.add_argument("workdir", type=Path)
     tiny.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])

@@ -233,7 +233,8 @@ def write_termination_message(message: str, path: str = TERMINATION_MESSAGE_PATH
     target = Path(path)
     if not target.is_file():
         return
-    data = message.encode()[:TERMINATION_MESSAGE_LIMIT]
+    # Its end when too long: a traceback ends with the error (and the operator keeps the end).
+    data = message.encode()[-TERMINATION_MESSAGE_LIMIT:]
     try:
         target.write_bytes(data)
     except OSError as exc:

@@ -1,6 +1,8 @@
-"""The driver's permission to report progress: it patches the `rlkube.dev/progress`
-annotation of its own pod (the controller pod), which the operator already
-watches. A Role limited to that one pod, bound to the pods' ServiceAccount."""
+"""What the job's pods may do through the API server, as a Role bound to their
+ServiceAccount: the driver patches the `rlkube.dev/progress` annotation of its own pod
+(the controller pod; that one pod only), which the operator already watches; and every
+trainer container records its non-zero exit as an Event about its pod (which outlives the
+pod: trainer/rlkube_trainer/exit_record.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def rbac_children(job: RLJob) -> list[dict[str, Any]]:
                     "resources": ["pods"],
                     "resourceNames": [driver_pod_name(job)],
                     "verbs": ["get", "patch"],
-                }
+                },
+                # Events cannot be narrowed by name (their names are made when created).
+                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
             ],
         }
     )

@@ -41,6 +41,7 @@ def rendezvous_env(job: RLJob, role: PodRole, attempt: int) -> EnvList:
         _field(Env.NAMESPACE, "metadata.namespace"),
         _value(Env.ROLE, role.name),
         _field(Env.POD_NAME, "metadata.name"),
+        _field(Env.POD_UID, "metadata.uid"),
         _field(Env.POD_IP, "status.podIP"),
         _value(Env.ATTEMPT, attempt),
         _value(Env.RAY_ADDRESS, f"{pod_dns_name(name, CONTROLLER_ROLE, 0, namespace)}:{RAY_PORT}"),

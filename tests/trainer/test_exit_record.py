@@ -1,0 +1,158 @@
+"""The Event a trainer container posts about its own pod as it exits non-zero
+(`exit_record.py`), so that its exit code outlives a pod replaced while no operator watched:
+what it holds, that it is never attempted outside a pod, and, against the real API server,
+that the Role the operator makes for a job lets the pod post it and that the operator reads
+it back by the pod's UID."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+
+from rlkube_api.exit_codes import ExitCode
+from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env
+from rlkube_e2e.testing import ClusterInfo, Kubectl
+from rlkube_operator.children.rbac import rbac_children
+from rlkube_operator.kube import Kube
+from rlkube_operator.observed import departed_pod, view_pod
+from rlkube_trainer import cli, exit_record
+from rlkube_trainer.exit_record import EVENT_MESSAGE_LIMIT, exit_event, record_exit
+from tests.operator.helpers import CPU, load_job
+from tests.trainer.test_reporting import create_pod, fake_service_account_dir
+
+POD = "tiny-cpu-actor-1"
+WHEN = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def test_the_event_names_the_pod_its_exit_code_and_message() -> None:
+    event = exit_event(3, "exit code 3: rank 2 of actor lost", POD, "uid-1", "ns", WHEN)
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "name": POD,
+        "namespace": "ns",
+        "uid": "uid-1",
+    }
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Warning",
+        EVENT_TRAINER_EXITED,
+        "exit code 3: rank 2 of actor lost",
+    )
+    assert event["metadata"]["annotations"] == {ANNOTATION_EXIT_CODE: "3"}
+    assert event["metadata"]["namespace"] == "ns"
+    assert event["firstTimestamp"] == event["lastTimestamp"] == "2026-12-01T12:00:00Z"
+    # A container restarted in place may exit again: each exit is an Event of its own.
+    assert (
+        event["metadata"]["name"]
+        != exit_event(3, "", POD, "uid-1", "ns", WHEN.replace(microsecond=5))["metadata"]["name"]
+    )
+
+
+def test_a_long_message_keeps_its_end() -> None:
+    message = exit_event(1, "Traceback\n" + "x" * 5000 + "\nValueError: the cause", POD, "u", "ns", WHEN)["message"]
+    assert len(message) == EVENT_MESSAGE_LIMIT
+    assert message.startswith("…") and message.endswith("ValueError: the cause")
+
+
+@pytest.mark.parametrize("missing", [Env.POD_NAME, Env.POD_UID, Env.NAMESPACE])
+def test_outside_a_pod_nothing_is_posted(missing: str, tmp_path: Path) -> None:
+    env = {Env.POD_NAME: POD, Env.POD_UID: "u", Env.NAMESPACE: "ns"}
+    del env[missing]
+    assert record_exit(1, "x", env, tmp_path) is False
+    # In a pod's environment but with no ServiceAccount token mounted: nothing either.
+    assert record_exit(1, "x", {Env.POD_NAME: POD, Env.POD_UID: "u", Env.NAMESPACE: "ns"}, tmp_path) is False
+
+
+def test_an_api_server_that_does_not_answer_does_not_hold_the_exit_up(tmp_path: Path) -> None:
+    sa_dir = fake_service_account_dir(tmp_path, b"not a certificate", "token", "ns")
+    env = {
+        Env.POD_NAME: POD,
+        Env.POD_UID: "u",
+        Env.NAMESPACE: "ns",
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": "9",  # discard: nothing listens
+    }
+    assert record_exit(1, "x", env, sa_dir) is False
+
+
+# --- against the API server ------------------------------------------------------------------
+
+
+def pod_env(cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path) -> tuple[dict[str, str], Path, str]:
+    """A role pod of a job as the operator sets it up: its ServiceAccount and the job's Role
+    (the operator's own builder), the pod's environment and mounted token; and the pod's UID."""
+    job = load_job(CPU)
+    job.metadata.namespace = namespace
+    for child in rbac_children(job):
+        kubectl("apply", "-f", "-", input=json.dumps(child))
+    create_pod(kubectl, namespace, POD)
+    uid = json.loads(kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+    token = kubectl("create", "token", "tiny-cpu-trainer", "-n", namespace).stdout.strip()
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    host, port = config["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
+    ca = base64.b64decode(config["clusters"][0]["cluster"]["certificate-authority-data"])
+    sa_dir = fake_service_account_dir(tmp_path, ca, token, namespace)
+    env = {
+        "KUBERNETES_SERVICE_HOST": host,
+        "KUBERNETES_SERVICE_PORT": port,
+        Env.POD_NAME: POD,
+        Env.POD_UID: uid,
+        Env.NAMESPACE: namespace,
+    }
+    return env, sa_dir, uid
+
+
+@pytest.mark.cluster
+def test_the_jobs_role_lets_a_pod_record_its_exit_and_the_operator_reads_it_back(
+    cluster: ClusterInfo, kubectl: Kubectl, kube: ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    env, sa_dir, uid = pod_env(cluster, kubectl, namespace, tmp_path)
+    assert record_exit(int(ExitCode.RANK_LOST), "exit code 3: rank 2 of actor lost", env, sa_dir) is True
+
+    events = Kube(kube).pod_events(namespace, uid)  # the scheduler's too
+    assert [e["reason"] for e in events if e["reason"] == EVENT_TRAINER_EXITED] == [EVENT_TRAINER_EXITED]
+    # The operator's reading of it, once the pod is replaced (a new UID under the same name).
+    replacement = view_pod({"metadata": {"name": POD, "uid": "new", "labels": {"rlkube.dev/role": "actor"}}})
+    departed = departed_pod(events, {POD: replacement})
+    assert departed is not None and departed.uid == uid
+    assert departed.terminated == (int(ExitCode.RANK_LOST), "Error")
+    assert departed.termination_message == "exit code 3: rank 2 of actor lost"
+
+
+@pytest.mark.cluster
+def test_the_cli_records_a_config_error_and_an_uncaught_one(
+    cluster: ClusterInfo, kubectl: Kubectl, kube: ApiClient, namespace: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    env, sa_dir, uid = pod_env(cluster, kubectl, namespace, tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(exit_record, "SERVICE_ACCOUNT_DIR", sa_dir)
+    bad = tmp_path / "config.yaml"
+    bad.write_text("model: {path: 3}\nno_such_key: 1\n")
+    monkeypatch.setenv(Env.CONFIG, str(bad))
+
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["driver"])
+    assert exited.value.code == ExitCode.CONFIG
+
+    def crash(args: argparse.Namespace) -> int:
+        raise ValueError("the cause")
+
+    assert cli._in_pod(crash)(argparse.Namespace()) == cli.UNCAUGHT_ERROR
+
+    found = Kube(kube).pod_events(namespace, uid)
+    events = sorted((e for e in found if e["reason"] == EVENT_TRAINER_EXITED), key=lambda e: e["metadata"]["name"])
+    codes = [e["metadata"]["annotations"][ANNOTATION_EXIT_CODE] for e in events]
+    assert codes == [str(int(ExitCode.CONFIG)), str(cli.UNCAUGHT_ERROR)]
+    assert events[0]["message"].startswith(f"exit code {int(ExitCode.CONFIG)}: ")
+    assert "no_such_key: Extra inputs are not permitted" in events[0]["message"]
+    assert events[1]["message"].startswith("exit code 1: Traceback")
+    assert events[1]["message"].endswith("ValueError: the cause")
