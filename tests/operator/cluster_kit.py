@@ -394,9 +394,12 @@ class Jobs:
 
     # --- what happens to pods ---
 
-    def fail_pod(self, pod_name: str) -> None:
-        """kwok's chaos stage turns the Running pod Failed (exit code 1)."""
-        self.core.patch_namespaced_pod(pod_name, self.namespace, {"metadata": {"labels": {FAIL_LABEL: "true"}}})
+    def fail_pod(self, pod_name: str, exit_code: int = 1, message: str = "container failed") -> None:
+        """kwok's chaos stage turns the Running pod Failed, its container terminated with
+        this exit code and termination message."""
+        annotations = {f"{FAIL_LABEL}/exit-code": str(exit_code), f"{FAIL_LABEL}/message": message}
+        patch = {"metadata": {"labels": {FAIL_LABEL: "true"}, "annotations": annotations}}
+        self.core.patch_namespaced_pod(pod_name, self.namespace, patch)
 
     def finish_driver(self, name: str) -> None:
         """The driver exits 0: the controller pod's container terminates with exit
@@ -414,7 +417,7 @@ class Jobs:
         }
         self._patch_pod_status(pod_name, {"containerStatuses": statuses})
 
-    def crash_container(self, pod_name: str, exit_code: int = 1, reason: str = "Error") -> None:
+    def crash_container(self, pod_name: str, exit_code: int = 1, reason: str = "Error", message: str = "") -> None:
         """The container exits non-zero and the kubelet restarts it in place
         (restartPolicy Always): phase stays Running, restartCount 1, the exit in lastState."""
         pod = self.pod(pod_name)
@@ -424,7 +427,13 @@ class Jobs:
         started = (first.get("state") or {}).get("running", {}).get("startedAt", now)
         first["restartCount"] = int(first.get("restartCount", 0)) + 1
         first["lastState"] = {
-            "terminated": {"exitCode": exit_code, "reason": reason, "startedAt": started, "finishedAt": now}
+            "terminated": {
+                "exitCode": exit_code,
+                "reason": reason,
+                "message": message,
+                "startedAt": started,
+                "finishedAt": now,
+            }
         }
         first["state"] = {"running": {"startedAt": now}}
         self._patch_pod_status(pod_name, {"containerStatuses": statuses})

@@ -88,7 +88,9 @@ def record_exit(
         from kubernetes import client  # noqa: PLC0415
 
         body = exit_event(code, message, pod, uid, namespace, datetime.now(UTC))
-        client.CoreV1Api(api).create_namespaced_event(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        # The client serialises a plain dict as it would its own model.
+        events = client.CoreV1Api(api)
+        events.create_namespaced_event(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
     except Exception as exc:
         log.warning("could not record the exit (code %d) as an Event on pod %s/%s: %s", code, namespace, pod, exc)
         return False
