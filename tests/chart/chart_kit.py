@@ -34,8 +34,8 @@ HELM_VERSION = os.environ.get("HELM_VERSION", "3.21.4")
 # kube.py (server-side apply = PATCH, plus create for new objects; list + delete in
 # the TTL cleanup; get of the Ray Secret; status patch; pod deletion), handlers.py
 # (kopf indexes and watches pods, StatefulSets and RLJobs; Events) and
-# children/rbac.py (the driver's Role grants pods get/patch, which the operator
-# must therefore hold itself).
+# children/rbac.py (the job's Role grants pods get/patch and events create, which
+# the operator must therefore hold itself).
 JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("rlkube.dev", ("rljobs",), ("list", "watch")),
     ("rlkube.dev", ("rljobs/status",), ("patch",)),
