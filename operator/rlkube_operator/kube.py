@@ -75,7 +75,7 @@ class Cluster(Protocol):
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
-    def pod_warning(self, namespace: str, pod: str) -> str | None: ...
+    def pod_warning(self, namespace: str, uid: str) -> str | None: ...
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
 
 
@@ -199,9 +199,10 @@ class Kube:
         value = (found.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value else None
 
-    def pod_warning(self, namespace: str, pod: str) -> str | None:
-        """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say)."""
-        selector = f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning"
+    def pod_warning(self, namespace: str, uid: str) -> str | None:
+        """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say).
+        By UID: a pod of an earlier attempt had the same name, and Events of its own."""
+        selector = f"involvedObject.kind=Pod,involvedObject.uid={uid},type=Warning"
         found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
         items = found.get("items") or []
         if not items:

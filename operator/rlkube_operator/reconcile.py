@@ -100,7 +100,9 @@ class Reconciler:
             ),
             since_last_write=time.monotonic() - tracked.last_write,
             job_created=parse_time(meta.get("creationTimestamp")),
-            pod_warnings={pod: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod))},
+            pod_warnings={
+                pod.name: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod.uid))
+            },
             create_failures={
                 name: failure
                 for name in short

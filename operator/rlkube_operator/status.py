@@ -419,11 +419,11 @@ def _starting_too_long(job: RLJob, pod: PodView, now: datetime) -> bool:
     )
 
 
-def pods_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
+def pods_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[PodView]:
     """Pods scheduled for pendingTimeoutSeconds whose containers have not started and whose
     status says nothing more: the kubelet's reason is in their Warning Events (FailedMount...)."""
     return [
-        pod.name
+        pod
         for pod in pods
         if pod.attempt == (job.status.restart_count if job.status else 0)
         and not pod.deleting

@@ -84,9 +84,9 @@ class FakeKube:
         body["status"] = status
         return body
 
-    def pod_warning(self, namespace: str, pod: str) -> str | None:
-        self.calls.append(("pod_warning", namespace, pod))
-        return self.warnings.get(pod)
+    def pod_warning(self, namespace: str, uid: str) -> str | None:
+        self.calls.append(("pod_warning", namespace, uid))
+        return self.warnings.get(uid)
 
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         self.calls.append(("pod_events", namespace, uid))
@@ -302,9 +302,9 @@ def test_a_pod_whose_containers_never_start_fails_the_job_with_the_kubelets_even
     # Past the timeout with nothing reported: an image still pulling; looked at again later.
     kube.calls.clear()
     pulling = reconcile(kube, tracked, body, pods, 301)
-    assert ("pod_warning", NAMESPACE, "tiny-cpu-actor-1") in kube.calls
+    assert ("pod_warning", NAMESPACE, stuck["metadata"]["uid"]) in kube.calls
     assert pulling.state != "Failed" and pulling.requeue_after is not None and pulling.requeue_after <= 30
-    kube.warnings["tiny-cpu-actor-1"] = MOUNT_FAILED
+    kube.warnings[stuck["metadata"]["uid"]] = MOUNT_FAILED
     failed = reconcile(kube, tracked, body, pods, 331)
     assert failed.state == "Failed"
     condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
