@@ -114,6 +114,8 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
             tinyjob.wait_state(kubectl, namespace, job.name, ("Running",), TIMEOUT)
             status = tinyjob.status(kubectl, namespace, job.name)
             assert status.get("restartCount", 0) == k, status
+            # Running again only once the new gang's driver has reported a step of its own.
+            assert k == 0 or (status.get("progress") or {}).get("attempt") == k, status
             extra = extras[k]
             # The first kill comes after the first checkpoint, so every kill is followed by a resume.
             target = resumed_from + extra if k else SAVE_FREQ + max(extra, 1)
