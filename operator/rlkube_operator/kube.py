@@ -16,7 +16,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.children.secret import ray_secret_name_of
-from rlkube_operator.observed import parse_time
+from rlkube_operator.observed import event_time, parse_time
 
 FIELD_MANAGER = "rlkube-operator"
 log = logging.getLogger(__name__)
@@ -202,12 +202,10 @@ class Kube:
     def pod_warning(self, namespace: str, uid: str) -> str | None:
         """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say).
         By UID: a pod of an earlier attempt had the same name, and Events of its own."""
-        selector = f"involvedObject.kind=Pod,involvedObject.uid={uid},type=Warning"
-        found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
-        items = found.get("items") or []
+        items = [e for e in self.pod_events(namespace, uid) if e.get("type") == "Warning"]
         if not items:
             return None
-        latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        latest = max(items, key=event_time)
         return f"{latest.get('reason', '')}: {latest.get('message', '')}"
 
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
@@ -226,8 +224,8 @@ class Kube:
         items = found.get("items") or []
         if not items:
             return None
-        latest = max(items, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
-        seen = parse_time(latest.get("lastTimestamp") or latest.get("eventTime"))
+        latest = max(items, key=event_time)
+        seen = parse_time(event_time(latest))
         return (seen or datetime.min.replace(tzinfo=UTC)), str(latest.get("message", ""))
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:

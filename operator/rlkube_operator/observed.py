@@ -198,7 +198,8 @@ def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
 DISRUPTION_EVENT_REASONS = frozenset({"Evicted", "Preempted", "TaintManagerEviction"})
 
 
-def _event_time(event: dict[str, Any]) -> str:
+def event_time(event: dict[str, Any]) -> str:
+    """When an Event was last seen, as its RFC 3339 text (which sorts as time does)."""
     return str(event.get("lastTimestamp") or event.get("eventTime") or "")
 
 
@@ -218,13 +219,13 @@ def departed_pod(events: list[dict[str, Any]], replacements: dict[str, PodView])
     disruptions = [e for e in events if e.get("reason") in DISRUPTION_EVENT_REASONS]
     terminated, message = None, ""
     if exits:
-        last = max(exits, key=_event_time)
+        last = max(exits, key=event_time)
         code = ((last.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_EXIT_CODE, "")
         if code.lstrip("-").isdigit():
             terminated, message = (int(code), "Error"), str(last.get("message") or "")
     lost_reason = None
     if disruptions:
-        last = max(disruptions, key=_event_time)
+        last = max(disruptions, key=event_time)
         lost_reason = f"{last.get('reason')}: {last.get('message', '')}"
     if terminated is None and lost_reason is None:
         return None
