@@ -78,7 +78,7 @@ lint: venv ## ruff, mypy, shellcheck
 	$(VENV)/bin/shellcheck e2e/*.sh e2e/cluster .ci/run bench/gpu/*.sh
 
 .PHONY: test
-test: venv toolchain sysdeps lint ## install what is needed, then run every test
+test: venv toolchain sysdeps images-sysdeps lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 FUZZ_EXAMPLES ?= 1000

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(
 
 def run_in(archive: ImageArchive, script: str, timeout: float = 300) -> str:
     """Run a shell script in a container of the image (as the image's user) and return its output."""
-    buildah = ["buildah", *images.storage_options()]
+    buildah = ["buildah", *images._storage_options()]
     container = subprocess.run([*buildah, "from", "--quiet", archive.ref], capture_output=True, text=True, check=True)
     name = container.stdout.strip()
     try:
