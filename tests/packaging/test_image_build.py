@@ -77,9 +77,9 @@ def test_the_trainer_cpu_image_has_torch_vllm_and_the_trackers() -> None:
     trainer = ensure_image("trainer-cpu")
     assert oci_ref_names(trainer) == [trainer.ref]
     script = (
-        "id -u && test -w \"$HOME\" && python -c '"
+        'id -u && test -w "$HOME" && python -c \''
         "import torch, vllm, wandb, mlflow, rlkube_trainer.cli; "
-        'print(torch.__version__, vllm.__version__, (torch.ones(2, 2) @ torch.ones(2, 2)).sum().item())'
+        "print(torch.__version__, vllm.__version__, (torch.ones(2, 2) @ torch.ones(2, 2)).sum().item())"
         "'"
     )
     uid, versions, _ = run_in(trainer, script).split("\n", 2)
