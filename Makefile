@@ -48,6 +48,23 @@ sysdeps: ## Debian packages the process node needs (iproute2), installed when mi
 	@command -v ip >/dev/null || PATH="$$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || { \
 		echo "==> installing iproute2 (apt-get)"; apt-get update -qq && apt-get install -y -qq iproute2; }
 
+.PHONY: images-sysdeps
+images-sysdeps: ## Debian packages the image builds need (buildah, mmdebstrap), installed when missing
+	@missing=""; for tool in buildah mmdebstrap; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "==> installing$$missing (apt-get)"; \
+		apt-get -o DPkg::Lock::Timeout=600 update -qq; \
+		apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
+	fi
+
+.PHONY: images
+images: venv images-sysdeps ## build the base, operator and trainer CPU images here (OCI archives in $(RLKUBE_CACHE)/images, cached by their inputs' hash)
+	$(PY) -m rlkube_e2e.images build
+
+.PHONY: lock
+lock: $(UV) ## regenerate the images' hashed lock files (requirements/*.lock) from pyproject.toml and requirements/*.in
+	$(PYTHON) e2e/rlkube_e2e/locks.py --uv $(UV)
+
 .PHONY: crd
 crd: venv ## regenerate crds/rljob.yaml (and the chart's copy) and the field reference from the pydantic models
 	$(PY) -m rlkube_api.crd --write
@@ -61,7 +78,7 @@ lint: venv ## ruff, mypy, shellcheck
 	$(VENV)/bin/shellcheck e2e/*.sh e2e/cluster .ci/run bench/gpu/*.sh
 
 .PHONY: test
-test: venv toolchain sysdeps lint ## install what is needed, then run every test
+test: venv toolchain sysdeps images-sysdeps lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 FUZZ_EXAMPLES ?= 1000

