@@ -81,7 +81,10 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=lambda: _child_setup(limits),
+            # Limits and the namespace must be set between fork and exec. The driver
+            # forks here before starting tool threads; a threaded caller should
+            # move this into a small wrapper executable instead.
+            preexec_fn=lambda: _child_setup(limits),  # noqa: PLW1509
         )
         timed_out = False
         try:
@@ -101,6 +104,6 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
             sig = signal.Signals(-proc.returncode).name
             return SandboxResult(False, stdout, stderr, f"killed by {sig} (resource limit)")
         if proc.returncode != 0:
-            last = stderr.strip().splitlines()[-1:] or ["exit status %d" % proc.returncode]
+            last = stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
             return SandboxResult(False, stdout, stderr, last[0])
         return SandboxResult(True, stdout, stderr, None)
