@@ -1,0 +1,1 @@
+"""Agentic multi-turn rollouts (issue 30): tools, sandbox, trajectories."""
