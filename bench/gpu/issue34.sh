@@ -28,14 +28,23 @@ case "${1:?phase}" in
     ;;
   install)
     bash "$here/issue15.sh" stage
-    bash "$here/issue15.sh" install 2>&1 | tail -20
-    bash "$here/issue15.sh" verl-install 2>&1 | tail -8
+    # install_vllm_next.sh re-copies from carry-vllm-next/b*, which only the calls that carried
+    # them had: point it at the staged copy instead.
+    rm -rf "$here/carry-vllm-next" && mkdir -p "$here/carry-vllm-next/b0"
+    cp /tmp/vllm-next-wheels/manifest-batches.txt "$here/carry-vllm-next/b0/"
+    [ -d /tmp/rlkube-site/vllm ] || bash "$here/install.sh" 2>&1 | tail -4
+    STAGE=/tmp/vllm-next-wheels SITE=/tmp/vllm-next-site PYTHONPATH=/tmp/rlkube-site \
+      bash "$here/install_vllm_next.sh" 2>&1 | tail -4 || echo "vLLM 0.26 install failed"
+    bash "$here/issue15.sh" verl-install 2>&1 | tail -8 || echo "verl install failed"
     if compgen -G "$carry_dir/tools/*.whl" >/dev/null; then
       python3 -m pip install --no-index --no-deps --quiet --target /tmp/tools-site "$carry_dir"/tools/*.whl
     fi
     # verl's packed path with FlexAttention, on CPU: decides the verl call's flags.
     PYTHONPATH=/tmp/verl-site:/tmp/rlkube-site python3 "$here/verl_bench.py" check --remove-padding \
-      --attn flex_attention 2>&1 | tail -4 || echo "flex check failed"
+      --attn flex_attention 2>&1 | tail -4 | tee /tmp/issue34/flex-check.log
+    if grep -q "config ok" /tmp/issue34/flex-check.log; then
+      echo "--remove-padding --attn flex_attention" >/tmp/issue34/verl-args
+    fi
     ;;
   rlkube)
     RLKUBE_BUDGET="${RLKUBE_BUDGET:-330}"
@@ -49,6 +58,7 @@ case "${1:?phase}" in
   verl)
     # A sampled profile beside the run: GPU utilisation every 2 s, the busiest processes every
     # 15 s, and a py-spy stack dump of the three busiest Ray workers every 30 s.
+    echo "verl args: ${VERL_ARGS:-$(cat /tmp/issue34/verl-args 2>/dev/null)}"
     nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -lms 2000 \
       >"$out/verl-gpu.csv" 2>&1 &
     smi=$!
@@ -68,7 +78,7 @@ case "${1:?phase}" in
     sampler=$!
     # shellcheck disable=SC2086  # VERL_ARGS is a list of flags
     PYTHONPATH=/tmp/rlkube-site timeout "${VERL_TIMEOUT:-560}" python3 "$here/verl_bench.py" run \
-      --steps "${VERL_STEPS:-3}" --out "$out/verl.json" ${VERL_ARGS:-} 2>&1 |
+      --steps "${VERL_STEPS:-3}" --out "$out/verl.json" ${VERL_ARGS:-$(cat /tmp/issue34/verl-args 2>/dev/null)} 2>&1 |
       grep -E "verl summary|step:|Error|error|Traceback" | cut -c1-2000 | tail -30 || true
     kill "$sampler" "$smi" 2>/dev/null || true
     # A run cut by the timeout leaves verl's Ray cluster up: stop it (frees the GPU).
