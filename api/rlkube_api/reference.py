@@ -27,6 +27,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from rlkube_api import exit_codes
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import TrainerConfig
 from rlkube_api.kube_syntax import KubeString
@@ -38,6 +39,10 @@ README_FILE = Path("README.md")
 BEGIN = "<!-- rljob-reference:begin -->"
 END = "<!-- rljob-reference:end -->"
 COMMAND = "python -m rlkube_api.reference --write"
+# The exit-code table (exit_codes.EXIT_CLASSES) goes between these in docs/reliability.md.
+RELIABILITY_FILE = Path("docs") / "reliability.md"
+EXIT_CODES_BEGIN = "<!-- exit-codes:begin -->"
+EXIT_CODES_END = "<!-- exit-codes:end -->"
 
 # Objects at most this deep (spec = 1, spec.model = 2) get a section of their own;
 # deeper ones are listed inline in their section's table.
@@ -511,17 +516,24 @@ class MarkersMissing(ValueError):
     """README.md lacks the begin/end markers the summary goes between."""
 
 
-def with_summary(readme: str, summary: str) -> str:
-    start, end = readme.find(BEGIN), readme.find(END)
+def with_summary(readme: str, summary: str, begin: str = BEGIN, end_marker: str = END, file: Path = README_FILE) -> str:
+    start, end = readme.find(begin), readme.find(end_marker)
     if start < 0 or end < start:
-        raise MarkersMissing(f"{README_FILE} has no `{BEGIN}` ... `{END}` markers to put the summary between")
-    return readme[: start + len(BEGIN)] + "\n" + summary + readme[end:]
+        raise MarkersMissing(f"{file} has no `{begin}` ... `{end_marker}` markers to put the generated text between")
+    return readme[: start + len(begin)] + "\n" + summary + readme[end:]
 
 
 def expected_files(root: Path) -> dict[Path, str]:
     """Each generated file (relative to root) with the text it must have."""
     readme = (root / README_FILE).read_text() if (root / README_FILE).exists() else ""
-    return {REFERENCE_FILE: render_reference(), README_FILE: with_summary(readme, render_summary())}
+    reliability = (root / RELIABILITY_FILE).read_text() if (root / RELIABILITY_FILE).exists() else ""
+    return {
+        REFERENCE_FILE: render_reference(),
+        README_FILE: with_summary(readme, render_summary()),
+        RELIABILITY_FILE: with_summary(
+            reliability, exit_codes.render_table(), EXIT_CODES_BEGIN, EXIT_CODES_END, RELIABILITY_FILE
+        ),
+    }
 
 
 def write(root: Path = REPO) -> list[Path]:

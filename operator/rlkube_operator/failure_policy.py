@@ -3,8 +3,9 @@ the user's rules first (spec.runPolicy.podFailurePolicy), then rlkube's defaults
 failure that no rule matches counts against backoffLimit. Pure.
 
 The defaults:
-- the trainer's configuration or data error (exit code `ExitCode.CONFIG`, any role): the job
-  fails at once; running it again cannot help;
+- a permanent trainer exit code (`exit_codes.EXIT_CLASSES`: configuration, data, tracker
+  missing, checkpoint, out of memory, generation budget; any role): the job fails at once
+  with the class's reason; running it again cannot help;
 - a pod with the DisruptionTarget condition (preempted, evicted, deleted with its node) or
   evicted by its kubelet: the gang restarts without counting it against backoffLimit.
 An OOMKilled container counts, with OOMKilled as the reason.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rlkube_api.exit_codes import ExitCode
+from rlkube_api.exit_codes import EXIT_CLASSES
 from rlkube_api.rljob import (
     PodFailurePolicy,
     PodFailurePolicyOnExitCodes,
@@ -48,15 +49,19 @@ class Verdict:
 COUNTED = Verdict(FailureAction.COUNT, "PodFailed", "")
 
 DEFAULT_RULES: tuple[tuple[PodFailurePolicyRule, Verdict], ...] = (
-    (
-        PodFailurePolicyRule(
-            action="FailJob", on_exit_codes=PodFailurePolicyOnExitCodes(operator="In", values=[int(ExitCode.CONFIG)])
-        ),
-        Verdict(
-            FailureAction.FAIL_JOB,
-            "TrainerConfigError",
-            f"exit code {int(ExitCode.CONFIG)} is the trainer's configuration or data error; not restarted",
-        ),
+    *(
+        (
+            PodFailurePolicyRule(
+                action="FailJob", on_exit_codes=PodFailurePolicyOnExitCodes(operator="In", values=[int(c.code)])
+            ),
+            Verdict(
+                FailureAction.FAIL_JOB,
+                c.reason,
+                f"exit code {int(c.code)} ({c.code.name}): {c.meaning}; permanent, not restarted",
+            ),
+        )
+        for c in EXIT_CLASSES
+        if c.permanent
     ),
     (
         PodFailurePolicyRule(

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlkube_api import crd, reference
+from rlkube_api import crd, exit_codes, reference
 from rlkube_api.base import ApiModel
 from rlkube_api.crd import _models
 from rlkube_api.rljob import RLJob
@@ -149,7 +149,7 @@ def test_output_is_deterministic() -> None:
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
     """A copy of the generated files, up to date."""
-    for rel in (reference.README_FILE, reference.REFERENCE_FILE):
+    for rel in (reference.README_FILE, reference.REFERENCE_FILE, reference.RELIABILITY_FILE):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(reference.REPO / rel, tmp_path / rel)
     assert reference.stale(tmp_path) == []
@@ -181,3 +181,10 @@ def test_missing_markers_are_reported(tree: Path) -> None:
     assert "README.md has no `<!-- rljob-reference:begin -->`" in message
     with pytest.raises(reference.MarkersMissing):
         reference.write(tree)
+
+
+def test_the_exit_code_table_is_generated_from_exit_classes(tree: Path) -> None:
+    doc = tree / reference.RELIABILITY_FILE
+    assert exit_codes.render_table() in doc.read_text()
+    doc.write_text(doc.read_text().replace("| 81 |", "| 82 |"))
+    assert reference.stale(tree) == [f"docs/reliability.md is stale: run `{reference.COMMAND}`"]

@@ -146,13 +146,13 @@ def test_the_cli_records_a_config_error_and_an_uncaught_one(
     def crash(args: argparse.Namespace) -> int:
         raise ValueError("the cause")
 
-    assert cli._in_pod(crash)(argparse.Namespace()) == cli.UNCAUGHT_ERROR
+    assert cli._in_pod(crash)(argparse.Namespace()) == int(ExitCode.UNEXPECTED)
 
     found = Kube(kube).pod_events(namespace, uid)
     events = sorted((e for e in found if e["reason"] == EVENT_TRAINER_EXITED), key=lambda e: e["metadata"]["name"])
     codes = [e["metadata"]["annotations"][ANNOTATION_EXIT_CODE] for e in events]
-    assert codes == [str(int(ExitCode.CONFIG)), str(cli.UNCAUGHT_ERROR)]
-    assert events[0]["message"].startswith(f"exit code {int(ExitCode.CONFIG)}: ")
+    assert codes == [str(int(ExitCode.CONFIG)), str(int(ExitCode.UNEXPECTED))]
+    assert events[0]["message"].startswith(f"exit code {int(ExitCode.CONFIG)} (CONFIG): ")
     assert "no_such_key: Extra inputs are not permitted" in events[0]["message"]
-    assert events[1]["message"].startswith("exit code 1: Traceback")
+    assert events[1]["message"].startswith("exit code 1 (UNEXPECTED): Traceback")
     assert events[1]["message"].endswith("ValueError: the cause")

@@ -29,8 +29,6 @@ from rlkube_trainer import verl_config
 log = logging.getLogger("rlkube.trainer")
 # The driver waits this long for every role pod to join before giving up.
 NODES_TIMEOUT = 900.0
-# Python's own exit code for an uncaught exception.
-UNCAUGHT_ERROR = 1
 
 
 def _load(path: Path) -> TrainerConfig:
@@ -40,7 +38,7 @@ def _load(path: Path) -> TrainerConfig:
         raise SystemExit(_fail(ExitCode.CONFIG, str(exc))) from None
 
 
-def _fail(code: int, message: str) -> int:
+def _fail(code: ExitCode, message: str) -> int:
     """Reports an error on stderr, as the container's termination message (in a pod, the
     operator puts it into the job's condition and Event) and as an Event about the pod, which
     outlives it (exit_record.py); returns the exit code."""
@@ -48,29 +46,34 @@ def _fail(code: int, message: str) -> int:
     from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415
 
     print(f"error: {message}", file=sys.stderr)
-    said = f"exit code {int(code)}: {message}"
+    said = f"exit code {int(code)} ({code.name}): {message}"
     write_termination_message(said)
     record_exit(int(code), said)
     return int(code)
 
 
 def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A pod's command: an error nothing else caught exits 1 and is reported as `_fail`
+    """A pod's command: an error nothing else caught exits UNEXPECTED and is reported as `_fail`
     reports the others, with its traceback (whose end names the error)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
             return handler(args)
         except Exception:
-            return _fail(UNCAUGHT_ERROR, traceback.format_exc().strip())
+            return _fail(ExitCode.UNEXPECTED, traceback.format_exc().strip())
 
     return run
 
 
-def _config_errors() -> tuple[type[Exception], ...]:
-    from rlkube_trainer.preflight import config_errors  # noqa: PLC0415
+def _classified(exc: Exception) -> int:
+    """Exits with the failure class of `exc` (failures.py); an unclassified error with its
+    traceback, whose end names it."""
+    from rlkube_trainer.failures import exit_code_of  # noqa: PLC0415
 
-    return config_errors()
+    code = exit_code_of(exc)
+    if code is ExitCode.UNEXPECTED:
+        return _fail(code, "".join(traceback.format_exception(exc)).strip())
+    return _fail(code, str(exc))
 
 
 def _finish(result: object) -> int:
@@ -92,27 +95,25 @@ def _run(args: argparse.Namespace) -> int:
     # torch and Ray: imported only when running (and after the cheap checks).
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
-    from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
     try:
         if args.in_process:
             return _finish(driver.run_in_process(config, args.steps, not args.no_progress))
         ray_cluster.start_local_ray(placement_of(config))
         return _finish(driver.run_distributed(config, None, args.steps, not args.no_progress))
-    except RankLost as lost:
-        return _fail(ExitCode.RANK_LOST, str(lost))
-    except _config_errors() as exc:
-        return _fail(ExitCode.CONFIG, str(exc))
+    except Exception as exc:
+        return _classified(exc)
 
 
 def _preflight(config: TrainerConfig) -> int | None:
     """The driver's checks (preflight.check_driver); the exit code when one fails."""
+    from rlkube_trainer.failures import exit_code_of  # noqa: PLC0415
     from rlkube_trainer.preflight import PreflightError, check_driver  # noqa: PLC0415
 
     try:
         check_driver(config)
     except PreflightError as exc:
-        return _fail(ExitCode.CONFIG, str(exc))
+        return _fail(exit_code_of(exc), str(exc))
     return None
 
 
@@ -125,19 +126,15 @@ def _driver(args: argparse.Namespace) -> int:
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
     from rlkube_trainer.progress import reporter_from_env  # noqa: PLC0415
-    from rlkube_trainer.rank_group import RankLost  # noqa: PLC0415
 
     try:
         ray_cluster.start_ray_head()
         ray_cluster.wait_for_nodes(placement_of(config), NODES_TIMEOUT)
         return _finish(driver.run_distributed(config, reporter_from_env(), None, False))
-    except RankLost as lost:
-        # The operator restarts the gang, which resumes from the last checkpoint.
-        return _fail(ExitCode.RANK_LOST, str(lost))
-    except _config_errors() as exc:
-        return _fail(ExitCode.CONFIG, str(exc))
-    except RuntimeError as exc:
-        return _fail(ExitCode.NODES_MISSING, str(exc))
+    except Exception as exc:
+        # Each class its own code: the operator fails the job at once on a permanent one and
+        # restarts the gang (from the last checkpoint) on a lost rank or missing pods.
+        return _classified(exc)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -150,12 +147,13 @@ def _node(args: argparse.Namespace) -> int:
         return 2
     if os.environ.get(Env.CONFIG):
         # The files this pod's roles load, checked before it joins (and holds its GPUs for) the driver.
+        from rlkube_trainer.failures import exit_code_of  # noqa: PLC0415
         from rlkube_trainer.preflight import PreflightError, check_group  # noqa: PLC0415
 
         try:
             check_group(_load(Path(os.environ[Env.CONFIG])), role)
         except PreflightError as exc:
-            return _fail(ExitCode.CONFIG, str(exc))
+            return _fail(exit_code_of(exc), str(exc))
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
     health = HealthServer(args.health_port, lambda: True)

@@ -1,7 +1,8 @@
 """Pre-flight: the files a run needs exist and load, and the config fits them, checked
 before anyone waits for anyone (the driver before it starts the Ray head, a role pod before
 it joins). A failure is a `PreflightError` naming the trainer key, the RLJob field and the
-path; the CLI exits with `ExitCode.CONFIG`, which the operator treats as permanent.
+path; the CLI exits with its class (failures.py: `ExitCode.DATA` for a `data.` key, else
+`ExitCode.CONFIG`), which the operator treats as permanent.
 
 Checks are cheap on purpose: a model's config (not its weights), a parquet file's schema
 (not its rows), the tokenizer, the reward function's import. What only a full load finds

@@ -88,6 +88,10 @@ def start_ray_head() -> None:
     ray.init(address="auto", configure_logging=False)
 
 
+class NodesMissing(RuntimeError):
+    """Role pods did not join the Ray head in time (ExitCode.NODES_MISSING)."""
+
+
 def wait_for_nodes(placement: Placement, timeout: float) -> None:
     """Waits until every role pod has joined; names the ones that did not."""
     wanted = node_resources(placement)
@@ -98,7 +102,7 @@ def wait_for_nodes(placement: Placement, timeout: float) -> None:
         if not missing:
             return
         if time.monotonic() > deadline:
-            raise RuntimeError(f"role pods did not join the Ray head within {timeout:.0f} s: {', '.join(missing)}")
+            raise NodesMissing(f"role pods did not join the Ray head within {timeout:.0f} s: {', '.join(missing)}")
         time.sleep(2)
 
 
