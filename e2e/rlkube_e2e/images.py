@@ -238,6 +238,16 @@ def _load(archive: ImageArchive) -> None:
         _run("naming the base", _buildah("tag", image_id.splitlines()[-1], archive.ref))
 
 
+def _drop_superseded(archive: ImageArchive) -> None:
+    """Remove this image's archives and tags of other keys: each source change makes a new key,
+    and the trainer's archive is several GB. The cached layers stay for the next build."""
+    for path in images_dir().glob(f"{archive.name}-*.oci.tar"):
+        old = _archive(archive.name, path.name.removeprefix(f"{archive.name}-").removesuffix(".oci.tar"))
+        if old.key != archive.key:
+            path.unlink(missing_ok=True)
+            subprocess.run(_buildah("rmi", old.ref), capture_output=True, check=False)
+
+
 def _build_base(archive: ImageArchive) -> None:
     work = images_dir() / f"base-{archive.key}.work"
     shutil.rmtree(work, ignore_errors=True)
@@ -270,6 +280,9 @@ def _build_dockerfile(name: str, archive: ImageArchive, base: ImageArchive) -> N
         f"building {name}",
         _buildah(
             "bud",
+            # Layer caching: a change to the sources alone rebuilds the last steps, not the
+            # locked dependencies (several GB for the trainer), which sit in earlier layers.
+            "--layers",
             "--pull-never",
             "--network",
             "host",
@@ -307,6 +320,7 @@ def ensure_image(name: str) -> ImageArchive:
     else:
         _build_dockerfile(name, archive, base)
     _push(archive)
+    _drop_superseded(archive)
     size = archive.path.stat().st_size / 1e6
     _progress(f"{name}: built in {time.monotonic() - started:.0f} s, archive {size:.0f} MB: {archive.path}")
     return archive
