@@ -261,8 +261,10 @@ def compute_policy_loss(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Dual-clip PPO policy loss; returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
+    """Dual-clip PPO policy loss, each token's loss times its rollout-correction weight when
+    given (rollout_correction.py); returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
     assert clip_ratio_c > 1.0, f"clip_ratio_c (dual-clip lower bound) must be greater than 1.0, got {clip_ratio_c}"
     low = cliprange if cliprange_low is None else cliprange_low
     high = cliprange if cliprange_high is None else cliprange_high
@@ -286,6 +288,8 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & negative).to(log_prob.dtype), response_mask)
 
     pg_losses = torch.where(negative, clip_pg_losses2, clip_pg_losses1)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
@@ -301,6 +305,7 @@ def compute_policy_loss_gspo(
     cliprange_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "seq-mean-token-mean",
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO (Zheng et al., 2025): the importance ratio of a whole sequence,
     ``s_i = exp(mean_t(log_prob - old_log_prob))`` (the geometric mean of the token ratios),
@@ -324,6 +329,8 @@ def compute_policy_loss_gspo(
     pg_losses1 = -advantages * ratio
     pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - low, 1.0 + high)
     pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
     pg_loss = agg_loss(pg_losses, response_mask, FIXED_LOSS_AGG_MODES["gspo"])
     pg_clipfrac = masked_mean((pg_losses2 > pg_losses1).to(log_prob.dtype), response_mask)
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)

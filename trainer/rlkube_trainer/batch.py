@@ -32,6 +32,8 @@ class TrainBatch:
     rollout_log_probs: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
+    # Rollout correction's importance weights (decoupled mode; rollout_correction.py).
+    rollout_is_weights: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     token_level_rewards: torch.Tensor | None = None

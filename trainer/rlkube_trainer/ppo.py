@@ -33,6 +33,7 @@ from rlkube_trainer.data import Prompt
 from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics
 from rlkube_trainer.reward import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
+from rlkube_trainer.rollout_correction import compute_rollout_correction_and_rejection_mask
 
 Metrics = dict[str, float]
 
@@ -173,7 +174,15 @@ def on_policy(config: TrainerConfig, samples: int) -> bool:
         and samples <= config.actor.ppo_mini_batch_size * config.rollout.n
         and not config.algorithm.use_kl_in_reward
         and not config.rollout.calculate_log_probs
+        # Decoupled rollout correction compares the old log-probs with the engine's before the update.
+        and not config.algorithm.rollout_correction.enabled
     )
+
+
+def engine_log_probs_needed(config: TrainerConfig) -> bool:
+    """The engine returns its log-probs of the sampled tokens: for the rollout-probs comparison,
+    or for rollout correction (its pi_rollout)."""
+    return config.rollout.calculate_log_probs or config.algorithm.rollout_correction.enabled
 
 
 class PPOTrainer:
@@ -207,8 +216,8 @@ class PPOTrainer:
             # A seed per step: reproducible runs, and a resumed run samples as the original did.
             seed=self.config.trainer.seed * 100_003 + step + round_ * ROUND_SEED_STRIDE,
             ignore_eos=rollout.ignore_eos,
-            # The loop recomputes old log-probs with the actor; the engine's are diagnostics.
-            logprobs=rollout.calculate_log_probs,
+            # The engine's log-probs: diagnostics, or rollout correction's pi_rollout.
+            logprobs=engine_log_probs_needed(self.config),
         )
 
     def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> Scored:
@@ -308,11 +317,26 @@ class PPOTrainer:
         metrics: Metrics = {}
         with timer("step"):
             batch, reward_metrics = self.sample(prompts, step, more_prompts, timer)
-            if not on_policy(self.config, len(batch)):
+            correction = algo.rollout_correction
+            if correction.enabled and batch.rollout_log_probs is None:
+                raise ValueError("algorithm.rollout_correction needs the engine's log-probs, which it did not return")
+            if correction.bypass_mode:
+                # verl's bypass mode: the engine's log-probs are the old ones (no old log-prob pass).
+                batch.old_log_probs = batch.rollout_log_probs
+            elif not on_policy(self.config, len(batch)):
                 with timer("old_log_prob"):
                     batch.old_log_probs = roles.actor.compute_log_prob(batch)
             if self.config.rollout.calculate_log_probs:
                 metrics.update(rollout_probs_diff(batch))
+            if correction.enabled and not correction.bypass_mode:
+                # Decoupled: once per batch against the old log-probs, before the advantages (as verl).
+                assert batch.old_log_probs is not None and batch.rollout_log_probs is not None
+                batch.rollout_is_weights, batch.response_mask, corr_metrics = (
+                    compute_rollout_correction_and_rejection_mask(
+                        batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, correction
+                    )
+                )
+                metrics.update(corr_metrics)
             if self.uses_reference:
                 assert roles.reference is not None
                 with timer("ref"):

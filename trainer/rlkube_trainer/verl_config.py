@@ -358,6 +358,18 @@ RULES: dict[str, Rule] = {
         )
     },
     **{f"algorithm.kl_ctrl.{k}": To(f"algorithm.kl_ctrl.{k}") for k in ("type", "kl_coef", "horizon", "target_kl")},
+    **{
+        f"algorithm.rollout_correction.{k}": To(f"algorithm.rollout_correction.{k}")
+        for k in (
+            "rollout_is",
+            "rollout_is_threshold",
+            "rollout_rs",
+            "rollout_rs_threshold",
+            "bypass_mode",
+            "loss_type",
+            "rollout_is_batch_normalize",
+        )
+    },
     "algorithm.use_pf_ppo": Ignored("no preference feedback", _falsy, "use_pf_ppo is not supported"),
     "algorithm.pf_ppo": Ignored("only read with use_pf_ppo"),
     "algorithm.filter_groups": Ignored(

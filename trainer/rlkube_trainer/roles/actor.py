@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlkube_api.config import ActorConfig, TrainerConfig
+from rlkube_api.config import ActorConfig, RolloutCorrectionConfig, TrainerConfig
 from rlkube_trainer.algos import (
     FIXED_LOSS_AGG_MODES,
     PolicyLossFn,
@@ -21,6 +21,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import LossScale, enable_packed_attention
+from rlkube_trainer.rollout_correction import bypass_policy_loss
 from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 
@@ -32,13 +33,15 @@ def actor_loss(
     log_prob: torch.Tensor,
     entropy: torch.Tensor | None,
     scale: LossScale | None = None,
+    correction: RolloutCorrectionConfig | None = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """verl's actor objective on one micro-batch: the policy loss, minus `entropy_coeff` ×
     the entropy (when computed), plus `kl_loss_coef` × KL(actor || reference) when
     `use_kl_loss`; with verl's actor/* metrics. Without old log-probs (an on-policy update,
     see ppo.on_policy) the policy's own, detached, are the old ones. With `scale`, each term is
     weighed by the micro-batch's share of its mini-batch under the term's aggregation (the
-    policy loss's may be its own, as GSPO's)."""
+    policy loss's may be its own, as GSPO's). With `correction` in bypass mode, verl's bypass loss
+    replaces the policy loss (rollout_correction.bypass_policy_loss)."""
     assert micro.advantages is not None
     old_log_probs = micro.old_log_probs if micro.old_log_probs is not None else log_prob.detach()
     mask = micro.response_mask
@@ -46,18 +49,36 @@ def actor_loss(
     def weight(mode: str) -> float:
         return 1.0 if scale is None else scale.weight(mode, mask)
 
-    pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
-        old_log_probs,
-        log_prob,
-        micro.advantages,
-        mask,
-        cliprange=config.clip_ratio,
-        cliprange_low=config.clip_ratio_low,
-        cliprange_high=config.clip_ratio_high,
-        clip_ratio_c=config.clip_ratio_c,
-        loss_agg_mode=config.loss_agg_mode,
-    )
-    metrics = {
+    metrics: Metrics = {}
+    if correction is not None and correction.bypass_mode:
+        # The engine's log-probs are the old ones; weights and rejection follow the current policy.
+        assert micro.rollout_log_probs is not None
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower, metrics = bypass_policy_loss(
+            correction,
+            micro.rollout_log_probs,
+            log_prob,
+            micro.advantages,
+            mask,
+            config.clip_ratio,
+            config.clip_ratio_low,
+            config.clip_ratio_high,
+            config.clip_ratio_c,
+            config.loss_agg_mode,
+        )
+    else:
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
+            old_log_probs,
+            log_prob,
+            micro.advantages,
+            mask,
+            cliprange=config.clip_ratio,
+            cliprange_low=config.clip_ratio_low,
+            cliprange_high=config.clip_ratio_high,
+            clip_ratio_c=config.clip_ratio_c,
+            loss_agg_mode=config.loss_agg_mode,
+            rollout_is_weights=micro.rollout_is_weights,
+        )
+    metrics |= {
         "actor/pg_loss": pg_loss.item(),
         "actor/pg_clipfrac": pg_clipfrac.item(),
         "actor/ppo_kl": ppo_kl.item(),
@@ -131,6 +152,7 @@ class Actor(Trainable):
             offload_optimizer=config.actor.fsdp_config.optimizer_offload,
         )
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
+        self.correction = config.algorithm.rollout_correction
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a
         # metric alone it would cost a softmax over the vocabulary at every response position
         # and its backward. `actor/entropy` is then not reported.
@@ -169,7 +191,7 @@ class Actor(Trainable):
 
     def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         log_prob, entropy = self._log_probs(micro, self.with_entropy)
-        return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy, scale)
+        return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy, scale, self.correction)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's full weights for the rollout engine (HF names; shards gathered a bucket
