@@ -119,7 +119,9 @@ def test_bypass_reinforce_weights_log_prob_and_ppo_clip_uses_the_engines_ratio()
     log_prob = LOG_RATIO.clone().requires_grad_(True)  # current vs engine: the ratios above
     advantages = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
     config = RolloutCorrectionConfig(rollout_is="token", bypass_mode=True, loss_type="reinforce")
-    loss, _, _, _, m = bypass_policy_loss(config, rollout, log_prob, advantages, MASK, 0.2, None, None, 3.0, "token-mean")
+    loss, _, _, _, m = bypass_policy_loss(
+        config, rollout, log_prob, advantages, MASK, 0.2, None, None, 3.0, "token-mean"
+    )
     expected = -(2.0 * math.log(3.0) + 0.5 * math.log(0.5) - 1.5 * math.log(1.5)) / 3
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     loss.backward()

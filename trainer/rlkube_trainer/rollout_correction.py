@@ -306,7 +306,14 @@ def bypass_policy_loss(
         zero = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
         return pg_loss, zero, ppo_kl, zero, metrics
     pg_loss, clipfrac, ppo_kl, clipfrac_lower = compute_policy_loss(
-        rollout_log_prob, log_prob, advantages, mask, cliprange, cliprange_low, cliprange_high, clip_ratio_c,
+        rollout_log_prob,
+        log_prob,
+        advantages,
+        mask,
+        cliprange,
+        cliprange_low,
+        cliprange_high,
+        clip_ratio_c,
         loss_agg_mode,
     )
     return pg_loss, clipfrac, ppo_kl, clipfrac_lower, metrics

@@ -21,9 +21,9 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import LossScale, enable_packed_attention
-from rlkube_trainer.rollout_correction import bypass_policy_loss
 from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
+from rlkube_trainer.rollout_correction import bypass_policy_loss
 
 
 def actor_loss(
