@@ -134,7 +134,8 @@ def test_the_model_step_writes_where_the_example_reads(tmp_path: Path) -> None:
     # The pod writes as the trainer image's user, so the job can write checkpoints beside them.
     from tests.packaging.dockerfile import read_stages  # noqa: PLC0415
 
-    uid = int((read_stages(REPO / "Dockerfile.trainer")[0].user or "").split(":")[0])
+    [cpu] = [stage for stage in read_stages(REPO / "Dockerfile.trainer") if stage.name == "cpu"]
+    uid = int((cpu.user or "").split(":")[0])
     assert writer["securityContext"]["runAsUser"] == uid
 
 
