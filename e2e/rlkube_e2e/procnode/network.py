@@ -81,12 +81,33 @@ def create_pod_network(netns: str, address: str) -> None:
         raise
 
 
+# What `ip` says, depending on the moment, of a link that no longer exists.
+GONE = ("Cannot find device", "No such device", "does not exist")
+
+
 def delete_pod_network(netns: str) -> None:
     """Kill every process in `netns`, then delete it and its veth pair."""
     kill_processes(netns)
     ip("netns", "delete", netns, ok_if=("No such file",))
-    # Normally gone with the namespace; a namespace still pinned somewhere would keep it.
-    ip("link", "delete", veth_name(netns), ok_if=("Cannot find device",))
+    # Normally gone with the namespace; a namespace still pinned somewhere would keep it. The
+    # kernel removes the pair asynchronously after the namespace goes, so the delete can race that
+    # removal and fail with another message: what counts is that the link is gone afterwards.
+    veth = veth_name(netns)
+    try:
+        ip("link", "delete", veth, ok_if=GONE)
+    except NetworkError:
+        if link_exists(veth):
+            raise
+
+
+def link_exists(name: str) -> bool:
+    try:
+        ip("link", "show", name)
+    except NetworkError as error:
+        if any(text in str(error) for text in GONE):
+            return False
+        raise
+    return True
 
 
 def processes(netns: str) -> list[int]:
