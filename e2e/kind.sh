@@ -104,7 +104,7 @@ ensure_job_namespace() {
 # STEP 4, THE ONE TO ADAPT: the model and data of examples/tiny-cpu.yaml.
 # The job mounts the node directory /var/tmp/rlkube-demo (hostPath) at /rlkube,
 # reads its model from /rlkube/tiny/model and its data from
-# /rlkube/tiny/data/train.parquet, and writes its checkpoints there too. On kind
+# /rlkube/tiny/data/{train,val}.parquet, and writes its checkpoints there too. On kind
 # the node is the kind container, so a one-off pod with the same mount writes them
 # with the code the tests use (rlkube_trainer.tiny_task: random weights, nothing
 # downloaded), after handing the directory to the trainer's UID. A multi-node
@@ -137,9 +137,10 @@ spec:
         - -c
         - |
           from pathlib import Path
-          from rlkube_trainer.tiny_task import build_model, write_dataset
+          from rlkube_trainer.tiny_task import VAL_PROMPTS, build_model, write_dataset
           build_model(Path("/rlkube/tiny/model"))
           write_dataset(Path("/rlkube/tiny/data/train.parquet"))
+          write_dataset(Path("/rlkube/tiny/data/val.parquet"), count=VAL_PROMPTS, seed=1)
       securityContext: {runAsUser: ${trainer_uid}, runAsGroup: ${trainer_uid}}
       volumeMounts: [{name: work, mountPath: /rlkube}]
   volumes:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,14 +130,28 @@ def test_the_model_step_writes_where_the_example_reads(tmp_path: Path) -> None:
     [writer] = pod["spec"]["containers"]
     assert writer["image"] == "rlkube-trainer:dev"
     script = writer["command"][-1]
-    assert f'build_model(Path("{spec["model"]["path"]}"))' in script
-    assert f'write_dataset(Path("{spec["data"]["trainFiles"][0]}"))' in script
+    _run_the_writer_for_real(script, volume["mountPath"], spec, tmp_path / "node-dir")
     # The pod writes as the trainer image's user, so the job can write checkpoints beside them.
     from tests.packaging.dockerfile import read_stages  # noqa: PLC0415
 
     [cpu] = [stage for stage in read_stages(REPO / "Dockerfile.trainer") if stage.name == "cpu"]
     uid = int((cpu.user or "").split(":")[0])
     assert writer["securityContext"]["runAsUser"] == uid
+
+
+def _run_the_writer_for_real(script: str, mount_path: str, spec: dict[str, Any], node_dir: Path) -> None:
+    """Runs the pod's script with the project's Python, the mount moved to `node_dir`, and checks
+    that every model and data path the example reads is there afterwards."""
+    local = script.replace(mount_path, str(node_dir))
+    result = subprocess.run([sys.executable, "-c", local], capture_output=True, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr
+    read = [spec["model"]["path"], *spec["data"]["trainFiles"], *spec["data"].get("valFiles", [])]
+    assert read, "the example reads no files?"
+    for path in read:
+        assert path.startswith(mount_path + "/"), f"{path} is not on the job's volume"
+        local_path = node_dir / path.removeprefix(mount_path + "/")
+        assert local_path.exists(), f"the init step wrote no {path}"
+    assert (node_dir / spec["model"]["path"].removeprefix(mount_path + "/") / "config.json").is_file()
 
 
 def _applied(tmp_path: Path) -> list[dict[str, Any]]:
