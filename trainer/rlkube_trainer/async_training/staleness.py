@@ -94,6 +94,11 @@ class OffPolicyBuffer(Generic[T]):
         """A generation with weights `version` started (its groups arrive by `put`)."""
         self.in_flight.append(version)
 
+    def may_begin(self, version: int, earliest_version: int) -> bool:
+        """Whether a generation with weights `version`, whose groups can be trained at the
+        actor's `earliest_version` at the soonest, would be within the bound there."""
+        return not self._too_stale(version, earliest_version)
+
     def put(self, groups: list[T], version: int) -> None:
         """The groups of a generation begun with `version` finished."""
         if version in self.in_flight:
@@ -107,8 +112,11 @@ class OffPolicyBuffer(Generic[T]):
             return fresh >= n
         if len(self.finished) < n:
             return False
+        order = self._oldest_first()
+        if any(self._too_stale(g.version, current_version) for g in order[:n]):
+            return False  # only a producer that began too late could cause this; never hand it out
         # wait: after this batch the version advances; nothing left behind may then exceed the bound.
-        left = [g.version for g in self._oldest_first()[n:]] + self.in_flight
+        left = [g.version for g in order[n:]] + self.in_flight
         return all(not self._too_stale(v, current_version + 1) for v in left)
 
     def take(self, n: int, current_version: int) -> Taken[T] | None:
