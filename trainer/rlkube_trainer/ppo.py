@@ -312,74 +312,82 @@ class PPOTrainer:
     def step(self, prompts: list[Prompt], step: int, more_prompts: MorePrompts | None = None) -> Metrics:
         """One PPO step on a batch of prompts (and, with DAPO's dynamic sampling, on as many
         further batches from `more_prompts` as it needs); returns its metrics (verl's names)."""
-        roles, algo = self.roles, self.config.algorithm
         timer = Timer()
-        metrics: Metrics = {}
         with timer("step"):
             batch, reward_metrics = self.sample(prompts, step, more_prompts, timer)
-            correction = algo.rollout_correction
-            if correction.enabled and batch.rollout_log_probs is None:
-                raise ValueError("algorithm.rollout_correction needs the engine's log-probs, which it did not return")
-            if correction.bypass_mode:
-                # verl's bypass mode: the engine's log-probs are the old ones (no old log-prob pass).
-                batch.old_log_probs = batch.rollout_log_probs
-            elif not on_policy(self.config, len(batch)):
-                with timer("old_log_prob"):
-                    batch.old_log_probs = roles.actor.compute_log_prob(batch)
-            if self.config.rollout.calculate_log_probs:
-                metrics.update(rollout_probs_diff(batch))
-            if correction.enabled and not correction.bypass_mode:
-                # Decoupled: once per batch against the old log-probs, before the advantages (as verl).
-                assert batch.old_log_probs is not None and batch.rollout_log_probs is not None
-                batch.rollout_is_weights, batch.response_mask, corr_metrics = (
-                    compute_rollout_correction_and_rejection_mask(
-                        batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, correction
-                    )
-                )
-                metrics.update(corr_metrics)
-            if self.uses_reference:
-                assert roles.reference is not None
-                with timer("ref"):
-                    batch.ref_log_probs = roles.reference.compute_ref_log_prob(batch)
-            if roles.critic is not None:
-                with timer("values"):
-                    batch.values = roles.critic.compute_values(batch)
-
-            with timer("adv"):
-                assert batch.token_level_scores is not None
-                if algo.use_kl_in_reward:
-                    assert batch.ref_log_probs is not None and batch.old_log_probs is not None  # not on_policy
-                    batch.token_level_rewards, kl_metrics = apply_kl_penalty(
-                        batch.token_level_scores,
-                        batch.old_log_probs,
-                        batch.ref_log_probs,
-                        batch.response_mask,
-                        self.kl_ctrl,
-                        algo.kl_penalty,
-                    )
-                    metrics.update(kl_metrics)
-                else:
-                    batch.token_level_rewards = batch.token_level_scores
-                batch.advantages, batch.returns = call_with(
-                    self.estimate_advantages,
-                    token_level_rewards=batch.token_level_rewards,
-                    values=batch.values,
-                    response_mask=batch.response_mask,
-                    index=batch.group_index.tolist(),
-                    gamma=algo.gamma,
-                    lam=algo.lam,
-                    norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                )
-
-            if roles.critic is not None:
-                with timer("update_critic"):
-                    metrics.update(roles.critic.update(batch))
-            with timer("update_actor"):
-                metrics.update(roles.actor.update(batch))
+            metrics = self.update(batch, timer)
             with timer("update_weights"):
-                synced = roles.rollout.sync_weights()
+                synced = self.roles.rollout.sync_weights()
+        return self.step_metrics(batch, metrics | reward_metrics, timer, synced)
 
-        metrics.update(reward_metrics)
+    def update(self, batch: TrainBatch, timer: Timer) -> Metrics:
+        """Everything after sampling up to the actor's update: old and reference log-probs,
+        rollout correction, values, advantages, critic and actor updates. The asynchronous
+        schedule calls it on batches generated with older weights; the weight push is the
+        caller's (between generations)."""
+        roles, algo = self.roles, self.config.algorithm
+        metrics: Metrics = {}
+        correction = algo.rollout_correction
+        if correction.enabled and batch.rollout_log_probs is None:
+            raise ValueError("algorithm.rollout_correction needs the engine's log-probs, which it did not return")
+        if correction.bypass_mode:
+            # verl's bypass mode: the engine's log-probs are the old ones (no old log-prob pass).
+            batch.old_log_probs = batch.rollout_log_probs
+        elif not on_policy(self.config, len(batch)):
+            with timer("old_log_prob"):
+                batch.old_log_probs = roles.actor.compute_log_prob(batch)
+        if self.config.rollout.calculate_log_probs:
+            metrics.update(rollout_probs_diff(batch))
+        if correction.enabled and not correction.bypass_mode:
+            # Decoupled: once per batch against the old log-probs, before the advantages (as verl).
+            assert batch.old_log_probs is not None and batch.rollout_log_probs is not None
+            batch.rollout_is_weights, batch.response_mask, corr_metrics = compute_rollout_correction_and_rejection_mask(
+                batch.old_log_probs, batch.rollout_log_probs, batch.response_mask, correction
+            )
+            metrics.update(corr_metrics)
+        if self.uses_reference:
+            assert roles.reference is not None
+            with timer("ref"):
+                batch.ref_log_probs = roles.reference.compute_ref_log_prob(batch)
+        if roles.critic is not None:
+            with timer("values"):
+                batch.values = roles.critic.compute_values(batch)
+
+        with timer("adv"):
+            assert batch.token_level_scores is not None
+            if algo.use_kl_in_reward:
+                assert batch.ref_log_probs is not None and batch.old_log_probs is not None  # not on_policy
+                batch.token_level_rewards, kl_metrics = apply_kl_penalty(
+                    batch.token_level_scores,
+                    batch.old_log_probs,
+                    batch.ref_log_probs,
+                    batch.response_mask,
+                    self.kl_ctrl,
+                    algo.kl_penalty,
+                )
+                metrics.update(kl_metrics)
+            else:
+                batch.token_level_rewards = batch.token_level_scores
+            batch.advantages, batch.returns = call_with(
+                self.estimate_advantages,
+                token_level_rewards=batch.token_level_rewards,
+                values=batch.values,
+                response_mask=batch.response_mask,
+                index=batch.group_index.tolist(),
+                gamma=algo.gamma,
+                lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            )
+
+        if roles.critic is not None:
+            with timer("update_critic"):
+                metrics.update(roles.critic.update(batch))
+        with timer("update_actor"):
+            metrics.update(roles.actor.update(batch))
+        return metrics
+
+    def step_metrics(self, batch: TrainBatch, metrics: Metrics, timer: Timer, synced: int) -> Metrics:
+        """A step's metrics beyond its phases': data, timings, throughput (verl's names)."""
         metrics.update(compute_data_metrics(batch))
         metrics.update(timer.seconds)
         metrics.update(compute_throughput_metrics(batch, timer.seconds["timing_s/step"], self.num_gpus))

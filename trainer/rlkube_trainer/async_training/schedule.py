@@ -1,0 +1,112 @@
+"""The one-step-off / bounded-staleness schedule (verl 0.9.1 `trainer.v1.trainer_mode`
+`colocate_async` / `separate_async`), as a loop that reads like the algorithm:
+
+    while updates remain:
+        take a batch within the staleness bound (waiting for the rollout if there is none)
+        start the next generation (pushing weights first every parameter_sync_step updates)
+        update the actor on the batch, while that generation runs
+
+One generation runs at a time, on a worker thread (the in-process vLLM CPU engine generates
+safely off the main thread while torch trains on it, measured 2026-12-02); weights are pushed
+only between generations, never during one. Generation, training and the weight push are
+callables, so the same loop drives colocated and separate placements.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
+
+T = TypeVar("T")
+Metrics = dict[str, float]
+# Generation with the engine's current weights: the groups of one batch of prompts.
+Generate = Callable[[], list[T]]
+# One actor update on a batch handed out by the buffer; returns its metrics.
+Train = Callable[[Taken[T], int], Metrics]
+# Push the actor's weights into the engine.
+PushWeights = Callable[[], None]
+
+
+@dataclass
+class Versions:
+    actor: int = 0  # updates done
+    engine: int = 0  # the actor version the engine holds
+
+
+class OneStepOff(Generic[T]):
+    def __init__(
+        self,
+        buffer: OffPolicyBuffer[T],
+        batch_groups: int,
+        parameter_sync_step: int,
+        generate: Generate[T],
+        push_weights: PushWeights,
+    ) -> None:
+        if parameter_sync_step < 1:
+            raise ValueError(f"parameter_sync_step must be at least 1, got {parameter_sync_step}")
+        self.buffer = buffer
+        self.batch_groups = batch_groups
+        self.parameter_sync_step = parameter_sync_step
+        self.generate = generate
+        self.push_weights = push_weights
+        self.versions = Versions()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
+        self.running: tuple[Future[list[T]], int] | None = None
+
+    def run(self, updates: int, train: Train[T]) -> Iterator[Metrics]:
+        try:
+            self._start_generation(self.versions.actor)
+            for _ in range(updates):
+                wait_start = time.perf_counter()
+                while (taken := self.buffer.take(self.batch_groups, self.versions.actor)) is None:
+                    self._collect()
+                    self._start_generation(self.versions.actor)
+                    if self.running is None and not self.buffer.ready(self.batch_groups, self.versions.actor):
+                        raise RuntimeError("the schedule can neither generate nor train: staleness bound too tight")
+                waited = time.perf_counter() - wait_start
+                # Overlap: the next batch generates while this one trains (if the bound allows).
+                self._start_generation(self.versions.actor + 1)
+                update_start = time.perf_counter()
+                metrics = train(taken, self.versions.actor)
+                metrics |= taken.metrics(self.versions.actor)
+                metrics["timing_s/wait_rollout"] = waited  # the trainer idle, waiting for samples
+                metrics["timing_s/update_overlapped"] = time.perf_counter() - update_start
+                self.versions.actor += 1
+                yield metrics
+                if self.running is None:
+                    self._start_generation(self.versions.actor)
+        finally:
+            # A generation already running finishes before the engine can close; a queued one never starts.
+            if self.running is not None and not self.running[0].cancel():
+                self.running[0].exception()
+            self.pool.shutdown(wait=True)
+
+    def _collect(self) -> None:
+        """Block until the generation in flight finishes; its groups go to the buffer."""
+        if self.running is None:
+            return
+        future, version = self.running
+        self.running = None
+        self.buffer.put(future.result(), version)
+
+    def _start_generation(self, earliest_train_version: int) -> None:
+        """Start the next generation unless one runs, a batch already waits, or its samples
+        would be too stale when trained (then it starts after the update)."""
+        if self.running is not None or len(self.buffer) >= self.batch_groups:
+            return
+        v = self.versions
+        behind = v.actor - v.engine
+        if behind and (
+            behind >= self.parameter_sync_step or not self.buffer.may_begin(v.engine, earliest_train_version)
+        ):
+            self.push_weights()  # no generation runs now: the engine is free
+            v.engine = v.actor
+        if not self.buffer.may_begin(v.engine, earliest_train_version):
+            return
+        self.buffer.begin(v.engine)
+        self.running = (self.pool.submit(self.generate), v.engine)
