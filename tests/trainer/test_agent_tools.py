@@ -19,7 +19,6 @@ from rlkube_trainer.rollout.agent.tools import (
     Tool,
     ToolResult,
     call_tool,
-    function_tool,
     load_function_tools,
     normalize_return,
     schema_from_function,
@@ -105,7 +104,7 @@ def test_function_tool_path_loads_decorated_functions(tmp_path: Path) -> None:
     result, ok = asyncio.run(call_tool(FunctionCall(name="shout", arguments='{"text": "hi"}'), {"shout": tools[1]}, {}))
     assert ok and result[0].text == "HI"
     (tmp_path / "empty.py").write_text("x = 1\n")
-    with pytest.raises(ValueError, match="function_tool_path .* defines no @function_tool"):
+    with pytest.raises(ValueError, match=r"function_tool_path .* defines no @function_tool"):
         load_function_tools(tmp_path / "empty.py")
     with pytest.raises(FileNotFoundError, match="function_tool_path"):
         load_function_tools(tmp_path / "missing.py")
@@ -156,7 +155,9 @@ def test_stateful_tool_lifecycle_reward_and_errors() -> None:
     counter = Counter()
     tools: dict[str, Tool] = {"counter": counter}
     kwargs = {"counter": {"create_kwargs": {"start": 10}}}
-    (response, reward, _), ok = asyncio.run(call_tool(FunctionCall(name="counter", arguments='{"by": 5}'), tools, kwargs))
+    (response, reward, _), ok = asyncio.run(
+        call_tool(FunctionCall(name="counter", arguments='{"by": 5}'), tools, kwargs)
+    )
     assert ok and response.text == "15" and reward == 0.25 and counter.released == ["i0"]
     # A tool's exception, bad JSON and an unknown name each reach the model as a tool message.
     (response, _, _), ok = asyncio.run(call_tool(FunctionCall(name="counter", arguments='{"by": -99}'), tools, kwargs))

@@ -7,6 +7,7 @@ the trajectory matches what a fresh render of the conversation would feed the mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -21,8 +22,9 @@ class TemplateChatFormat:
         self.tokenizer = tokenizer
 
     def _render(self, messages: list[Message], tools: list[dict[str, Any]], generation_prompt: bool) -> str:
+        schemas: list[dict[Any, Any] | Callable[..., Any]] = list(tools)
         text = self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=generation_prompt, tokenize=False
+            messages, tools=schemas or None, add_generation_prompt=generation_prompt, tokenize=False
         )
         assert isinstance(text, str)
         return text

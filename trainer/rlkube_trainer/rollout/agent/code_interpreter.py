@@ -37,9 +37,9 @@ def render_result(result: SandboxResult) -> str:
 
 
 class CodeInterpreterTool(BaseTool):
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), config: dict[str, Any] | None = None) -> None:
+    def __init__(self, limits: SandboxLimits | None = None, config: dict[str, Any] | None = None) -> None:
         super().__init__(config or {}, CODE_INTERPRETER_SCHEMA)
-        self.limits = limits
+        self.limits = limits or SandboxLimits()
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> ToolResult:
         code = parameters.get("code")

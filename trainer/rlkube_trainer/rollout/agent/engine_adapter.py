@@ -42,7 +42,7 @@ class BatchingGenerator:
                 sampling = replace(self.sampling, max_tokens=budget, n=1, logprobs=True)
                 try:
                     out = await asyncio.to_thread(self.engine.generate, [c for c, _ in group], sampling)
-                except Exception as e:  # noqa: BLE001  (each waiting episode gets the engine's error)
+                except Exception as e:  # each waiting episode gets the engine's error
                     for _, future in group:
                         future.set_exception(e)
                     continue

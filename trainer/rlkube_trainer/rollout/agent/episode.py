@@ -101,7 +101,9 @@ class Trajectory:
 def _assistant_message(content: str, calls: list[FunctionCall]) -> Message:
     msg: Message = {"role": "assistant", "content": content}
     if calls:
-        msg["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        msg["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
     return msg
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 from uuid import uuid4
 
-from transformers.utils import get_json_schema
+from transformers.utils.chat_template_utils import get_json_schema
 
 from rlkube_trainer.rollout.agent.schemas import FunctionCall, FunctionToolSchema, ToolResponse
 
@@ -157,7 +157,7 @@ async def call_tool(
         create_kwargs = tools_kwargs.get(call.name, {}).get("create_kwargs", {})
         instance_id, _ = await tool.create(create_kwargs=create_kwargs)
         return await tool.execute(instance_id, args), True
-    except Exception as e:  # noqa: BLE001  (a tool's own bug is the model's observation, as in verl)
+    except Exception as e:  # a tool's own bug is the model's observation, as in verl
         return (ToolResponse(text=f"Error executing tool '{call.name}': {e}"), 0.0, {}), False
     finally:
         if instance_id is not None and isinstance(tool, BaseTool):
