@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from rlkube_trainer.rollout.agent.code_interpreter import CodeInterpreterTool
+from rlkube_trainer.rollout.agent.config import load_tools, settings_from_multi_turn
 from rlkube_trainer.rollout.agent.parser import get_parser, parse_hermes
 from rlkube_trainer.rollout.agent.sandbox import SandboxLimits
 from rlkube_trainer.rollout.agent.schemas import FunctionCall, FunctionSchema, FunctionToolSchema, ToolResponse
@@ -169,7 +170,7 @@ def test_stateful_tool_lifecycle_reward_and_errors() -> None:
 
 
 def test_code_interpreter_returns_output_and_clear_errors() -> None:
-    tool = CodeInterpreterTool(SandboxLimits(cpu_seconds=2, wall_seconds=3.0))
+    tool = CodeInterpreterTool(limits=SandboxLimits(cpu_seconds=2, wall_seconds=3.0))
     tools: dict[str, Tool] = {"code_interpreter": tool}
 
     def run(code: str) -> str:
@@ -182,3 +183,40 @@ def test_code_interpreter_returns_output_and_clear_errors() -> None:
     assert run("raise ValueError('bad input')") == "Error: ValueError: bad input"
     assert run("while True: pass").startswith("Error: ")  # CPU rlimit or wall-clock kill, named
     assert isinstance(tool, BaseTool) and not isinstance(tool, FunctionTool)
+
+
+def test_multi_turn_section_maps_or_refuses_each_key(tmp_path: Path) -> None:
+    settings = settings_from_multi_turn(
+        {"enable": True, "max_assistant_turns": 3, "max_parallel_calls": 2, "tool_response_truncate_side": "left"}, 64
+    )
+    assert (settings.max_assistant_turns, settings.max_parallel_calls, settings.response_length) == (3, 2, 64)
+    assert settings.tool_response_truncate_side == "left"
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.interaction_config_path is not supported"):
+        settings_from_multi_turn({"interaction_config_path": "x.yaml"}, 64)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.use_inference_chat_template=True"):
+        settings_from_multi_turn({"use_inference_chat_template": True}, 64)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.bogus is not"):
+        settings_from_multi_turn({"bogus": 1}, 64)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.tool_response_truncate_side"):
+        settings_from_multi_turn({"tool_response_truncate_side": "top"}, 64)
+
+
+def test_tool_config_path_builds_stateful_tools(tmp_path: Path) -> None:
+    path = tmp_path / "tools.yaml"
+    path.write_text(
+        "tools:\n"
+        "  - class_name: rlkube_trainer.rollout.agent.code_interpreter.CodeInterpreterTool\n"
+        "    config: {type: native, cpu_seconds: 1, wall_seconds: 2.0}\n"
+        "    tool_schema:\n"
+        "      type: function\n"
+        "      function:\n"
+        "        name: python\n"
+        "        description: Run Python.\n"
+        "        parameters: {type: object, properties: {code: {type: string}}, required: [code]}\n"
+    )
+    tools = load_tools({"tool_config_path": str(path)})
+    tool = tools["python"]
+    assert isinstance(tool, CodeInterpreterTool) and tool.limits.cpu_seconds == 1 and tool.limits.wall_seconds == 2.0
+    path.write_text(path.read_text().replace("cpu_seconds: 1", "cpu_second: 1"))
+    with pytest.raises(ValueError, match="unknown keys \\['cpu_second'\\]"):
+        load_tools({"tool_config_path": str(path)})

@@ -37,9 +37,22 @@ def render_result(result: SandboxResult) -> str:
 
 
 class CodeInterpreterTool(BaseTool):
-    def __init__(self, limits: SandboxLimits | None = None, config: dict[str, Any] | None = None) -> None:
-        super().__init__(config or {}, CODE_INTERPRETER_SCHEMA)
-        self.limits = limits or SandboxLimits()
+    """Usable from a tool config (`class_name: rlkube_trainer.rollout.agent.code_interpreter.
+    CodeInterpreterTool`): `config` keys named like `SandboxLimits` fields set the limits."""
+
+    def __init__(
+        self,
+        config: dict[str, Any] | None = None,
+        tool_schema: FunctionToolSchema | None = None,
+        limits: SandboxLimits | None = None,
+    ) -> None:
+        config = config or {}
+        super().__init__(config, tool_schema or CODE_INTERPRETER_SCHEMA)
+        fields = set(SandboxLimits.__dataclass_fields__)
+        unknown = set(config) - fields - {"type"}
+        if unknown:
+            raise ValueError(f"code_interpreter config: unknown keys {sorted(unknown)}; limits are {sorted(fields)}")
+        self.limits = limits or SandboxLimits(**{k: v for k, v in config.items() if k in fields})
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs: Any) -> ToolResult:
         code = parameters.get("code")
