@@ -22,7 +22,9 @@ from rlkube_trainer.algos import (
     compute_policy_loss,
     compute_reinforce_plus_plus_outcome_advantage,
 )
+from rlkube_trainer.batch import token_level_scores
 from rlkube_trainer.rollout import RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout.agent.batch import build_agent_batch
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator
 from rlkube_trainer.rollout.agent.episode import Generation, MultiTurnSettings, Trajectory, run_episode
@@ -239,3 +241,19 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
         assert all(lp <= 0.0 for lp in sampled) and any(lp < 0.0 for lp in sampled)
         tool_text = tokenizer.decode([t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if not m])
         assert tool_text == "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_agent_batch_attends_everything_but_trains_only_model_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
+    full = episode(tokenizer, MultiTurnSettings(response_length=200))
+    one = episode(tokenizer, MultiTurnSettings(response_length=200, max_assistant_turns=1))
+    batch = build_agent_batch([full, one], [0, 0], pad_token_id=int(tokenizer.pad_token_id))
+    n_prompt = batch.input_ids.shape[1] - batch.response_length
+    assert batch.response_mask[0].tolist() == [float(m) for m in full.response_mask]
+    assert batch.attention_mask[0, n_prompt:].tolist() == [1] * len(full.response_ids)  # tool turn attended
+    assert batch.response_mask[1].tolist() == [1.0] * len(one.response_ids) + [0.0] * (
+        len(full.response_ids) - len(one.response_ids)
+    )
+    # The outcome score lands on the last model token, not inside the response.
+    scores = token_level_scores([1.0, 2.0], batch.response_mask)
+    assert scores[0, len(full.response_ids) - 1] == 1.0 and scores[0].sum() == 1.0
+    assert scores[1, len(one.response_ids) - 1] == 2.0
