@@ -257,3 +257,35 @@ def test_agent_batch_attends_everything_but_trains_only_model_tokens(tokenizer: 
     scores = token_level_scores([1.0, 2.0], batch.response_mask)
     assert scores[0, len(full.response_ids) - 1] == 1.0 and scores[0].sum() == 1.0
     assert scores[1, len(one.response_ids) - 1] == 2.0
+
+
+def test_parallel_call_cap_truncation_and_a_tool_ending_the_episode(tokenizer: PreTrainedTokenizerBase) -> None:
+    def finish(answer: str) -> tuple[str, float, dict[str, bool]]:
+        """Submit the answer.
+
+        Args:
+            answer: The answer.
+        """
+        return "x" * 50, 1.0, {"end_episode": answer == "42"}
+
+    both = tools() | {"finish": function_tool(finish).__rlkube_function_tool__}
+    two = CALL.replace("<|im_end|>", "") + '<tool_call>{"name": "finish", "arguments": {"answer": "7"}}</tool_call>'
+    chat = TemplateChatFormat(tokenizer)
+    user = [{"role": "user", "content": "q"}]
+
+    def run(turns: list[str], settings: MultiTurnSettings) -> Trajectory:
+        return asyncio.run(run_episode(user, scripted(tokenizer, turns), chat, both, settings))
+
+    capped = run([two, ANSWER], MultiTurnSettings(response_length=300, max_parallel_calls=1))
+    assert capped.tool_calls == 1 and capped.tool_rewards == [0.0]
+    parallel = run(
+        [two, ANSWER],
+        MultiTurnSettings(
+            response_length=300, max_parallel_calls=2, max_tool_response_length=8, tool_response_truncate_side="right"
+        ),
+    )
+    assert parallel.tool_calls == 2 and parallel.tool_rewards == [0.0, 1.0]
+    assert parallel.messages[-2]["content"] == "xxxxxxxx...(truncated)"
+    ending = '<tool_call>{"name": "finish", "arguments": {"answer": "42"}}</tool_call>'
+    ended = run([ending, ANSWER], MultiTurnSettings(response_length=300))
+    assert ended.assistant_turns == 1 and ended.tool_rewards == [1.0] and set(ended.response_mask) == {1}
