@@ -201,21 +201,21 @@ def test_rloo_leave_one_out() -> None:
 
 
 def test_reinforce_plus_plus() -> None:
-    # gamma = 0.5
+    # gamma = 0.5; verl 0.9.1: a masked token stores return 0 and passes the running return on.
     # row 0: R2=2, R1=0+.5*2=1, R0=1+.5*1=1.5
-    # row 1 (right-padded, junk reward 9 on the pad): R2=9 stored then reset, R1=4, R0=0+.5*4=2
-    # row 2 (masked middle): R2=2, R1=0+.5*2=1 stored then reset, R0=1+0=1
+    # row 1 (right-padded, junk reward 9 on the pad): R2 stored 0, running stays 0; R1=4, R0=2
+    # row 2 (masked middle, a tool span): R2=2; R1 stored 0, running stays 2; R0=1+.5*2=2
     rewards = t([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0], [1.0, 0.0, 2.0]])
     mask = t([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 1.0]])
     adv, ret = compute_reinforce_plus_plus_outcome_advantage(rewards, mask, gamma=0.5)
-    close(ret, [[1.5, 1.0, 2.0], [2.0, 4.0, 9.0], [1.0, 1.0, 2.0]])
-    # masked-in returns 1.5,1,2,2,4,1,2: sum 13.5, sum of squares 32.25
-    mean = 13.5 / 7
-    std = math.sqrt((32.25 - 13.5**2 / 7) / 6 + 1e-8)
+    close(ret, [[1.5, 1.0, 2.0], [2.0, 4.0, 0.0], [2.0, 0.0, 2.0]])
+    # masked-in returns 1.5,1,2,2,4,2,2: sum 14.5, sum of squares 35.25
+    mean = 14.5 / 7
+    std = math.sqrt((35.25 - 14.5**2 / 7) / 6 + 1e-8)
     expected = [
         [(1.5 - mean) / std, (1 - mean) / std, (2 - mean) / std],
         [(2 - mean) / std, (4 - mean) / std, 0.0],
-        [(1 - mean) / std, 0.0, (2 - mean) / std],
+        [(2 - mean) / std, 0.0, (2 - mean) / std],
     ]
     close(adv, expected)
 

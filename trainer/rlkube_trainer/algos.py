@@ -213,16 +213,20 @@ def compute_reinforce_plus_plus_outcome_advantage(
     response_mask: torch.Tensor,
     gamma: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Discounted return-to-go reset at masked tokens; returns (masked-whitened returns * mask, returns)."""
+    """Discounted return-to-go over model tokens; returns (masked-whitened returns * mask, returns).
+
+    As verl 0.9.1: a masked token (a tool or user turn inside a multi-turn response, or padding)
+    gets return 0 and carries the running return through unchanged, so a final reward reaches
+    the model's turns before the tool's span, undiscounted by the span's length.
+    """
     with torch.no_grad():
         mask = response_mask.to(token_level_rewards.dtype)
         returns = torch.zeros_like(token_level_rewards)
         running = torch.zeros_like(token_level_rewards[:, 0])
         for t in reversed(range(token_level_rewards.shape[-1])):
-            running = token_level_rewards[:, t] + gamma * running
-            returns[:, t] = running
-            # Reset after storing, as verl does: nothing flows back across a masked (e.g. post-EOS) token.
-            running = running * mask[:, t]
+            new_running = token_level_rewards[:, t] + gamma * running
+            returns[:, t] = new_running * mask[:, t]
+            running = new_running * mask[:, t] + running * (1 - mask[:, t])
         advantages = masked_whiten(returns, response_mask) * mask
     return advantages, returns
 

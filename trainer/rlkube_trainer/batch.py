@@ -99,8 +99,13 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
 
 
 def token_level_scores(scores: list[float], response_mask: torch.Tensor) -> torch.Tensor:
-    """Each sequence's score on its last response token, zeros elsewhere."""
+    """Each sequence's score on its last response token, zeros elsewhere.
+
+    The last token is the last one the mask marks, not `sum(mask) - 1`: a multi-turn response's
+    mask has holes (tool turns), which would put the score inside the response.
+    """
     out = torch.zeros_like(response_mask, dtype=torch.float32)
-    last = (response_mask.sum(-1).long() - 1).clamp(min=0)
+    positions = torch.arange(response_mask.shape[-1]).expand_as(response_mask)
+    last = torch.where(response_mask > 0, positions, torch.zeros_like(positions)).amax(-1)
     out[torch.arange(len(scores)), last] = torch.tensor(scores, dtype=torch.float32)
     return out
