@@ -145,6 +145,9 @@ build_pause() {
   strip "$dir/ctx/pause" 2>/dev/null || true
   printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' > "$dir/ctx/Containerfile"
   local ref=localhost/rlkube/pause:$K8S_VERSION
+  # The project's own buildah store (as e2e/rlkube_e2e/images.py uses), not the host's.
+  local store=$CACHE/images/storage
+  buildah() { command buildah --root "$store/root" --runroot "$store/run" "$@"; }
   buildah build --quiet --isolation chroot --pull-never -t "$ref" -f "$dir/ctx/Containerfile" "$dir/ctx" >/dev/null
   buildah push --quiet "$ref" "oci-archive:$archive.tmp:$ref" >/dev/null
   buildah rmi "$ref" >/dev/null 2>&1 || true

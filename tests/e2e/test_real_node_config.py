@@ -12,7 +12,8 @@ import pytest
 
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS, KubeletInputs, cgroup_root, kubelet_args, kubelet_config
-from rlkube_e2e.node.network import MAX_NODES, cni_conflist, node_network
+from rlkube_e2e.node.network import MAX_NODES, NODE_LINKS, POD_RANGES, cni_conflist, node_network
+from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE
 
 
 def test_nodes_never_share_a_name_or_an_address() -> None:
@@ -25,6 +26,8 @@ def test_nodes_never_share_a_name_or_an_address() -> None:
         assert not n.node_address.ip.is_loopback
         assert not n.pod_cidr.overlaps(n.node_address.network)
         assert len(n.host_bridge) <= 15 and len(n.host_veth) <= 15
+    services = ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE)
+    assert not services.overlaps(NODE_LINKS) and not services.overlaps(POD_RANGES)
     with pytest.raises(ValueError, match="out of range"):
         node_network(MAX_NODES)
 
