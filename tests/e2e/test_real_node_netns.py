@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ def test_the_node_reaches_the_host_over_its_own_link_and_leaves_nothing() -> Non
     net = node_network(201)
     netns.remove(net)
     assert netns.leftovers(net) == []
-    forward_before = open("/proc/sys/net/ipv4/ip_forward").read()
+    forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     try:
         netns.create(net)
         assert netns.leftovers(net), "create() made nothing that leftovers() sees"
@@ -39,7 +40,7 @@ def test_the_node_reaches_the_host_over_its_own_link_and_leaves_nothing() -> Non
             check=True,
         ).stdout.strip()
         assert inside == "1"
-        assert open("/proc/sys/net/ipv4/ip_forward").read() == forward_before
+        assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forward_before
     finally:
         netns.remove(net)
     assert netns.leftovers(net) == []
