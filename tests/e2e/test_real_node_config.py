@@ -9,11 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography import x509
+from cryptography.x509.oid import NameOID
 
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS, KubeletInputs, cgroup_root, kubelet_args, kubelet_config
 from rlkube_e2e.node.network import MAX_NODES, NODE_LINKS, POD_RANGES, cni_conflist, node_network
-from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE
+from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE, ensure_pki, issue_node_client_cert
 
 
 def test_nodes_never_share_a_name_or_an_address() -> None:
@@ -104,3 +106,15 @@ def test_kubelet_registers_with_the_nodes_own_address(tmp_path: Path) -> None:
     args = kubelet_args(Path("/bin/kubelet"), tmp_path / "kubelet.json", _inputs(tmp_path, dns=None))
     assert "--node-ip=10.203.0.2" in args
     assert "--hostname-override=node-a" in args
+
+
+def test_a_kubelet_is_issued_the_identity_the_node_authorizer_admits(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki")
+    issue_node_client_cert(
+        pki, tmp_path / "node" / "kubelet-client.crt", tmp_path / "node" / "kubelet-client.key", "node-a"
+    )
+    cert = x509.load_pem_x509_certificate((tmp_path / "node" / "kubelet-client.crt").read_bytes())
+    assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == "system:node:node-a"
+    assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    cert.verify_directly_issued_by(ca)
