@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import shutil
@@ -9,9 +10,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
+from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS, KubeletInputs, cgroup_root, kubelet_args, kubelet_config
 from rlkube_e2e.node.network import MAX_NODES, NODE_LINKS, POD_RANGES, cni_conflist, node_network
@@ -118,3 +121,18 @@ def test_a_kubelet_is_issued_the_identity_the_node_authorizer_admits(tmp_path: P
     assert cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value == "system:nodes"
     ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
     cert.verify_directly_issued_by(ca)
+
+    kubeconfig = tmp_path / "node" / "kubelet.kubeconfig"
+    write_kubeconfig(
+        kubeconfig,
+        "https://10.203.0.1:6443",
+        pki,
+        user="system:node:node-a",
+        client_cert=tmp_path / "node" / "kubelet-client.crt",
+        client_key=tmp_path / "node" / "kubelet-client.key",
+    )
+    config = yaml.safe_load(kubeconfig.read_text())
+    (user,) = config["users"]
+    assert user["name"] == "system:node:node-a"
+    embedded = base64.b64decode(user["user"]["client-certificate-data"])
+    assert embedded == (tmp_path / "node" / "kubelet-client.crt").read_bytes()
