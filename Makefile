@@ -40,13 +40,20 @@ $(DEPS_STAMP): $(UV)
 venv: $(DEPS_STAMP) ## create the Python environment (.venv)
 
 .PHONY: toolchain
-toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kwok, helm and promtool (cached)
+toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kubelet, kube-proxy, CoreDNS, kwok, helm and promtool (cached)
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps
-sysdeps: ## Debian packages the process node needs (iproute2), installed when missing
-	@command -v ip >/dev/null || PATH="$$PATH:/usr/sbin:/sbin" command -v ip >/dev/null || { \
-		echo "==> installing iproute2 (apt-get)"; apt-get update -qq && apt-get install -y -qq iproute2; }
+sysdeps: ## Debian packages the nodes need (iproute2; the real node: containerd, runc, CNI plugins, iptables, conntrack), installed when missing
+	@missing=""; export PATH="$$PATH:/usr/sbin:/sbin"; \
+	for pair in ip:iproute2 containerd:containerd runc:runc iptables:iptables conntrack:conntrack; do \
+		command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
+	[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing="$$missing containernetworking-plugins"; \
+	if [ -n "$$missing" ]; then \
+		echo "==> installing$$missing (apt-get)"; \
+		apt-get -o DPkg::Lock::Timeout=600 update -qq; \
+		apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
+	fi
 
 .PHONY: images-sysdeps
 images-sysdeps: ## Debian packages the image builds need (buildah, mmdebstrap), installed when missing

@@ -5,6 +5,10 @@
 #   $RLKUBE_CACHE/etcd-v3.6.10/bin/etcd
 #   $RLKUBE_CACHE/kwok-v0.8.0/bin/kwok
 #   $RLKUBE_CACHE/helm-v3.21.4/bin/helm
+#   $RLKUBE_CACHE/k8s-v1.36.3/bin/{kubelet,kube-proxy}  (the real node)
+#   $RLKUBE_CACHE/coredns-v1.14.7/bin/coredns
+#   $RLKUBE_CACHE/pause-v1.36.3/pause.oci.tar  (the pod sandbox image, from the module's pause.c;
+#     built by `toolchain.sh pause`, which needs buildah and gcc)
 #   $RLKUBE_CACHE/promtool-v0.316.0/bin/promtool  (Prometheus 3.16's rule linter; the Go
 #     module's versions are v0.3XX.Y for Prometheus 3.XX.Y)
 # A component already in the cache is not rebuilt. Prints progress while building.
@@ -15,6 +19,7 @@ ETCD_VERSION=${ETCD_VERSION:-3.6.10}
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.21.4}
 PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
+COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
 export CGO_ENABLED=0
 export GOFLAGS=${GOFLAGS:--trimpath}
@@ -48,17 +53,17 @@ k8s_ldflags() {
   printf '%s' "$flags"
 }
 
-build_k8s() {
-  local dest=$CACHE/k8s-v$K8S_VERSION/bin
-  if [[ -x $dest/kube-apiserver && -x $dest/kube-controller-manager && -x $dest/kube-scheduler ]]; then
+# The wrapper module every Kubernetes command is built in. k8s.io/kubernetes
+# requires its staging modules at v0.0.0 and replaces them with local paths; the
+# wrapper replaces each with its published v0.X.Y. Its tool list names every
+# command we build, so one `go mod tidy` covers the control plane and the node.
+k8s_workdir() {
+  local work=$CACHE/src/k8s-v$K8S_VERSION
+  mkdir -p "$work"
+  cd "$work"
+  if grep -q 'k8s.io/kubernetes/cmd/kubelet' go.mod 2>/dev/null && [[ -s go.sum ]]; then
     return
   fi
-  log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kube-scheduler (cold: tens of minutes)"
-  local work=$CACHE/src/k8s-v$K8S_VERSION
-  mkdir -p "$work" "$dest"
-  cd "$work"
-  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them
-  # with local paths; a wrapper module replaces each with its published v0.X.Y.
   local gomod
   gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
   local staging_version="v0.${K8S_VERSION#*.}"
@@ -77,12 +82,77 @@ build_k8s() {
     echo "	k8s.io/kubernetes/cmd/kube-apiserver"
     echo "	k8s.io/kubernetes/cmd/kube-controller-manager"
     echo "	k8s.io/kubernetes/cmd/kube-scheduler"
+    echo "	k8s.io/kubernetes/cmd/kubelet"
+    echo "	k8s.io/kubernetes/cmd/kube-proxy"
     echo ")"
   } > go.mod
   with_progress "kubernetes: go mod tidy" go mod tidy
+}
+
+build_k8s() {
+  local dest=$CACHE/k8s-v$K8S_VERSION/bin
+  if [[ -x $dest/kube-apiserver && -x $dest/kube-controller-manager && -x $dest/kube-scheduler ]]; then
+    return
+  fi
+  log "kubernetes v$K8S_VERSION: building kube-apiserver, kube-controller-manager, kube-scheduler (cold: tens of minutes)"
+  mkdir -p "$dest"
+  k8s_workdir
   with_progress "kubernetes v$K8S_VERSION" go build -ldflags "$(k8s_ldflags)" -o "$dest/" \
     k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler
+}
+
+# The real node's kubelet and kube-proxy: same wrapper module and version as the
+# control plane, into the same versioned cache dir.
+build_k8s_node() {
+  local dest=$CACHE/k8s-v$K8S_VERSION/bin
+  [[ -x $dest/kubelet && -x $dest/kube-proxy ]] && return
+  log "kubernetes v$K8S_VERSION: building kubelet, kube-proxy (a few minutes on a warm Go cache)"
+  mkdir -p "$dest"
+  k8s_workdir
+  with_progress "kubelet, kube-proxy v$K8S_VERSION" go build -ldflags "$(k8s_ldflags)" -o "$dest/" \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
+}
+
+# CoreDNS serves the cluster's DNS names inside the real node. Its module has
+# replace directives, so it is built in a wrapper module as etcd is.
+build_coredns() {
+  local dest=$CACHE/coredns-v$COREDNS_VERSION/bin
+  [[ -x $dest/coredns ]] && return
+  log "coredns v$COREDNS_VERSION: building"
+  local work=$CACHE/src/coredns-v$COREDNS_VERSION
+  mkdir -p "$work" "$dest"
+  cd "$work"
+  printf 'module rlkube.dev/coredns-build\n\ngo 1.24\n\ntool github.com/coredns/coredns\n' > go.mod
+  with_progress "coredns: go get" go get "github.com/coredns/coredns@v$COREDNS_VERSION"
+  with_progress "coredns v$COREDNS_VERSION" go build -ldflags "-s -w" -o "$dest/coredns" github.com/coredns/coredns
+}
+
+# The pod sandbox ("pause") image: there is no registry to pull one from, so it is
+# built from the k8s.io/kubernetes module's own pause.c, static, in an image FROM
+# scratch, and kept as an OCI archive the node imports.
+build_pause() {
+  local dir=$CACHE/pause-v$K8S_VERSION
+  local archive=$dir/pause.oci.tar
+  [[ -s $archive ]] && return
+  command -v buildah >/dev/null || { log "pause: buildah is not installed (make images-sysdeps)"; exit 1; }
+  command -v gcc >/dev/null || { log "pause: gcc is not installed (apt-get install gcc libc6-dev)"; exit 1; }
+  log "pause (k8s v$K8S_VERSION): building"
+  local src
+  src=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  mkdir -p "$dir/ctx"
+  gcc -Os -static -o "$dir/ctx/pause" "$src/build/pause/linux/pause.c"
+  strip "$dir/ctx/pause" 2>/dev/null || true
+  printf 'FROM scratch\nCOPY pause /pause\nUSER 65535:65535\nENTRYPOINT ["/pause"]\n' > "$dir/ctx/Containerfile"
+  local ref=localhost/rlkube/pause:$K8S_VERSION
+  # The project's own buildah store (as e2e/rlkube_e2e/images.py uses), not the host's.
+  local store=$CACHE/images/storage
+  buildah() { command buildah --root "$store/root" --runroot "$store/run" "$@"; }
+  buildah build --quiet --isolation chroot --pull-never -t "$ref" -f "$dir/ctx/Containerfile" "$dir/ctx" >/dev/null
+  buildah push --quiet "$ref" "oci-archive:$archive.tmp:$ref" >/dev/null
+  buildah rmi "$ref" >/dev/null 2>&1 || true
+  mv "$archive.tmp" "$archive"
+  log "pause: $archive"
 }
 
 build_etcd() {
@@ -124,6 +194,9 @@ main() {
     kwok) go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
     helm) go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
     promtool) build_promtool ;;
+    node) build_k8s_node ;;
+    coredns) build_coredns ;;
+    pause) build_pause ;;
     all)
       # Small ones first so a failure there shows before the long build.
       (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
@@ -131,6 +204,8 @@ main() {
       (build_promtool)
       (build_etcd)
       (build_k8s)
+      (build_k8s_node)
+      (build_coredns)
       ;;
     paths)
       echo "K8S_BIN=$CACHE/k8s-v$K8S_VERSION/bin"
@@ -138,8 +213,10 @@ main() {
       echo "KWOK_BIN=$CACHE/kwok-v$KWOK_VERSION/bin"
       echo "HELM_BIN=$CACHE/helm-v$HELM_VERSION/bin"
       echo "PROMTOOL_BIN=$CACHE/promtool-v$PROMTOOL_VERSION/bin"
+      echo "COREDNS_BIN=$CACHE/coredns-v$COREDNS_VERSION/bin"
+      echo "PAUSE_ARCHIVE=$CACHE/pause-v$K8S_VERSION/pause.oci.tar"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|all|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|all|paths)"; exit 2 ;;
   esac
 }
 main "$@"

@@ -12,7 +12,19 @@ from rlkube_e2e.pki import Pki
 CONTEXT = "rlkube-e2e"
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    pki: Pki,
+    *,
+    user: str = "rlkube-admin",
+    client_cert: Path | None = None,
+    client_key: Path | None = None,
+) -> None:
+    """The admin's kubeconfig, or (given a cert/key pair, e.g. a real kubelet's) another user's."""
+    cert = client_cert or pki.admin_cert
+    key = client_key or pki.admin_key
+
     def data(file: Path) -> str:
         return base64.b64encode(file.read_bytes()).decode()
 
@@ -27,14 +39,14 @@ def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
         ],
         "users": [
             {
-                "name": "rlkube-admin",
+                "name": user,
                 "user": {
-                    "client-certificate-data": data(pki.admin_cert),
-                    "client-key-data": data(pki.admin_key),
+                    "client-certificate-data": data(cert),
+                    "client-key-data": data(key),
                 },
             }
         ],
-        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": "rlkube-admin"}}],
+        "contexts": [{"name": CONTEXT, "context": {"cluster": CONTEXT, "user": user}}],
         "current-context": CONTEXT,
     }
     path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -209,3 +209,23 @@ def self_signed_server_cert(cert_path: Path, key_path: Path, common_name: str, i
     )
     _write_key(key_path, key)
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def issue_node_client_cert(pki: Pki, cert_path: Path, key_path: Path, node_name: str) -> None:
+    """A real kubelet's client certificate: the Node authorizer and NodeRestriction admit a
+    kubelet only as user `system:node:<name>` in group `system:nodes`."""
+    ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC key")
+    cert_path.parent.mkdir(parents=True, exist_ok=True)
+    _issue(
+        cert_path,
+        key_path,
+        common_name=f"system:node:{node_name}",
+        organization="system:nodes",
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        san=None,
+        server=False,
+    )
