@@ -228,7 +228,7 @@ def test_trainer_v1_keys_arrive_and_what_is_not_supported_is_refused_by_name() -
     assert (v1.trainer_mode, v1.separate_async.parameter_sync_step) == ("sync", 2)
     assert (v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == (3, "wait")
     verl["trainer"]["v1"]["colocate_async"] = {"num_warmup_batches": 1.5}
-    with pytest.raises(Exception, match="num_warmup_batches|numWarmupBatches"):
+    with pytest.raises(Exception, match=r"num_warmup_batches|numWarmupBatches"):
         convert(verl)
     del verl["trainer"]["v1"]["colocate_async"]
     verl["trainer"]["v1"]["trainer_mode"] = "separate_async"  # the example's rollout is colocated
