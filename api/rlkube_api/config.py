@@ -632,6 +632,60 @@ def _console_only() -> list[Logger]:
     return ["console"]
 
 
+class ColocateAsyncConfig(ApiModel):
+    """trainer.v1.colocate_async (verl 0.9.1)."""
+
+    # verl allows fractional warmups (1.5 batches); the one-step-off schedule generates exactly one
+    # batch ahead, so only 1 is accepted (the bounds refuse others by this field's name).
+    num_warmup_batches: float = Field(
+        1.0, ge=1, le=1, description="Batches generated before the first update; only 1 is supported."
+    )
+
+
+class SeparateAsyncConfig(ApiModel):
+    """trainer.v1.separate_async (verl 0.9.1)."""
+
+    num_warmup_batches: float = Field(
+        1.0, ge=1, le=1, description="Batches generated before the first update; only 1 is supported."
+    )
+    parameter_sync_step: int = Field(
+        4,
+        ge=1,
+        description="Updates between weight pushes into the rollout engines (rlkube: a push every N "
+        "full-batch updates, or earlier when the staleness bound needs it; verl splits one global step "
+        "into N local updates).",
+    )
+
+
+class SamplerConfig(ApiModel):
+    """trainer.v1.sampler: the staleness bound of asynchronous modes (verl 0.9.1; no effect in sync)."""
+
+    max_off_policy_threshold: int | None = Field(
+        8,
+        ge=1,
+        description="Most weight versions a trained sample may lag the actor by (span = version trained "
+        "at - version generated with + 1); null: no bound.",
+    )
+    max_off_policy_strategy: Literal["drop", "wait"] = Field(
+        "drop",
+        description="drop: discard samples past the bound (training/off_policy/evicted_samples); wait: "
+        "delay generation so none exceeds it.",
+    )
+
+
+class TrainerV1Config(ApiModel):
+    """verl 0.9.1's trainer.v1: synchronous or one-step-off asynchronous training."""
+
+    trainer_mode: Literal["sync", "colocate_async", "separate_async"] = Field(
+        "sync",
+        description="sync: generate then update; colocate_async: the next batch generates in the actor's "
+        "engine while the actor updates; separate_async: the same with separate rollout pods.",
+    )
+    colocate_async: ColocateAsyncConfig = Field(default_factory=ColocateAsyncConfig, description="colocate_async.")
+    separate_async: SeparateAsyncConfig = Field(default_factory=SeparateAsyncConfig, description="separate_async.")
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig, description="Staleness bound (async modes).")
+
+
 class TrainerSection(ApiModel):
     """Loop length, logging and devices."""
 
@@ -671,6 +725,9 @@ class TrainerSection(ApiModel):
         description="Seconds a collective (NCCL on GPU, gloo on CPU) waits for its peers before it fails, in the "
         "role groups and the weight-sync group (verl's actor_rollout_ref.nccl_timeout). A dead peer then ends "
         "the run, and the gang restarts, this soon.",
+    )
+    v1: TrainerV1Config = Field(
+        default_factory=TrainerV1Config, description="Trainer mode (sync or asynchronous) and staleness bound."
     )
 
 
@@ -813,6 +870,37 @@ ROLE_USE_RULES = (
 )
 
 
+_MODE = "self.trainer.v1.trainerMode"
+# What the one-step-off schedule cannot honour yet is refused by name, never ignored.
+ASYNC_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        f"{_MODE} != 'separate_async' || self.roles.rollout.placement == 'separate'",
+        "trainer.v1.trainerMode separate_async needs separate rollout pods (roles.rollout.placement: separate)",
+        ".trainer.v1.trainerMode",
+    ),
+    CelRule(
+        f"{_MODE} != 'colocate_async' || self.roles.rollout.placement == 'colocated'",
+        "trainer.v1.trainerMode colocate_async needs roles.rollout.placement colocated (separate pods: separate_async)",
+        ".trainer.v1.trainerMode",
+    ),
+    # A colocated engine put to sleep after each generation is woken by reloading the actor's
+    # weights, which would then happen on the rollout thread while the actor updates them.
+    CelRule(
+        f"{_MODE} != 'colocate_async' || !self.rollout.freeCacheEngine",
+        "trainer.v1.trainerMode colocate_async needs rollout.freeCacheEngine false (the engine generates "
+        "while the actor trains)",
+        ".rollout.freeCacheEngine",
+    ),
+    # Validation would generate on the engine a batch may be generating on (not serialised yet).
+    CelRule(
+        f"{_MODE} == 'sync' || self.trainer.testFreq == -1",
+        "trainer.testFreq: validation during training is not supported with an asynchronous "
+        "trainer.v1.trainerMode yet (set -1)",
+        ".trainer.testFreq",
+    ),
+)
+
+
 class TrainerConfig(ApiModel):
     """Everything the trainer reads; loaded from YAML by `rlkube-trainer run`."""
 
@@ -837,6 +925,7 @@ class TrainerConfig(ApiModel):
             "rollout.name hf runs one engine per process: roles.rollout.tensorParallelSize must be 1",
             ".roles.rollout.tensorParallelSize",
         ),
+        *ASYNC_RULES,
         *BATCH_SPLIT_RULES,
         *TOKEN_BUDGET_RULES,
         *ROLE_USE_RULES,

@@ -320,6 +320,49 @@ INVALID = [
     # --- periods ----------------------------------------------------------------------------------------
     Case("save-freq-zero", _set("spec.trainer.saveFreq", 0), ("spec.trainer.saveFreq", "-1")),
     Case("test-freq-zero", _set("spec.trainer.testFreq", 0), ("spec.trainer.testFreq", "-1")),
+    Case(
+        "separate-async-colocated",
+        _all(
+            _set("spec.trainer.v1.trainerMode", "separate_async"),
+            _set("spec.trainer.testFreq", -1),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+        ),
+        ("spec.trainer.v1.trainerMode", "separate rollout pods"),
+    ),
+    Case(
+        "colocate-async-sleeping-engine",
+        _all(
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.trainer.testFreq", -1),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+        ),
+        ("spec.rollout.freeCacheEngine", "colocate_async"),
+    ),
+    Case(
+        "async-validation",
+        _all(
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.rollout.freeCacheEngine", False),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+            _set("spec.trainer.testFreq", 5),
+        ),
+        ("spec.trainer.testFreq", "asynchronous"),
+    ),
+    Case(
+        "warmup-fractional",
+        _set("spec.trainer.v1.colocateAsync.numWarmupBatches", 1.5),
+        ("spec.trainer.v1.colocateAsync.numWarmupBatches",),
+    ),
+    Case(
+        "off-policy-threshold-zero",
+        _set("spec.trainer.v1.sampler.maxOffPolicyThreshold", 0),
+        ("spec.trainer.v1.sampler.maxOffPolicyThreshold",),
+    ),
+    Case(
+        "off-policy-strategy-unknown",
+        _set("spec.trainer.v1.sampler.maxOffPolicyStrategy", "block"),
+        ("spec.trainer.v1.sampler.maxOffPolicyStrategy",),
+    ),
     Case("save-freq-below-minus-one", _set("spec.trainer.saveFreq", -2), ("spec.trainer.saveFreq",)),
     # --- roles without a use ----------------------------------------------------------------------------
     Case(
@@ -440,6 +483,21 @@ VALID = [
         (),
     ),
     Case("reference-colocated-without-kl", _set("spec.actor.useKlLoss", False), ()),
+    Case(
+        "colocate-async",
+        _all(
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.rollout.freeCacheEngine", False),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+            _set("spec.trainer.testFreq", -1),
+        ),
+        (),
+    ),
+    Case(
+        "separate-async",
+        _all(_set("spec.trainer.v1.trainerMode", "separate_async"), _set("spec.trainer.testFreq", -1)),
+        (),
+    ),
     Case("save-and-test-every-step", _all(_set("spec.trainer.saveFreq", 1), _set("spec.trainer.testFreq", 1)), ()),
     Case("gang-kueue", _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"}), ()),
     Case(

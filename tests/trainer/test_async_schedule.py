@@ -80,3 +80,12 @@ def test_the_bound_forces_an_early_push_when_parameter_sync_step_is_too_long() -
     sides, _, _ = run(threshold=2, strategy="wait", sync_step=5, updates=8)
     assert max(sides.spans) <= 2
     assert len(sides.pushes) >= 4
+
+
+def test_wait_trainer_is_the_rollout_idle_time() -> None:
+    # Threshold 1 is the synchronous order: the rollout sits idle through every update.
+    _, strict, _ = run(threshold=1, strategy="wait", sync_step=1, updates=6)
+    assert all(r["timing_s/wait_trainer"] >= 0.8 * SECONDS for r in strict[1:])
+    # One step off, generation is restarted as soon as a batch is taken: almost no idle time.
+    _, overlapped, _ = run(threshold=2, strategy="wait", sync_step=1, updates=6)
+    assert sum(r["timing_s/wait_trainer"] for r in overlapped) < 0.5 * sum(r["timing_s/wait_trainer"] for r in strict)

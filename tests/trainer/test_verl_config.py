@@ -214,3 +214,23 @@ def test_optimizer_offload_alone_arrives() -> None:
     config = convert(variant(**{"actor_rollout_ref.actor.fsdp_config.optimizer_offload": True})).config
     fsdp = config.actor.fsdp_config
     assert (fsdp.optimizer_offload, fsdp.param_offload) == (True, False)
+
+
+def test_trainer_v1_keys_arrive_and_what_is_not_supported_is_refused_by_name() -> None:
+    verl = copy.deepcopy(PPO_GSM8K)
+    verl["trainer"]["use_v1"] = True
+    verl["trainer"]["v1"] = {
+        "trainer_mode": "sync",
+        "separate_async": {"parameter_sync_step": 2, "num_warmup_batches": 1},
+        "sampler": {"max_off_policy_threshold": 3, "max_off_policy_strategy": "wait"},
+    }
+    v1 = convert(verl).config.trainer.v1
+    assert (v1.trainer_mode, v1.separate_async.parameter_sync_step) == ("sync", 2)
+    assert (v1.sampler.max_off_policy_threshold, v1.sampler.max_off_policy_strategy) == (3, "wait")
+    verl["trainer"]["v1"]["colocate_async"] = {"num_warmup_batches": 1.5}
+    with pytest.raises(Exception, match=r"num_warmup_batches|numWarmupBatches"):
+        convert(verl)
+    del verl["trainer"]["v1"]["colocate_async"]
+    verl["trainer"]["v1"]["trainer_mode"] = "separate_async"  # the example's rollout is colocated
+    with pytest.raises(Exception, match="separate_async needs separate rollout pods"):
+        convert(verl)

@@ -11,6 +11,7 @@ the controller pod); `run_in_process` runs every role on one rank in this proces
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import random
@@ -28,6 +29,9 @@ from tqdm import tqdm
 from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Group, Placement, Role, placement_of
+from rlkube_trainer.async_training.schedule import OneStepOff
+from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
+from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import CheckpointManager
@@ -42,7 +46,7 @@ from rlkube_trainer.dispatch import (
 )
 from rlkube_trainer.fsdp import Rendezvous
 from rlkube_trainer.models import load_tokenizer
-from rlkube_trainer.ppo import PPOTrainer, Roles, Rollout
+from rlkube_trainer.ppo import PPOTrainer, Roles, Rollout, Timer
 from rlkube_trainer.progress import NullReporter, ProgressReporter, progress_payload
 from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env
 from rlkube_trainer.rank import Rank, RankSpec
@@ -188,6 +192,17 @@ def validates_at(config: TrainerConfig, step: int, total_steps: int) -> bool:
 
 
 @dataclass
+class Sampled:
+    """One batch generated (and scored) by the asynchronous schedule's worker thread."""
+
+    index: int  # the batch's own index, its sampling seed step
+    prompts: list[Prompt]
+    batch: TrainBatch
+    metrics: dict[str, float]
+    timer: Timer
+
+
+@dataclass
 class RunResult:
     steps: int
     history: list[dict[str, float]]
@@ -297,6 +312,68 @@ class TrainingRun:
         )
         self.reporter.report(payload, force=final)
 
+    def _sync_steps(self, batches: Iterator[list[Prompt]]) -> Iterator[dict[str, float]]:
+        """Generate, update, push weights: one step at a time."""
+        while self.step < self.total_steps:
+            self.step += 1
+            prompts = next(batches)
+            metrics = self.ppo.step(prompts, self.step, more_prompts=lambda: next(batches))
+            metrics["data/order_checksum"] = float(order_checksum(prompts))
+            yield metrics
+
+    def _async_steps(self, batches: Iterator[list[Prompt]]) -> Iterator[dict[str, float]]:
+        """trainer.v1's asynchronous modes: the one-step-off schedule, the next batch generating
+        on a worker thread while the actor updates on the previous one. `self.step` counts
+        updates (the actor's weight version); each batch samples with its own index as the
+        seed step (drawn batches, dropped ones included), so the data order and seeds do not
+        depend on the interleaving."""
+        v1, ppo = self.config.trainer.v1, self.ppo
+        drawn = itertools.count(self.step + 1)
+
+        def generate() -> list[Sampled]:  # the worker thread: the only reader of `batches` now
+            index, prompts, timer = next(drawn), next(batches), Timer()
+            batch, metrics = ppo.sample(prompts, index, lambda: next(batches), timer)
+            return [Sampled(index, prompts, batch, metrics, timer)]
+
+        pushes: list[tuple[float, int]] = []  # (seconds, bytes) since the last update's row
+
+        def push() -> None:
+            start = time.perf_counter()
+            synced = ppo.roles.rollout.sync_weights()
+            pushes.append((time.perf_counter() - start, synced))
+
+        last_row = time.perf_counter()
+
+        def train(taken: Taken[Sampled], version: int) -> dict[str, float]:
+            nonlocal last_row
+            (sampled,) = (group.item for group in taken.groups)
+            timer = Timer()
+            timer.seconds = dict(sampled.timer.seconds)  # gen and reward, timed on the worker thread
+            metrics = ppo.update(sampled.batch, timer) | sampled.metrics
+            timer.seconds["timing_s/update_weights"] = sum(seconds for seconds, _ in pushes)
+            synced = sum(size for _, size in pushes)
+            pushes.clear()
+            # A step is the time between updates' rows: in the pipeline, the trainer's pace.
+            now = time.perf_counter()
+            timer.seconds["timing_s/step"], last_row = now - last_row, now
+            metrics = ppo.step_metrics(sampled.batch, metrics, timer, synced)
+            metrics["data/order_checksum"] = float(order_checksum(sampled.prompts))
+            metrics["training/batch_index"] = float(sampled.index)
+            return metrics
+
+        sampler = v1.sampler
+        # colocate_async pushes after every update (the engine is the actor's own); separate_async
+        # every parameter_sync_step updates.
+        sync_step = v1.separate_async.parameter_sync_step if v1.trainer_mode == "separate_async" else 1
+        # One "group" of the buffer is one whole sampled batch (train_batch_size prompts).
+        buffer: OffPolicyBuffer[Sampled] = OffPolicyBuffer(
+            sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
+        )
+        schedule = OneStepOff(buffer, 1, sync_step, generate, push)
+        for metrics in schedule.run(self.total_steps - self.step, train):
+            self.step += 1
+            yield metrics
+
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config
         if max_steps is not None:
@@ -331,11 +408,8 @@ class TrainingRun:
             if config.trainer.val_only:
                 return RunResult(self.step, tracker.history(), output_dir, tracker.plot(), None)
             batches = self._batches()
-            while self.step < self.total_steps:
-                self.step += 1
-                prompts = next(batches)
-                metrics = self.ppo.step(prompts, self.step, more_prompts=lambda: next(batches))
-                metrics["data/order_checksum"] = float(order_checksum(prompts))
+            sync = config.trainer.v1.trainer_mode == "sync"
+            for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
                 if self.validation is not None and validates_at(config, self.step, self.total_steps):
                     metrics.update(self.validate())
                 # Logged before the checkpoint: a checkpoint's step always has its row.

@@ -181,8 +181,14 @@ def on_policy(config: TrainerConfig, samples: int) -> bool:
 
 def engine_log_probs_needed(config: TrainerConfig) -> bool:
     """The engine returns its log-probs of the sampled tokens: for the rollout-probs comparison,
-    or for rollout correction (its pi_rollout)."""
-    return config.rollout.calculate_log_probs or config.algorithm.rollout_correction.enabled
+    or for rollout correction (its pi_rollout). The asynchronous modes turn them on (rather than
+    refusing configs without them): their batches come from older weights, and
+    algorithm.rolloutCorrection needs pi_rollout to correct that staleness."""
+    return (
+        config.rollout.calculate_log_probs
+        or config.algorithm.rollout_correction.enabled
+        or config.trainer.v1.trainer_mode != "sync"
+    )
 
 
 class PPOTrainer:

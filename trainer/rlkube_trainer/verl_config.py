@@ -389,6 +389,20 @@ RULES: dict[str, Rule] = {
             "device",
         )
     },
+    # trainer.v1 (verl 0.9.1): the trainer mode and the staleness bound of the async modes.
+    "trainer.use_v1": Ignored("rlkube has one trainer, which reads trainer.v1"),
+    **{
+        f"trainer.v1.{k}": To(f"trainer.v1.{k}")
+        for k in (
+            "trainer_mode",
+            "colocate_async.num_warmup_batches",
+            "separate_async.num_warmup_batches",
+            "separate_async.parameter_sync_step",
+            "sampler.max_off_policy_threshold",
+            "sampler.max_off_policy_strategy",
+        )
+    },
+    "trainer.v1.hybrid_rollout": Ignored("hybrid rollout is not implemented; no trainer_mode of rlkube reads it"),
     "trainer.default_local_dir": To("checkpoint.dir"),
     "trainer.resume_mode": To("checkpoint.resume", lambda v: {"resume_path": "auto"}.get(v, v)),  # see _finish
     "trainer.resume_from_path": Ignored("read with resume_mode resume_path"),

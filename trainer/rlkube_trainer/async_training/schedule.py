@@ -57,6 +57,9 @@ class OneStepOff(Generic[T]):
         self.versions = Versions()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self.running: tuple[Future[list[T]], int] | None = None
+        # The rollout side's idle time: from a generation's end to the next one's start.
+        self.generation_ended: float | None = None
+        self.rollout_idle = 0.0
 
     def run(self, updates: int, train: Train[T]) -> Iterator[Metrics]:
         try:
@@ -76,6 +79,9 @@ class OneStepOff(Generic[T]):
                 metrics |= taken.metrics(self.versions.actor)
                 metrics["timing_s/wait_rollout"] = waited  # the trainer idle, waiting for samples
                 metrics["timing_s/update_overlapped"] = time.perf_counter() - update_start
+                # The rollout idle (waiting for the trainer: the bound, or a batch already waiting)
+                # since the previous row.
+                metrics["timing_s/wait_trainer"], self.rollout_idle = self.rollout_idle, 0.0
                 self.versions.actor += 1
                 yield metrics
                 if self.running is None:
@@ -109,4 +115,14 @@ class OneStepOff(Generic[T]):
         if not self.buffer.may_begin(v.engine, earliest_train_version):
             return
         self.buffer.begin(v.engine)
-        self.running = (self.pool.submit(self.generate), v.engine)
+        if self.generation_ended is not None:
+            self.rollout_idle += time.perf_counter() - self.generation_ended
+            self.generation_ended = None
+        self.running = (self.pool.submit(self._generate), v.engine)
+
+    def _generate(self) -> list[T]:
+        """On the worker thread; its end is read only after its future is collected."""
+        try:
+            return self.generate()
+        finally:
+            self.generation_ended = time.perf_counter()
