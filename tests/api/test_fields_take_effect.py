@@ -162,3 +162,42 @@ def test_every_spec_field_takes_effect_or_is_refused_by_name() -> None:
 def test_the_allow_list_names_real_fields() -> None:
     paths = {p for p, _, _ in _leaves(RLJobSpec, example(GPU)["spec"], "")}
     assert set(ELSEWHERE) <= paths, sorted(set(ELSEWHERE) - paths)
+
+
+def _refused(path: str, value: Any, names: str) -> None:
+    obj = example(GPU)
+    _set(obj["spec"], path, value)
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert names in str(exc), str(exc)
+        return
+    raise AssertionError(f"{path}={value!r} was accepted")
+
+
+def test_colocated_roles_refuse_their_own_sizes_by_name() -> None:
+    _refused("roles.reference.replicas", 2, "replicas")
+    _refused("roles.reference.resources", {"cpu": "4"}, "resources")
+    _refused("roles.reference.fsdpSize", 2, "fsdpSize")
+
+
+def test_reward_fsdp_size_is_refused_by_name() -> None:
+    obj = example(GPU)
+    obj["spec"]["roles"]["reward"] = {"replicas": 1, "gpusPerReplica": 1, "fsdpSize": 1}
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "roles.reward.fsdpSize" in str(exc), str(exc)
+        return
+    raise AssertionError("roles.reward.fsdpSize was accepted")
+
+
+def test_test_freq_without_val_files_is_refused_by_name() -> None:
+    obj = example(GPU)
+    obj["spec"]["data"].pop("valFiles", None)
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "testFreq" in str(exc), str(exc)
+        return
+    raise AssertionError("testFreq without valFiles was accepted")
