@@ -926,6 +926,12 @@ class TrainerConfig(ApiModel):
             ".roles.rollout.tensorParallelSize",
         ),
         *ASYNC_RULES,
+        CelRule(
+            # Otherwise accepted, and the pod exits 1 at the first validation (issue 32).
+            "self.trainer.testFreq == -1 || (has(self.data.valFiles) && size(self.data.valFiles) > 0)",
+            "trainer.testFreq needs data.valFiles (set testFreq to -1 to never validate)",
+            ".trainer.testFreq",
+        ),
         *BATCH_SPLIT_RULES,
         *TOKEN_BUDGET_RULES,
         *ROLE_USE_RULES,

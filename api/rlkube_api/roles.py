@@ -185,6 +185,22 @@ class RoleSpec(_PodRole):
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
         CelRule("!has(self.colocateWith) || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
+        # A colocated role runs in the actor's workers: its own sizes would be ignored (issue 32).
+        CelRule(
+            "!has(self.colocateWith) || !has(self.resources)",
+            "a role colocated with another has no pods: resources has no effect (set the actor's)",
+            ".resources",
+        ),
+        CelRule(
+            "!has(self.colocateWith) || !has(self.fsdpSize)",
+            "a role colocated with another is sharded like its host: fsdpSize has no effect",
+            ".fsdpSize",
+        ),
+        CelRule(
+            "!has(self.colocateWith) || self.replicas == 1",
+            "a role colocated with another has no pods: replicas has no effect",
+            ".replicas",
+        ),
     )
 
     colocate_with: Literal["actor"] | None = Field(
@@ -243,6 +259,12 @@ class Roles(ApiModel):
             " : self.actor.gpusPerReplica % self.rollout.tensorParallelSize == 0)",
             "colocated rollout: tensorParallelSize must divide the actor's gpusPerReplica (without GPUs: its replicas)",
             ".rollout.tensorParallelSize",
+        ),
+        CelRule(
+            # The trainer loads the reward model whole on each rank; it is never sharded (issue 32).
+            "!has(self.reward) || !has(self.reward.fsdpSize)",
+            "the reward model is not sharded: roles.reward.fsdpSize has no effect",
+            ".reward.fsdpSize",
         ),
     )
 
