@@ -82,7 +82,10 @@ def _other_value(info: FieldInfo, current: Any) -> Any:
         lo, hi = _bounds(info)
         base = float(current) if isinstance(current, int | float) else float(lo or 0.5)
         value = base * 0.5 if base else 0.25
-        return value if lo is None or value > lo else (base + (hi if hi is not None else base + 1)) / 2
+        value = value if lo is None or value > lo else (base + (hi if hi is not None else base + 1)) / 2
+        # Bounds that admit only the current value (a setting fixed until more is supported):
+        # step outside them, which validation must refuse by the field's name.
+        return value if value != base else base + 1
     if get_origin(ann) is Literal:
         choices = [c for c in get_args(ann) if c != current]
         return choices[0] if choices else _NO_VALUE
