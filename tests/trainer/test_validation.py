@@ -174,9 +174,9 @@ def test_val_only_validates_and_stops(tmp_path: Path) -> None:
 
 @pytest.mark.trainer
 def test_validation_needs_val_files(tmp_path: Path) -> None:
-    config = _config(tmp_path, data={"val_files": []})
-    with pytest.raises(ValueError, match=r"trainer.test_freq is set but data.val_files is empty"):
-        run_in_process(config, progress=False)
+    # Refused when the config is read, naming the field, before any model loads.
+    with pytest.raises(ValueError, match=r"trainer\.test_freq: trainer\.testFreq needs data\.valFiles"):
+        run_in_process(_config(tmp_path, data={"val_files": []}), progress=False)
 
 
 @pytest.mark.trainer
