@@ -18,6 +18,7 @@ import argparse
 import fnmatch
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -140,7 +141,8 @@ def dockerignore_patterns(repo: Path = REPO) -> list[str]:
 def copied_sources(dockerfile: Path) -> list[str]:
     """The build-context paths a Dockerfile's COPY instructions name (not `--from` ones)."""
     sources: list[str] = []
-    for line in dockerfile.read_text().splitlines():
+    # One instruction per logical line: a trailing backslash continues it on the next.
+    for line in re.sub(r"\\\n", " ", dockerfile.read_text()).splitlines():
         words = shlex.split(line.strip(), comments=True) if line.strip().upper().startswith("COPY") else []
         if not words or any(word.startswith("--from") for word in words):
             continue

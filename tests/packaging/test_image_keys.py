@@ -41,6 +41,7 @@ def test_the_keys_are_stable(repo: Path) -> None:
         ("operator/rlkube_operator/reconcile.py", {"operator", "trainer-cpu"}),
         ("trainer/rlkube_trainer/cli.py", {"operator", "trainer-cpu"}),
         ("README.md", {"operator", "trainer-cpu"}),
+        ("requirements/pip.lock", {"operator", "trainer-cpu"}),
         ("requirements/operator.lock", {"operator"}),
         ("requirements/trainer-cpu.lock", {"trainer-cpu"}),
         ("requirements/trainer-gpu.lock", {"trainer-cpu"}),  # the shared stage copies it
@@ -91,7 +92,12 @@ def test_the_key_covers_every_copied_file() -> None:
     files = {p.relative_to(REPO).as_posix() for p in context_files(REPO / "Dockerfile.operator")}
     assert {"pyproject.toml", "README.md", "requirements/operator.lock", "api/rlkube_api/__init__.py"} <= files
     assert not any("__pycache__" in f for f in files)
-    assert copied_sources(REPO / "Dockerfile.operator")[0] == "requirements/operator.lock"
+    assert copied_sources(REPO / "Dockerfile.operator")[:2] == ["requirements/pip.lock", "requirements/operator.lock"]
+
+
+def test_a_copy_continued_over_several_lines_is_read_whole(tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY a \\\n    b \\\n    /x/\nRUN true\n")
+    assert copied_sources(tmp_path / "Dockerfile") == ["a", "b"]
 
 
 def test_a_copy_of_a_missing_path_is_an_error_naming_it(tmp_path: Path) -> None:

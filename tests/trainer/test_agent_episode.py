@@ -207,6 +207,9 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
     continues after the tool turn, batched across episodes, with its own log-probs."""
     sampler = BatchingGenerator(engine, SamplingConfig(temperature=0.0, max_tokens=1))
     call_ids = list(tokenizer(CALL, add_special_tokens=False)["input_ids"])
+    # The tools run in worker threads and finish in any order: the second turns are held
+    # until all four are asked for, so that they are waiting together when the engine is.
+    episodes, asked, all_asked = 4, [0], asyncio.Event()
 
     def first_turn_scripted():  # type: ignore[no-untyped-def]
         turns = [0]
@@ -215,6 +218,10 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
             turns[0] += 1
             if turns[0] == 1:
                 return Generation(call_ids, [0.0] * len(call_ids))
+            asked[0] += 1
+            if asked[0] == episodes:
+                all_asked.set()
+            await all_asked.wait()
             return await sampler(context, min(max_tokens, 12))
 
         return generate
