@@ -388,8 +388,9 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
         kubectl("create", "-f", "-", input=json.dumps(node))
     try:
         selector: dict[str, Any] = {"nodeSelector": {POOL_LABEL: pool}}
-        # No restart to spare: a node lost is a disruption, not counted against the limit.
-        overrides: dict[str, Any] = {"spec.controller.pool": selector, "spec.runPolicy.backoffLimit": 0}
+        # One counted restart to spare, for the pod garbage collector's race (below); the
+        # node's own loss must be a disruption, not counted against the limit.
+        overrides: dict[str, Any] = {"spec.controller.pool": selector, "spec.runPolicy.backoffLimit": 1}
         overrides |= {f"spec.roles.{role}.pool": selector for role in ("actor", "rollout")}
         jobs = Jobs(kube, kubectl, namespace)
         wait_for(
@@ -412,12 +413,27 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
         # collector deletes its pods, the StatefulSets replace them, the gang restarts.
         started = time.monotonic()
         core.delete_node(victim)
-        # The pod garbage collector waits 40 s before it deletes a lost node's pods.
+
+        # The pod garbage collector waits 40 s before it deletes a lost node's pods. It marks
+        # them failed and deletes them by name, from its cache: a StatefulSet's successor of
+        # the same name, made at once, can go the same way (and a kwok node then reports it
+        # as plainly deleted), which restarts the gang once more, counted.
+        def running_again(job: Obj) -> bool:
+            status = job.get("status") or {}
+            running = status.get("state") == "Running" and is_true(job, "Running")
+            return running and status.get("restartCount", 0) in (1, 2)
+
         try:
-            job = jobs.wait_running("node-lost", restarts=1, timeout=SLOW + 60)
+            job = jobs.wait(
+                "node-lost",
+                running_again,
+                "state Running after 1 restart (2 after the garbage collector's race)",
+                SLOW + 60,
+            )
         except AssertionError as error:
             raise AssertionError(f"{str(error)[:3000]}\n{_story(jobs, 'node-lost')}") from None
-        pods = jobs.wait_pods("node-lost", TINY_PODS, at_attempt=1, timeout=SLOW)
+        restarts = job["status"]["restartCount"]
+        pods = jobs.wait_pods("node-lost", TINY_PODS, at_attempt=restarts, timeout=SLOW)
         events = [(e["reason"], e["message"]) for e in jobs.events("node-lost")]
         print(
             f"faults: node {victim} deleted under pods {lost}; gang Running again after"
@@ -425,11 +441,15 @@ def test_a_node_deleted_under_a_running_job_restarts_the_gang_elsewhere(
             f" uncounted {job['status'].get('uncountedRestarts')}"
         )
         assert {p["spec"]["nodeName"] for p in pods} == {n["metadata"]["name"] for n in nodes} - {victim}
-        # What stays: one restart, not counted, its Event naming a pod lost with the node.
-        failures = [m for r, m in events if r in ("PodFailed", "PodDisrupted")]
-        assert len(failures) == 1 and any(name in failures[0] for name in lost), (events, job["status"])
-        assert ("PodDisrupted", failures[0]) in events and "its node lost" in failures[0]
-        assert (job["status"]["restartCount"], job["status"].get("uncountedRestarts")) == (1, 1)
+        # What stays: one restart, not counted, its Event naming a pod lost with the node;
+        # at most one more, counted, for a successor the garbage collector took by its name.
+        disrupted = [m for r, m in events if r == "PodDisrupted"]
+        assert len(disrupted) == 1 and any(name in disrupted[0] for name in lost), (events, job["status"])
+        assert "its node lost" in disrupted[0]
+        assert job["status"].get("uncountedRestarts") == 1, job["status"]
+        if restarts == 2:
+            [taken] = [m for r, m in events if r == "PodFailed"]
+            assert "deleted while the job ran" in taken and any(f"pod {name} " in taken for name in lost), events
     finally:
         kubectl("delete", "rljobs", "--all", "-n", namespace, "--wait=false")
         for node in nodes:
