@@ -26,7 +26,7 @@ PRINTER_COLUMNS = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step"},
     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps"},
     {"name": "%", "type": "number", "jsonPath": ".status.progress.percentDone"},
-    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.estimatedCompletionTime", "priority": 1},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.timeRemaining", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
     {"name": "Val", "type": "number", "jsonPath": ".status.progress.valScore"},
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restartCount"},

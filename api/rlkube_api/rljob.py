@@ -376,6 +376,11 @@ class Progress(ApiModel):
         description="When the last step should end (RFC 3339): the steps left at this attempt's mean step "
         "time so far (checkpoints and validation included).",
     )
+    time_remaining: str | None = Field(
+        None,
+        description="The time left when the driver last reported, as kubectl prints durations (3m20s, 2h5m): "
+        "from estimatedCompletionTime; absent once the job has ended.",
+    )
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
     attempt: int | None = Field(
         None,
@@ -386,9 +391,14 @@ class Progress(ApiModel):
 
     # `kubectl get` prints numbers as stored; these are for reading (the exact values are
     # in the driver's metrics), so they are stored rounded. Digits after the point:
-    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {"reward_mean": 4, "tokens_per_second_per_gpu": 1, "percent_done": 1}
+    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {
+        "reward_mean": 4,
+        "val_score": 4,
+        "tokens_per_second_per_gpu": 1,
+        "percent_done": 1,
+    }
 
-    @field_validator("reward_mean", "tokens_per_second_per_gpu", "percent_done")
+    @field_validator("reward_mean", "val_score", "tokens_per_second_per_gpu", "percent_done")
     @classmethod
     def _round_for_display(cls, value: float | None, info: ValidationInfo) -> float | None:
         return None if value is None else round(value, cls._DISPLAY_DIGITS[str(info.field_name)])

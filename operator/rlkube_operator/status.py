@@ -171,6 +171,13 @@ def _progress(pods: list[PodView], previous: Progress | None) -> Progress | None
         return previous
 
 
+def _without_estimate(progress: Progress | None) -> Progress | None:
+    """An ended job's progress: nothing is left to estimate (the driver's last report still had)."""
+    if progress is None:
+        return None
+    return progress.model_copy(update={"time_remaining": None, "estimated_completion_time": None})
+
+
 def _int(value: object) -> int:
     return value if isinstance(value, int) else -1
 
@@ -595,6 +602,7 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     p = _Pass(job, observed, prev, status, _Conditions(prev.conditions, observed.now, job.metadata.generation), current)
 
     if is_terminal(prev.state) and not _spec_fixed(p):
+        status.progress = _without_estimate(status.progress)
         return _finished(p)
     children_created(p)
     fate = Fate.ACTIVE
@@ -603,6 +611,8 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
             fate = decided
             break
     status.conditions = p.conds.as_list()
+    if is_terminal(status.state):
+        status.progress = _without_estimate(status.progress)
 
     actions: list[Action] = []
     if fate is Fate.FINISHING:

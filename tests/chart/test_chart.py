@@ -87,6 +87,40 @@ def test_two_replicas_one_active_through_a_lease_rolled_one_at_a_time(helm: Helm
     assert env == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
 
 
+def test_the_replicas_prefer_different_nodes_and_a_drain_evicts_one_at_a_time(helm: Helm) -> None:
+    objects = helm.template()
+    deployment = one(objects, "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    [preferred] = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    # Soft: a one-node cluster still runs both replicas.
+    assert preferred["podAffinityTerm"] == {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": selector},
+    }
+    budget = one(objects, "PodDisruptionBudget")
+    assert budget["metadata"]["namespace"] == "rlkube-system"
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
+    assert (
+        one(helm.template("podDisruptionBudget.maxUnavailable=2", "replicaCount=3"), "PodDisruptionBudget")["spec"][
+            "maxUnavailable"
+        ]
+        == 2
+    )
+
+
+def test_a_users_affinity_replaces_the_spreading_and_one_replica_has_no_budget(helm: Helm) -> None:
+    zone = "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+    objects = helm.template(f"{zone}.matchExpressions[0].key=pool", f"{zone}.matchExpressions[0].operator=Exists")
+    assert set(one(objects, "Deployment")["spec"]["template"]["spec"]["affinity"]) == {"nodeAffinity"}
+    unspread = one(helm.template("spreadReplicas=false"), "Deployment")["spec"]["template"]["spec"]
+    assert "affinity" not in unspread
+    # With one replica a budget would block every drain; off, there is none either.
+    for sets in (("leaderElection.enabled=false", "replicaCount=1"), ("podDisruptionBudget.enabled=false",)):
+        assert not [o for o in helm.template(*sets) if o["kind"] == "PodDisruptionBudget"]
+
+
 def test_without_leader_election_one_replica_recreated_never_rolled(helm: Helm) -> None:
     objects = helm.template("leaderElection.enabled=false", "replicaCount=1")
     spec = one(objects, "Deployment")["spec"]

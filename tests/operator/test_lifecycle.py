@@ -303,6 +303,7 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
         "totalSteps": 30,
         "percentDone": 10.0,
         "estimatedCompletionTime": "2026-12-01T12:00:00Z",
+        "timeRemaining": "2h5m",
         "rewardMean": 0.5,
         "tokensPerSecondPerGPU": 123.0,
         "lastCheckpointStep": 0,
@@ -314,7 +315,7 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
     assert (row["STATE"], row["STEP"], row["TOTAL"], row["%"], row["REWARD"]) == ("Running", "3", "30", "10", "0.5")
     wide = jobs.table("rlj", JOB, "-o", "wide")
     assert wide["TOKENS/S/GPU"] == "123"
-    assert wide["ETA"] == "2026-12-01T12:00:00Z"
+    assert wide["ETA"] == "2h5m"
 
     # A later report replaces it.
     jobs.report_progress(JOB, {**progress, "step": 4, "lastCheckpointStep": 4})

@@ -564,6 +564,19 @@ def test_progress_keeps_the_last_good_report(pods: list[Obj]) -> None:
     assert d.status.progress.step == 12
 
 
+def test_the_time_remaining_goes_once_the_job_has_ended() -> None:
+    report = {**PROGRESS, "estimatedCompletionTime": "2025-03-01T12:10:00Z", "timeRemaining": "3m20s"}
+    running_ = run(running(), replace_pod(PODS, pod("tiny-cpu", "controller", progress=report)), 300)
+    assert running_.status.progress is not None and running_.status.progress.time_remaining == "3m20s"
+    driver = pod("tiny-cpu", "controller", phase="Succeeded", ready=False, terminated=(0, "Completed"), progress=report)
+    ended = run(after(running(), running_), replace_pod(PODS, driver), 400)
+    later = run(after(running(), ended), replace_pod(PODS, driver), 500)  # a pass over the ended job
+    for d in (ended, later):
+        assert d.status.state == "Succeeded"
+        assert d.status.progress is not None and d.status.progress.step == 12  # the rest stays
+        assert (d.status.progress.time_remaining, d.status.progress.estimated_completion_time) == (None, None)
+
+
 def test_no_progress_before_the_driver_reports() -> None:
     assert run(running(), PODS, 300).status.progress is None
 

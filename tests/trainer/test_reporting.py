@@ -79,8 +79,9 @@ def test_progress_payload_estimates_the_completion_time_from_the_pace() -> None:
     # 75 steps left at 12 s each.
     assert before + timedelta(seconds=900) <= eta <= datetime.now(UTC) + timedelta(seconds=900)
     assert payload["percentDone"] == 25.0
+    assert payload["timeRemaining"] == "15m"
     assert Progress.model_validate(progress_payload(2, 3, {}, None)).percent_done == 66.7  # stored rounded
-    assert "estimatedCompletionTime" not in progress_payload(3, 30, {}, None)  # no pace yet
+    assert not {"estimatedCompletionTime", "timeRemaining"} & set(progress_payload(3, 30, {}, None))  # no pace yet
 
 
 def test_progress_payload_leaves_out_missing_and_non_finite_values() -> None:

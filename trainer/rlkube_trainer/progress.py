@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from rlkube_api.durations import short_duration
 from rlkube_api.names import ANNOTATION_PROGRESS, Env
 from rlkube_api.rljob import Progress
 
@@ -69,12 +70,13 @@ def progress_payload(
     """
     has_val = val_step is not None and _finite(val_score) is not None
     now = datetime.now(UTC)
-    percent = eta = None
+    percent = eta = remaining = None
     if total_steps:
         percent = min(100.0, 100.0 * step / total_steps)
         pace = _finite(seconds_per_step)
         if pace is not None:
-            eta = _rfc3339(now + timedelta(seconds=pace * max(0, total_steps - step)))
+            left = pace * max(0, total_steps - step)
+            eta, remaining = _rfc3339(now + timedelta(seconds=left)), short_duration(left)
     progress = Progress(
         step=int(step),
         total_steps=None if total_steps is None else int(total_steps),
@@ -85,6 +87,7 @@ def progress_payload(
         val_step=int(val_step) if has_val and val_step is not None else None,
         percent_done=percent,
         estimated_completion_time=eta,
+        time_remaining=remaining,
         updated_at=_rfc3339(now),
         attempt=attempt,
     )
