@@ -16,6 +16,7 @@ from rlkube_e2e.errors import ClusterError
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.36.3")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.10")
 KWOK_VERSION = os.environ.get("KWOK_VERSION", "0.8.0")
+COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "1.14.7")
 
 
 def cache_dir() -> Path:
@@ -47,3 +48,11 @@ def find_binaries() -> Binaries:
         names = ", ".join(path.name for path in missing)
         raise ClusterError(f"{names} not found (expected {missing[0]}); run `make toolchain` to build it")
     return binaries
+
+
+def find_coredns() -> Path:
+    """CoreDNS, which only a cluster with real nodes runs."""
+    path = cache_dir() / f"coredns-v{COREDNS_VERSION}" / "bin" / "coredns"
+    if not os.access(path, os.X_OK):
+        raise ClusterError(f"coredns not found (expected {path}); run `make toolchain` to build it")
+    return path

@@ -31,12 +31,14 @@ from types import TracebackType
 from typing import Any
 
 from rlkube_e2e import components, processes
-from rlkube_e2e.binaries import Binaries, find_binaries
-from rlkube_e2e.components import LOCALHOST, ORDER, Component, Ports
+from rlkube_e2e.binaries import Binaries, find_binaries, find_coredns
+from rlkube_e2e.components import LOCALHOST, NODE_NETWORK_ORDER, ORDER, Component, Ports
 from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
 from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.layout import Layout
+from rlkube_e2e.node import netns
+from rlkube_e2e.node.network import cluster_link
 from rlkube_e2e.pki import ensure_pki
 from rlkube_e2e.pools import MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, NodePool, load_pools
 from rlkube_e2e.state import ClusterState, ProcessRecord
@@ -70,10 +72,12 @@ class ClusterStatus:
     api_ready: bool
     # Pool name -> (nodes, Ready nodes); empty when the API does not answer.
     pools: dict[str, tuple[int, int]]
+    expected: tuple[str, ...] = ORDER
 
     @property
     def healthy(self) -> bool:
-        return self.api_ready and len(self.components) == len(ORDER) and all(c.running for c in self.components)
+        names = [c.name for c in self.components]
+        return self.api_ready and sorted(names) == sorted(self.expected) and all(c.running for c in self.components)
 
 
 class LocalCluster:
@@ -91,9 +95,13 @@ class LocalCluster:
         pools_file: Path = DEFAULT_POOLS_FILE,
         *,
         die_with_parent: bool = False,
+        node_network: bool = False,
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.layout = Layout(Path(state_dir).absolute())
+        # Real nodes (node/) need a host bridge of the cluster's own, on whose address the
+        # apiserver listens; a kwok-only cluster stays on loopback and needs no root.
+        self.node_network = node_network
         self.pools_file = Path(pools_file)
         self.die_with_parent = die_with_parent
         self._log = log or (lambda _message: None)
@@ -135,6 +143,7 @@ class LocalCluster:
         # Everything a user can get wrong is checked before any process starts.
         pools = load_pools(self.pools_file)
         binaries = find_binaries()
+        coredns = find_coredns() if self.node_network else None
         stages = sorted(STAGES_DIR.glob("*.yaml"))
         if not stages:
             raise ClusterError(f"no kwok stages in {STAGES_DIR}; kwok needs them to simulate nodes and pods")
@@ -148,12 +157,13 @@ class LocalCluster:
             if previous is not None:
                 # Leftovers of a crashed or half-stopped cluster: stop them, keep the data.
                 self._stop_all(previous)
-            self._start(binaries, pools, stages, previous, timeout)
+            self._start(binaries, coredns, pools, stages, previous, timeout)
             return True
 
     def _start(
         self,
         binaries: Binaries,
+        coredns: Path | None,
         pools: list[NodePool],
         stages: list[Path],
         previous: ClusterState | None,
@@ -163,20 +173,28 @@ class LocalCluster:
         deadline = time.monotonic() + timeout
         layout = self.layout
         ports = _choose_ports(previous.ports if previous else None)
+        link = netns.claim_link() if self.node_network else None
+        host = str(link.host_address.ip) if link is not None else LOCALHOST
         state = ClusterState(
-            server=f"https://{LOCALHOST}:{ports.apiserver}",
+            server=f"https://{host}:{ports.apiserver}",
             ports=ports,
             nodes={pool.name: pool.node_names() for pool in pools},
+            link=link.index if link is not None else None,
         )
         self._log(f"starting the control plane in {self.state_dir}")
-        write_kubeconfig(layout.kubeconfig, state.server, ensure_pki(layout.pki.dir))
+        server_ips = (host,) if link is not None else ()
+        try:
+            write_kubeconfig(layout.kubeconfig, state.server, ensure_pki(layout.pki.dir, server_ips))
+        except BaseException:
+            self._remove_link(state)
+            raise
         layout.kwok_home.mkdir(exist_ok=True)
         try:
             self._spawn(state, components.etcd(binaries, layout, ports))
             # The apiserver would retry, but fill its log with connection errors
             # that hide real ones; etcd answers within a fraction of a second.
             self._wait(state, deadline, lambda: None if _etcd_healthy(ports.etcd_client) else "etcd /health")
-            self._spawn(state, components.kube_apiserver(binaries, layout, ports))
+            self._spawn(state, self._apiserver(binaries, state))
             self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
             self._release_node_leases(state)
             # The controller-manager gives up if the apiserver is not healthy soon,
@@ -184,6 +202,8 @@ class LocalCluster:
             self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
             self._spawn(state, components.kube_scheduler(binaries, layout, ports))
             self._spawn(state, components.kwok(binaries, layout, stages))
+            if coredns is not None:
+                self._spawn(state, components.coredns(coredns, layout, host))
             self._create_nodes(pools)
             self._wait(state, deadline, lambda: self._readiness_problem(state, started_at))
         except (ApiError, OSError) as error:
@@ -195,6 +215,14 @@ class LocalCluster:
         summary = ", ".join(f"{pool.name} {pool.nodes}" for pool in pools)
         self._log(f"nodes Ready: {summary}")
         self._log(f"logs: {layout.logs}")
+
+    def _apiserver(self, binaries: Binaries, state: ClusterState) -> Component:
+        host = str(cluster_link(state.link).host_address.ip) if state.link is not None else None
+        return components.kube_apiserver(binaries, self.layout, state.ports, host)
+
+    def _remove_link(self, state: ClusterState) -> None:
+        if state.link is not None:
+            netns.remove_link(cluster_link(state.link))
 
     def _spawn(self, state: ClusterState, component: Component) -> None:
         log = self.layout.log(component.name)
@@ -254,7 +282,7 @@ class LocalCluster:
             processes.stop(record.pid, record.binary, self._handles.pop(name, None))
             time.sleep(down_seconds)
             state.processes = [r for r in state.processes if r.name != name]
-            self._spawn(state, components.kube_apiserver(find_binaries(), self.layout, state.ports))
+            self._spawn(state, self._apiserver(find_binaries(), state))
             deadline = time.monotonic() + timeout
             self._wait(state, deadline, lambda: None if self._api_ready(state) else "kube-apiserver /readyz")
             unreachable = time.monotonic() - stopped
@@ -360,11 +388,13 @@ class LocalCluster:
         by_name = {record.name: record for record in state.processes}
         # Reverse start order: clients first, etcd last, so nothing logs errors
         # about a backend that went away first.
-        for name in reversed(ORDER):
+        for name in reversed(NODE_NETWORK_ORDER):
             record = by_name.get(name)
             if record is not None:
                 processes.stop(record.pid, record.binary, self._handles.pop(name, None))
                 self._log(f"  stopped {name} (pid {record.pid})")
+        # The bridge is claimed afresh by every start; kept, it would only hold an index.
+        self._remove_link(state)
 
     def _remove_state(self) -> None:
         # Only what `up` creates is removed, never the whole directory: --state-dir
@@ -397,7 +427,7 @@ class LocalCluster:
                     pools[pool] = (count + 1, usable + int(_node_usable(node)))
             except (OSError, ApiError):
                 pass
-        return ClusterStatus(self.state_dir, state.server, self.kubeconfig, statuses, ready, pools)
+        return ClusterStatus(self.state_dir, state.server, self.kubeconfig, statuses, ready, pools, _expected(state))
 
     # -- helpers -----------------------------------------------------------------
 
@@ -409,7 +439,7 @@ class LocalCluster:
 
     def _all_running(self, state: ClusterState) -> bool:
         names = {record.name for record in state.processes}
-        return names == set(ORDER) and all(processes.is_running(r.pid, r.binary) for r in state.processes)
+        return names == set(_expected(state)) and all(processes.is_running(r.pid, r.binary) for r in state.processes)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -417,6 +447,10 @@ class LocalCluster:
         with self.layout.lock_file.open("a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             yield
+
+
+def _expected(state: ClusterState) -> tuple[str, ...]:
+    return NODE_NETWORK_ORDER if state.link is not None else ORDER
 
 
 def _choose_ports(previous: Ports | None) -> Ports:

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlkube_e2e.binaries import Binaries
+from rlkube_e2e.kubeconfig import CONTEXT
 from rlkube_e2e.layout import Layout
+from rlkube_e2e.node import dns
 from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE
 from rlkube_e2e.pools import KWOK_NODE_ANNOTATION
 
@@ -48,8 +50,9 @@ CONTROLLERS = (
     "pod-garbage-collector-controller",
     "persistentvolume-binder-controller",
 )
-# Order of start; shutdown goes in reverse.
+# Order of start; shutdown goes in reverse. A cluster with real nodes adds the cluster DNS.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+NODE_NETWORK_ORDER = (*ORDER, "coredns")
 NODE_LEASE_SECONDS = 40
 
 
@@ -97,21 +100,29 @@ def etcd(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
     )
 
 
-def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports, host_address: str | None = None) -> Component:
+    """`host_address`: the cluster link's host address when the cluster runs real nodes.
+    The apiserver then listens there instead of on loopback (a node's network namespace
+    cannot reach the host's loopback) and advertises it, so the `kubernetes` Service gets
+    an endpoint that kube-proxy on a node can lead pods to."""
     pki = layout.pki
+    address = host_address or LOCALHOST
+    if host_address is None:
+        # Left blank, the apiserver advertises the host's primary address (seen here:
+        # 192.0.2.2), which is not what a loopback-only cluster serves on. Endpoints may
+        # not hold a loopback address, so the `kubernetes` Service gets none; nothing
+        # in-cluster calls it (kwok runs no pods).
+        advertise = [f"--advertise-address={LOCALHOST}", "--endpoint-reconciler-type=none"]
+    else:
+        advertise = [f"--advertise-address={host_address}", "--endpoint-reconciler-type=lease"]
     return Component(
         "kube-apiserver",
         binaries.kube_apiserver,
         [
             f"--etcd-servers=http://{LOCALHOST}:{ports.etcd_client}",
-            f"--bind-address={LOCALHOST}",
+            f"--bind-address={address}",
             f"--secure-port={ports.apiserver}",
-            # Left blank, the apiserver advertises the host's primary address (seen
-            # here: 192.0.2.2), which is not what a loopback-only cluster serves on.
-            f"--advertise-address={LOCALHOST}",
-            # Endpoints may not hold a loopback address, so the `kubernetes`
-            # Service gets none; nothing in-cluster calls it (kwok runs no pods).
-            "--endpoint-reconciler-type=none",
+            *advertise,
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
@@ -194,6 +205,13 @@ def kwok(binaries: Binaries, layout: Layout, stages: list[Path]) -> Component:
         ],
         env={"HOME": str(layout.kwok_home)},
     )
+
+
+def coredns(binary: Path, layout: Layout, host_address: str) -> Component:
+    """The cluster DNS of a cluster with real nodes (node/dns.py), on its link's address."""
+    corefile = layout.state_dir / "Corefile"
+    corefile.write_text(dns.corefile(host_address, layout.kubeconfig, CONTEXT))
+    return Component("coredns", binary, [f"-conf={corefile}"])
 
 
 def process_env(component: Component) -> dict[str, str]:

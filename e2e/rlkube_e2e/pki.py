@@ -70,14 +70,20 @@ class Pki:
         return all(path.is_file() for path in files)
 
 
-def ensure_pki(directory: Path) -> Pki:
+def ensure_pki(directory: Path, server_ips: tuple[str, ...] = ()) -> Pki:
     """Create the certificates unless a complete set is already there.
 
     Reusing them across `down --keep` / `up` keeps kubeconfigs and service-account
-    tokens issued earlier valid against the kept etcd data.
+    tokens issued earlier valid against the kept etcd data. `server_ips` are addresses the
+    apiserver serves on besides loopback (a cluster with real nodes: its link's host
+    address); a kept apiserver certificate that lacks one is issued again, the CA kept.
     """
     pki = Pki(directory)
     if pki.complete():
+        if not set(server_ips) - _apiserver_ips(pki):
+            return pki
+        ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+        _issue_apiserver_cert(pki, ca_cert, _load_ca_key(pki), server_ips)
         return pki
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -104,23 +110,7 @@ def ensure_pki(directory: Path) -> Pki:
     )
     _write_key(pki.ca_key, ca_key)
     pki.ca_cert.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-
-    dns_names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
-    dns_names.append("kubernetes.default.svc.cluster.local")
-    san = x509.SubjectAlternativeName(
-        [x509.DNSName(name) for name in dns_names]
-        + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", KUBERNETES_SERVICE_IP)]
-    )
-    _issue(
-        pki.apiserver_cert,
-        pki.apiserver_key,
-        common_name="kube-apiserver",
-        organization=None,
-        ca_cert=ca_cert,
-        ca_key=ca_key,
-        san=san,
-        server=True,
-    )
+    _issue_apiserver_cert(pki, ca_cert, ca_key, server_ips)
     # Group system:masters is bound to cluster-admin by the apiserver's bootstrap policy.
     _issue(
         pki.admin_cert,
@@ -139,6 +129,40 @@ def ensure_pki(directory: Path) -> Pki:
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki
+
+
+def _issue_apiserver_cert(
+    pki: Pki, ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, server_ips: tuple[str, ...]
+) -> None:
+    dns_names = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc"]
+    dns_names.append("kubernetes.default.svc.cluster.local")
+    ips = dict.fromkeys(("127.0.0.1", KUBERNETES_SERVICE_IP, *server_ips))
+    san = x509.SubjectAlternativeName(
+        [x509.DNSName(name) for name in dns_names] + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    )
+    _issue(
+        pki.apiserver_cert,
+        pki.apiserver_key,
+        common_name="kube-apiserver",
+        organization=None,
+        ca_cert=ca_cert,
+        ca_key=ca_key,
+        san=san,
+        server=True,
+    )
+
+
+def _apiserver_ips(pki: Pki) -> set[str]:
+    cert = x509.load_pem_x509_certificate(pki.apiserver_cert.read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+
+def _load_ca_key(pki: Pki) -> ec.EllipticCurvePrivateKey:
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{pki.ca_key} is not an EC key")
+    return ca_key
 
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
@@ -214,16 +238,20 @@ def self_signed_server_cert(cert_path: Path, key_path: Path, common_name: str, i
 def issue_node_client_cert(pki: Pki, cert_path: Path, key_path: Path, node_name: str) -> None:
     """A real kubelet's client certificate: the Node authorizer and NodeRestriction admit a
     kubelet only as user `system:node:<name>` in group `system:nodes`."""
+    issue_client_cert(pki, cert_path, key_path, f"system:node:{node_name}", "system:nodes")
+
+
+def issue_client_cert(pki: Pki, cert_path: Path, key_path: Path, user: str, group: str | None) -> None:
+    """A client certificate for `user` (in `group`) signed by the cluster's CA; e.g.
+    `system:kube-proxy`, which the apiserver's bootstrap policy binds to system:node-proxier."""
     ca_cert = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError(f"{pki.ca_key} is not an EC key")
+    ca_key = _load_ca_key(pki)
     cert_path.parent.mkdir(parents=True, exist_ok=True)
     _issue(
         cert_path,
         key_path,
-        common_name=f"system:node:{node_name}",
-        organization="system:nodes",
+        common_name=user,
+        organization=group,
         ca_cert=ca_cert,
         ca_key=ca_key,
         san=None,

@@ -24,6 +24,8 @@ class ClusterState:
     # Pool name -> node names, as created by the last `up`.
     nodes: dict[str, list[str]] = field(default_factory=dict)
     processes: list[ProcessRecord] = field(default_factory=list)
+    # The cluster link's index (node/network.py) when the cluster runs real nodes.
+    link: int | None = None
 
     def save(self, path: Path) -> None:
         # Written whole and renamed, so a reader never sees half a file.
@@ -40,6 +42,7 @@ class ClusterState:
                 ports=Ports(**raw["ports"]),
                 nodes={str(pool): list(names) for pool, names in raw["nodes"].items()},
                 processes=[ProcessRecord(**record) for record in raw["processes"]],
+                link=raw.get("link"),
             )
         except FileNotFoundError:
             return None

@@ -17,34 +17,57 @@ from cryptography.x509.oid import NameOID
 from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS, KubeletInputs, cgroup_root, kubelet_args, kubelet_config
-from rlkube_e2e.node.network import MAX_NODES, NODE_LINKS, POD_RANGES, cni_conflist, node_network
+from rlkube_e2e.node.network import (
+    CLUSTER_LINKS,
+    MAX_CLUSTERS,
+    NODES_PER_CLUSTER,
+    POD_RANGES,
+    cluster_link,
+    cni_conflist,
+    node_network,
+)
 from rlkube_e2e.pki import SERVICE_CLUSTER_IP_RANGE, ensure_pki, issue_node_client_cert
 
 
 def test_nodes_never_share_a_name_or_an_address() -> None:
-    nets = [node_network(i) for i in range(4)]
-    for field in ("netns", "host_bridge", "host_veth", "host_address", "node_address", "pod_cidr"):
+    nets = [node_network(c, i) for c in (0, 1, MAX_CLUSTERS - 1) for i in range(NODES_PER_CLUSTER)]
+    for field in ("netns", "host_veth", "node_address", "pod_cidr"):
         values = [getattr(n, field) for n in nets]
         assert len(set(values)) == len(values), field
     for n in nets:
         assert n.node_address.network == n.host_address.network
+        assert n.node_address.ip != n.host_address.ip
         assert not n.node_address.ip.is_loopback
         assert not n.pod_cidr.overlaps(n.node_address.network)
         assert len(n.host_bridge) <= 15 and len(n.host_veth) <= 15
+    # The nodes of one cluster share its bridge; two clusters never do.
+    assert len({n.host_bridge for n in nets}) == 3
     services = ipaddress.IPv4Network(SERVICE_CLUSTER_IP_RANGE)
-    assert not services.overlaps(NODE_LINKS) and not services.overlaps(POD_RANGES)
+    assert not services.overlaps(CLUSTER_LINKS) and not services.overlaps(POD_RANGES)
     with pytest.raises(ValueError, match="out of range"):
-        node_network(MAX_NODES)
+        cluster_link(MAX_CLUSTERS)
+    with pytest.raises(ValueError, match="out of range"):
+        node_network(0, NODES_PER_CLUSTER)
+
+
+def test_each_node_routes_every_sibling_slots_pods_through_that_siblings_address() -> None:
+    nets = [node_network(3, i) for i in range(NODES_PER_CLUSTER)]
+    for net in nets:
+        routes = dict(net.sibling_routes)
+        assert net.pod_cidr not in routes
+        assert {other.pod_cidr: other.node_address.ip for other in nets if other is not net} == routes
 
 
 def test_pods_get_addresses_from_their_nodes_range() -> None:
-    net = node_network(2)
+    net = node_network(0, 2)
     config = json.loads(cni_conflist(net))
     bridge = config["plugins"][0]
     assert bridge["type"] == "bridge" and bridge["bridge"] == net.pod_bridge
     (range_,) = bridge["ipam"]["ranges"][0]
     assert ipaddress.IPv4Network(range_["subnet"]) == net.pod_cidr
     assert ipaddress.IPv4Address(range_["gateway"]) in net.pod_cidr
+    # Every node and the host route the pod ranges: a pod's own address is what peers see.
+    assert bridge["ipMasq"] is False
 
 
 def test_containerd_keeps_everything_under_the_nodes_state_dir(tmp_path: Path) -> None:
@@ -136,3 +159,20 @@ def test_a_kubelet_is_issued_the_identity_the_node_authorizer_admits(tmp_path: P
     assert user["name"] == "system:node:node-a"
     embedded = base64.b64decode(user["user"]["client-certificate-data"])
     assert embedded == (tmp_path / "node" / "kubelet-client.crt").read_bytes()
+
+
+def test_a_kept_apiserver_certificate_gains_the_link_address_and_the_ca_stays(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki")
+    ca_before = pki.ca_cert.read_bytes()
+
+    def ips() -> set[str]:
+        cert = x509.load_pem_x509_certificate(pki.apiserver_cert.read_bytes())
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        return {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+
+    assert "10.203.5.1" not in ips()
+    ensure_pki(tmp_path / "pki", ("10.203.5.1",))
+    assert "10.203.5.1" in ips() and "127.0.0.1" in ips()
+    assert pki.ca_cert.read_bytes() == ca_before
+    ca = x509.load_pem_x509_certificate(ca_before)
+    x509.load_pem_x509_certificate(pki.apiserver_cert.read_bytes()).verify_directly_issued_by(ca)

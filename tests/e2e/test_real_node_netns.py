@@ -13,16 +13,15 @@ import pytest
 
 from rlkube_e2e.node import mountns, netns
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS
-from rlkube_e2e.node.network import node_network
+from rlkube_e2e.node.network import MAX_CLUSTERS, node_network
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2")
 
 
-def test_the_node_reaches_the_host_over_its_own_link_and_leaves_nothing() -> None:
-    # An index far from the ones a running cluster's nodes would take.
-    net = node_network(201)
-    netns.remove(net)
-    assert netns.leftovers(net) == []
+def test_the_node_reaches_the_host_over_its_cluster_link_and_leaves_nothing() -> None:
+    # Links far from the ones a running cluster would take first.
+    link = netns.claim_link(first=MAX_CLUSTERS - 8)
+    net = node_network(link.index, 1)
     forward_before = Path("/proc/sys/net/ipv4/ip_forward").read_text()
     try:
         netns.create(net)
@@ -44,12 +43,23 @@ def test_the_node_reaches_the_host_over_its_own_link_and_leaves_nothing() -> Non
         assert Path("/proc/sys/net/ipv4/ip_forward").read_text() == forward_before
     finally:
         netns.remove(net)
+        netns.remove_link(link)
+    assert netns.leftovers(net) == []
+    assert netns.link_leftovers(link) == []
+
+
+def test_a_node_needs_its_clusters_link() -> None:
+    net = node_network(MAX_CLUSTERS - 1, 0)
+    if netns.link_leftovers(net.link):
+        pytest.skip(f"{net.host_bridge} is in use")
+    with pytest.raises(netns.NetworkError, match=f"bridge {net.host_bridge} does not exist"):
+        netns.create(net)
     assert netns.leftovers(net) == []
 
 
 def test_inside_the_node_the_kubelets_sysctls_hold_its_values_and_the_hosts_do_not_change(tmp_path: Path) -> None:
-    net = node_network(202)
-    netns.remove(net)
+    link = netns.claim_link(first=MAX_CLUSTERS - 8)
+    net = node_network(link.index, 2)
     host_values = {key: (Path("/proc/sys") / key).read_text() for key in KERNEL_DEFAULTS}
     host_run = sorted(p.name for p in Path("/run").iterdir())
     try:
@@ -68,6 +78,7 @@ def test_inside_the_node_the_kubelets_sysctls_hold_its_values_and_the_hosts_do_n
         assert not set(lines[len(KERNEL_DEFAULTS) :]) & (set(host_run) - {"mount"})
     finally:
         netns.remove(net)
+        netns.remove_link(link)
     assert netns.leftovers(net) == []
     assert {key: (Path("/proc/sys") / key).read_text() for key in KERNEL_DEFAULTS} == host_values
     assert sorted(p.name for p in Path("/run").iterdir()) == host_run

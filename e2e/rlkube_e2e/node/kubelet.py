@@ -33,13 +33,15 @@ class KubeletInputs:
     serving_cert: Path
     serving_key: Path
     cluster_dns: str | None
+    # Host-wide unique (node names are unique only within a cluster): names the cgroup root.
+    cgroup_id: str = ""
     cluster_domain: str = "cluster.local"
     port: int = 10250
 
 
-def cgroup_root(node_name: str) -> str:
+def cgroup_root(cgroup_id: str) -> str:
     """A cgroup tree of the node's own (quirk 3), so stop() can remove it whole."""
-    return f"/rlkube/{node_name}"
+    return f"/rlkube/{cgroup_id}"
 
 
 def kubelet_config(inputs: KubeletInputs) -> dict[str, Any]:
@@ -55,7 +57,7 @@ def kubelet_config(inputs: KubeletInputs) -> dict[str, Any]:
         # Quirk 3: cgroup v1 controllers on these VMs; 1.36 refuses v1 unless told.
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": cgroup_root(inputs.node_name),
+        "cgroupRoot": cgroup_root(inputs.cgroup_id or inputs.node_name),
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         # Quirk 2: check, never write, the kernel's settings.

@@ -1,9 +1,12 @@
-"""The node's mount namespace: the kubelet's sysctls as files, and a private /run and /var/log.
+"""The node's mount namespace: the kubelet's sysctls as files, a private /run and /var/log,
+and /var/lib as an overlay whose writes stay in the node's state dir.
 
 `wrap(...)` prefixes a command so it runs inside the node's network namespace and a fresh
 private mount namespace set up first. The netns is entered before the mounts, because a
 private /run hides /run/netns. The host's kernel settings and directories never change
-(real-node.md quirk 2): kubelet with protectKernelDefaults only reads the three files.
+(real-node.md quirk 2): kubelet with protectKernelDefaults only reads the three files, and
+what CNI keeps under /var/lib/cni (address leases, results) lands in the overlay's upper
+directory. Every mount lives only in the namespace and goes when its last process exits.
 """
 
 from __future__ import annotations
@@ -28,11 +31,15 @@ def write_sysctl_files(state_dir: Path) -> dict[Path, Path]:
 
 def setup_script(state_dir: Path, binds: dict[Path, Path]) -> str:
     run, log = state_dir / "run", state_dir / "log"
-    lines = ["set -e", f"mkdir -p {shlex.quote(str(run))} {shlex.quote(str(log))}"]
+    upper, work = state_dir / "var-lib" / "upper", state_dir / "var-lib" / "work"
+    made = " ".join(shlex.quote(str(path)) for path in (run, log, upper, work))
+    lines = ["set -e", f"mkdir -p {made}"]
     lines += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}" for src, dst in binds.items()]
+    overlay = f"lowerdir=/var/lib,upperdir={upper},workdir={work}"
     lines += [
         f"mount --bind {shlex.quote(str(run))} /run",
         f"mount --bind {shlex.quote(str(log))} /var/log",
+        f"mount -t overlay rlkube-node-var-lib -o {shlex.quote(overlay)} /var/lib",
         'exec "$@"',
     ]
     return "\n".join(lines)

@@ -1,0 +1,419 @@
+"""One real node of a local cluster: containerd + runc + CNI + kubelet, started and stopped.
+
+The node lives in a network namespace of its own (`netns`) and a mount namespace of its own
+(`mountns`), held open by a `sleep` process; containerd and the kubelet join both with
+`nsenter`, so the volumes the kubelet mounts are the ones containerd hands to runc, and
+`stop()` ends every process of the node (pods' included) and so every mount. Its cgroups
+sit under a root of its own (`/rlkube/<netns>` in each hierarchy), removed at stop.
+`leftovers()` lists whatever of the node is still on the host; after stop() it is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlkube_e2e import processes
+from rlkube_e2e.binaries import K8S_VERSION, cache_dir
+from rlkube_e2e.components import Component
+from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
+from rlkube_e2e.kubeconfig import write_kubeconfig
+from rlkube_e2e.node import mountns, netns
+from rlkube_e2e.node.containerd import containerd_config, containerd_paths
+from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
+from rlkube_e2e.node.kubelet import KubeletInputs, cgroup_root, kubelet_args, write_kubelet_config
+from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
+from rlkube_e2e.pki import Pki, issue_client_cert, issue_node_client_cert, self_signed_server_cert
+
+CGROUP_MOUNTS = Path("/sys/fs/cgroup")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+PAUSE_IMAGE = f"localhost/rlkube/pause:{K8S_VERSION}"
+# containerd's CRI plugin keeps the kubelet's images in this namespace.
+K8S_NAMESPACE = "k8s.io"
+
+
+class NodeError(ClusterError):
+    """The node could not start or stop; the message says which part and where its log is."""
+
+
+@dataclass(frozen=True)
+class NodeBinaries:
+    kubelet: Path
+    kube_proxy: Path
+    containerd: Path
+    ctr: Path
+    nsenter: Path
+    sleep: Path
+    pause_archive: Path
+
+
+def find_node_binaries() -> NodeBinaries:
+    """Locate what a node runs, or say in one line what is missing and which target gets it."""
+    k8s = cache_dir() / f"k8s-v{K8S_VERSION}" / "bin"
+    kubelet, kube_proxy = k8s / "kubelet", k8s / "kube-proxy"
+    for binary in (kubelet, kube_proxy):
+        if not os.access(binary, os.X_OK):
+            raise NodeError(f"{binary.name} not found (expected {binary}); run `make toolchain`")
+    pause = cache_dir() / f"pause-v{K8S_VERSION}" / "pause.oci.tar"
+    if not pause.is_file():
+        raise NodeError(f"the pause image is not built (expected {pause}); run `bash e2e/toolchain.sh pause`")
+    found: dict[str, Path] = {}
+    for name in ("containerd", "ctr", "runc", "nsenter", "sleep", "iptables"):
+        path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
+        if path is None:
+            raise NodeError(f"{name} not found; run `make sysdeps`")
+        found[name] = Path(path)
+    if not (CNI_BIN_DIR / "bridge").exists():
+        raise NodeError(f"CNI plugins not found in {CNI_BIN_DIR}; run `make sysdeps`")
+    return NodeBinaries(
+        kubelet=kubelet,
+        kube_proxy=kube_proxy,
+        containerd=found["containerd"],
+        ctr=found["ctr"],
+        nsenter=found["nsenter"],
+        sleep=found["sleep"],
+        pause_archive=pause,
+    )
+
+
+@dataclass
+class _Running:
+    name: str
+    pid: int
+    binary: Path
+    handle: subprocess.Popen[bytes] | None
+
+
+class RealNode:
+    """Node `index` of the cluster on link `link_index`, registered as `name`.
+
+    `server` is the apiserver's URL on the link's host address, `pki` the cluster's;
+    `images` are OCI archives imported into the node's containerd before the kubelet starts
+    (the pause image always is: there is no registry to pull one from).
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        link_index: int,
+        index: int,
+        server: str,
+        pki: Pki,
+        state_dir: Path,
+        labels: dict[str, str] | None = None,
+        taints: list[str] | None = None,
+        images: tuple[Path, ...] = (),
+        cluster_dns: str | None = None,
+        die_with_parent: bool = True,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.net: NodeNetwork = node_network(link_index, index)
+        self.server = server
+        self.pki = pki
+        self.state_dir = Path(state_dir).absolute()
+        self.labels = labels or {}
+        self.taints = taints or []
+        self.images = images
+        self.cluster_dns = cluster_dns
+        self.die_with_parent = die_with_parent
+        self._log = log or (lambda _message: None)
+        self._running: list[_Running] = []
+
+    @property
+    def cgroup_id(self) -> str:
+        # Host-wide unique (the netns name is), unlike a node name, which is per cluster.
+        return self.net.netns
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def address(self) -> str:
+        return str(self.net.node_address.ip)
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self, timeout: float = 120.0) -> None:
+        binaries = find_node_binaries()
+        deadline = time.monotonic() + timeout
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        netns.create(self.net)
+        try:
+            self._make_cgroup_roots()
+            inputs = self._write_files()
+            hold = mountns.wrap(self.net.netns, self.state_dir, [str(binaries.sleep), "infinity"])
+            holder = self._spawn("holder", binaries.sleep, hold)
+            self._wait(deadline, lambda: self._in_own_mount_ns(holder.pid), "the node's namespaces")
+            enter = [str(binaries.nsenter), f"--target={holder.pid}", "--mount", "--net", "--"]
+            paths = containerd_paths(self.state_dir)
+            self._spawn(
+                "containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"]
+            )
+            self._wait(deadline, lambda: self._containerd_serving(binaries, paths.socket), "containerd's socket")
+            for archive in (binaries.pause_archive, *self.images):
+                self._import(binaries, paths.socket, archive)
+            config = self.state_dir / "kubelet" / "config.json"
+            write_kubelet_config(config, inputs)
+            args = kubelet_args(binaries.kubelet, config, inputs)
+            if self.labels:
+                args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+            if self.taints:
+                args.append("--register-with-taints=" + ",".join(self.taints))
+            self._spawn("kubelet", binaries.kubelet, [*enter, *args])
+            proxy_config = self.state_dir / "kube-proxy" / "config.json"
+            write_kube_proxy_config(proxy_config, self._kube_proxy_inputs())
+            self._spawn(
+                "kube-proxy", binaries.kube_proxy, [*enter, *kube_proxy_args(binaries.kube_proxy, proxy_config)]
+            )
+            self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
+        except BaseException:
+            self.stop()
+            raise
+        self._log(f"node {self.name} Ready at {self.address} (pods {self.net.pod_cidr}); logs in {self.logs_dir}")
+
+    def _write_files(self) -> KubeletInputs:
+        paths = containerd_paths(self.state_dir)
+        paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+        (paths.cni_conf_dir / "10-rlkube.conflist").write_text(cni_conflist(self.net))
+        paths.config.parent.mkdir(parents=True, exist_ok=True)
+        paths.config.write_text(containerd_config(paths, PAUSE_IMAGE, CNI_BIN_DIR))
+        certs = self.state_dir / "pki"
+        issue_node_client_cert(self.pki, certs / "kubelet-client.crt", certs / "kubelet-client.key", self.name)
+        self_signed_server_cert(certs / "kubelet.crt", certs / "kubelet.key", self.name, [self.address])
+        kubeconfig = self.state_dir / "kubelet.kubeconfig"
+        write_kubeconfig(
+            kubeconfig,
+            self.server,
+            self.pki,
+            user=f"system:node:{self.name}",
+            client_cert=certs / "kubelet-client.crt",
+            client_key=certs / "kubelet-client.key",
+        )
+        # Pods with dnsPolicy Default read the node's resolver; the host's is the best there is.
+        resolv = Path("/etc/resolv.conf")
+        (self.state_dir / "resolv.conf").write_text(resolv.read_text() if resolv.exists() else "")
+        return KubeletInputs(
+            node_name=self.name,
+            node_ip=self.address,
+            pod_cidr=str(self.net.pod_cidr),
+            state_dir=self.state_dir,
+            runtime_socket=paths.socket,
+            client_ca=self.pki.ca_cert,
+            kubeconfig=kubeconfig,
+            serving_cert=certs / "kubelet.crt",
+            serving_key=certs / "kubelet.key",
+            cluster_dns=self.cluster_dns,
+            cgroup_id=self.cgroup_id,
+        )
+
+    def _kube_proxy_inputs(self) -> KubeProxyInputs:
+        certs = self.state_dir / "pki"
+        issue_client_cert(self.pki, certs / "kube-proxy.crt", certs / "kube-proxy.key", "system:kube-proxy", None)
+        kubeconfig = self.state_dir / "kube-proxy.kubeconfig"
+        write_kubeconfig(
+            kubeconfig,
+            self.server,
+            self.pki,
+            user="system:kube-proxy",
+            client_cert=certs / "kube-proxy.crt",
+            client_key=certs / "kube-proxy.key",
+        )
+        return KubeProxyInputs(node_name=self.name, node_ip=self.address, kubeconfig=kubeconfig)
+
+    def _spawn(self, name: str, binary: Path, argv: list[str]) -> _Running:
+        log = self.logs_dir / f"{name}.log"
+        component = Component(name, Path(argv[0]), argv[1:], env={"PATH": _path_with_sbin()})
+        handle = processes.spawn(component, log, self.state_dir, die_with_parent=self.die_with_parent)
+        running = _Running(name, handle.pid, binary, handle)
+        self._running.append(running)
+        self._log(f"  {self.name} {name:<12} pid {handle.pid:<8} log {log}")
+        return running
+
+    def _wait(self, deadline: float, ready: Callable[[], bool], what: str) -> None:
+        while not ready():
+            for running in self._running:
+                code = running.handle.poll() if running.handle is not None else None
+                if code is not None:
+                    line = processes.log_error(self.logs_dir / f"{running.name}.log")
+                    raise NodeError(f"node {self.name}: {running.name} exited with code {code}: {line}")
+            if time.monotonic() > deadline:
+                raise NodeError(f"node {self.name}: still waiting for {what}; logs in {self.logs_dir}")
+            time.sleep(0.2)
+
+    def _in_own_mount_ns(self, pid: int) -> bool:
+        # The holder's exec chain ends in `sleep` once the mounts are made (`exec "$@"`).
+        try:
+            exe = os.readlink(f"/proc/{pid}/exe")
+            return exe.endswith("/sleep") and os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        except OSError:
+            return False
+
+    def _containerd_serving(self, binaries: NodeBinaries, socket: Path) -> bool:
+        if not socket.exists():
+            return False
+        result = subprocess.run(
+            [str(binaries.ctr), f"--address={socket}", "version"], capture_output=True, check=False, timeout=10
+        )
+        return result.returncode == 0
+
+    def _import(self, binaries: NodeBinaries, socket: Path, archive: Path) -> None:
+        started = time.monotonic()
+        result = subprocess.run(
+            [str(binaries.ctr), f"--address={socket}", "-n", K8S_NAMESPACE, "images", "import", str(archive)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=900,
+        )
+        if result.returncode != 0:
+            raise NodeError(f"node {self.name}: importing {archive} failed: {result.stderr.strip()[-400:]}")
+        self._log(f"  {self.name} imported {archive.name} in {time.monotonic() - started:.1f} s")
+
+    def api(self) -> KubeApi:
+        pki = self.pki
+        return KubeApi(self.server, Credentials(pki.ca_cert, pki.admin_cert, pki.admin_key), timeout=5.0)
+
+    def _node_ready(self) -> bool:
+        try:
+            status, node = self.api().request("GET", f"/api/v1/nodes/{self.name}")
+        except (OSError, ApiError):
+            return False
+        if status != 200:
+            return False
+        conditions = json.loads(node).get("status", {}).get("conditions", [])
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+    # -- cgroups ---------------------------------------------------------------------------
+
+    def _hierarchies(self) -> list[Path]:
+        # cgroup v1 controllers (and named hierarchies) as mounted here; the unified one
+        # holds no controllers on these machines.
+        if not CGROUP_MOUNTS.is_dir():
+            return []
+        return sorted(
+            p for p in CGROUP_MOUNTS.iterdir() if p.is_dir() and p.name != "unified" and (p / "tasks").exists()
+        )
+
+    def _cgroup_dirs(self) -> list[Path]:
+        relative = cgroup_root(self.cgroup_id).lstrip("/")
+        return [hierarchy / relative for hierarchy in self._hierarchies()]
+
+    def _make_cgroup_roots(self) -> None:
+        """The kubelet wants its cgroupRoot to exist; a v1 cpuset child starts with no CPUs
+        and no memory nodes, so each level copies its parent's."""
+        for directory in self._cgroup_dirs():
+            for level in (directory.parent, directory):
+                if level.is_dir():
+                    continue
+                level.mkdir()
+                if (level / "cpuset.cpus").exists():
+                    for name in ("cpuset.cpus", "cpuset.mems"):
+                        (level / name).write_text((level.parent / name).read_text())
+
+    def _remove_cgroups(self) -> list[str]:
+        """Remove the node's cgroup trees leaf first; what cannot go is returned."""
+        failed = []
+        for directory in self._cgroup_dirs():
+            if not directory.exists():
+                continue
+            for path in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+                with contextlib.suppress(OSError):
+                    path.rmdir()
+            try:
+                directory.rmdir()
+            except OSError as error:
+                failed.append(f"cgroup {directory} ({error.strerror})")
+            with contextlib.suppress(OSError):
+                directory.parent.rmdir()  # /rlkube, once no node of any cluster uses it
+        return failed
+
+    def _cgroup_pids(self) -> set[int]:
+        pids: set[int] = set()
+        for directory in self._cgroup_dirs():
+            if not directory.exists():
+                continue
+            for procs in directory.rglob("cgroup.procs"):
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(line) for line in procs.read_text().split())
+        return pids
+
+    # -- stop ------------------------------------------------------------------------------
+
+    def _namespace_pids(self) -> set[int]:
+        """Every process in the node's mount namespace: the holder, containerd, the kubelet
+        and the containerd shims (a shim outlives containerd by design)."""
+        holder = next((r for r in self._running if r.name == "holder"), None)
+        if holder is None:
+            return set()
+        try:
+            target = os.readlink(f"/proc/{holder.pid}/ns/mnt")
+        except OSError:
+            return set()
+        found = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "mnt") == target:
+                    found.add(int(entry.name))
+        return found
+
+    def stop(self) -> None:
+        """Stop the kubelet (it lets go of its Lease), then kill every process of the node,
+        its pods' included, and remove its cgroups and network; idempotent."""
+        kubelet = next((r for r in self._running if r.name == "kubelet"), None)
+        if kubelet is not None:
+            processes.stop(kubelet.pid, str(kubelet.binary), kubelet.handle, timeout=10)
+        victims = self._namespace_pids() | self._cgroup_pids()
+        for pid in victims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_alive(pid) for pid in victims):
+            for running in self._running:
+                if running.handle is not None:
+                    running.handle.poll()
+            time.sleep(0.05)
+        for running in self._running:
+            if running.handle is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    running.handle.wait(timeout=5)
+        self._running = []
+        self._remove_cgroups()
+        netns.remove(self.net)
+        with contextlib.suppress(OSError, ApiError):
+            self.api().request("DELETE", f"/api/v1/nodes/{self.name}")
+
+    def leftovers(self) -> list[str]:
+        found = netns.leftovers(self.net)
+        found += [f"cgroup {d}" for d in self._cgroup_dirs() if d.exists()]
+        found += [f"process {pid}" for pid in sorted(self._cgroup_pids())]
+        with open("/proc/self/mounts") as mounts:
+            found += [f"mount {line.split()[1]}" for line in mounts if str(self.state_dir) in line.split()[1]]
+        return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _path_with_sbin() -> str:
+    # containerd finds runc, and the CNI plugins iptables, on PATH.
+    path = os.environ.get("PATH", "/usr/bin:/bin")
+    return ":".join(dict.fromkeys([*path.split(":"), "/usr/local/sbin", "/usr/sbin", "/sbin"]))
