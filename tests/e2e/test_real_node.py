@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import LocalCluster
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
@@ -47,7 +48,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
     base = ensure_image("base")
     root = tmp_path_factory.mktemp("real-node")
     pools = root / "pools.yaml"
-    pools.write_text("pools: {}\n")
+    pools.write_text("pools:\n  none:\n    nodes: 0\n    capacity: {cpu: \"1\", memory: 1Gi, pods: \"1\"}\n")
     cluster = LocalCluster(root / "cluster", pools, die_with_parent=True, node_network=True)
     cluster.up()
     try:
@@ -62,6 +63,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
             state_dir=root / "node-0",
             labels={"rlkube.dev/pool": "real"},
             images=(base.path,),
+            cluster_dns=str(cluster_link(state.link).host_address.ip),
         )
         node.start()
         try:
@@ -108,3 +110,96 @@ def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
     status, logs = api.request("GET", "/api/v1/namespaces/default/pods/hello/log")
     assert status == 200, logs
     assert logs.strip() == "hello from hello"
+
+
+def _pod(name: str, script: str, **spec: object) -> dict:
+    from rlkube_e2e.images import ensure_image  # noqa: PLC0415
+
+    container = {
+        "name": "main",
+        "image": ensure_image("base").ref,
+        "imagePullPolicy": "Never",
+        "command": ["python3", "-u", "-c", script],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"nodeSelector": {"rlkube.dev/pool": "real"}, "containers": [container], **spec},
+    }
+
+
+# Inside a pod: its own headless-Service name resolves to its own address (CoreDNS), and the
+# `kubernetes` Service answers at its ClusterIP (kube-proxy in the node's namespace) to the
+# pod's projected ServiceAccount token.
+DNS_AND_SERVICE = """
+import json, socket, ssl, time, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+own = socket.gethostbyname(socket.gethostname())
+fqdn = "dns.headless.default.svc.cluster.local"
+for _ in range(120):
+    try:
+        found = socket.gethostbyname(fqdn)
+        break
+    except OSError:
+        time.sleep(0.5)
+print("headless", found == own)
+print("service", socket.gethostbyname("kubernetes.default.svc.cluster.local"))
+context = ssl.create_default_context(cafile=sa + "/ca.crt")
+request = urllib.request.Request("https://kubernetes.default.svc/version")
+request.add_header("Authorization", "Bearer " + open(sa + "/token").read())
+print("version", json.load(urllib.request.urlopen(request, context=context, timeout=10))["gitVersion"])
+"""
+
+
+def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
+    real_cluster: tuple[LocalCluster, RealNode],
+) -> None:
+    cluster, _node = real_cluster
+    api = cluster.api()
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "headless", "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": "dns"}, "publishNotReadyAddresses": True},
+    }
+    api.call("POST", "/api/v1/namespaces/default/services", service)
+    pod = _pod("dns", DNS_AND_SERVICE, restartPolicy="Never", hostname="dns", subdomain="headless")
+    api.call("POST", "/api/v1/namespaces/default/pods", pod)
+    done = _wait_phase(api, "/api/v1/namespaces/default/pods/dns", {"Succeeded", "Failed"}, 120)
+    _, logs = api.request("GET", "/api/v1/namespaces/default/pods/dns/log")
+    assert done["status"]["phase"] == "Succeeded", logs
+    assert logs.split("\n")[:3] == ["headless True", "service 10.96.0.1", f"version v{K8S_VERSION}"], logs
+
+
+def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_api(
+    real_cluster: tuple[LocalCluster, RealNode],
+) -> None:
+    cluster, _node = real_cluster
+    api = cluster.api()
+    # Exits 3 with a termination message: the kubelet reads the file and reports both.
+    failing = _pod(
+        "fails", "open('/dev/termination-log', 'w').write('why: 3'); raise SystemExit(3)", restartPolicy="Never"
+    )
+    api.call("POST", "/api/v1/namespaces/default/pods", failing)
+    done = _wait_phase(api, "/api/v1/namespaces/default/pods/fails", {"Succeeded", "Failed"}, 120)
+    terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["message"]) == (3, "why: 3")
+
+    # Handles SIGTERM and exits at once: deleted with a long grace period, it is gone fast.
+    handler = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); print('up'); time.sleep(600)"
+    )
+    api.call("POST", "/api/v1/namespaces/default/pods", _pod("graceful", handler, terminationGracePeriodSeconds=60))
+    _wait_phase(api, "/api/v1/namespaces/default/pods/graceful", {"Running"}, 120)
+    deadline = time.monotonic() + 30
+    while api.request("GET", "/api/v1/namespaces/default/pods/graceful/log")[1].strip() != "up":
+        assert time.monotonic() < deadline, "the container never printed"
+        time.sleep(0.2)
+    started = time.monotonic()
+    api.call("DELETE", "/api/v1/namespaces/default/pods/graceful")
+    while api.request("GET", "/api/v1/namespaces/default/pods/graceful")[0] != 404:
+        assert time.monotonic() - started < 30, (
+            "SIGTERM did not end the container: the kubelet waited for the grace period"
+        )
+        time.sleep(0.2)

@@ -2,7 +2,7 @@
 and /var/lib as an overlay whose writes stay in the node's state dir.
 
 `wrap(...)` prefixes a command so it runs inside the node's network namespace and a fresh
-private mount namespace set up first. The netns is entered before the mounts, because a
+private mount namespace set up first (the host's /sys, and so its cgroup mounts, stay visible). The netns is entered before the mounts, because a
 private /run hides /run/netns. The host's kernel settings and directories never change
 (real-node.md quirk 2): kubelet with protectKernelDefaults only reads the three files, and
 what CNI keeps under /var/lib/cni (address leases, results) lands in the overlay's upper
@@ -48,8 +48,10 @@ def setup_script(state_dir: Path, binds: dict[Path, Path]) -> str:
 def wrap(netns: str, state_dir: Path, command: list[str]) -> list[str]:
     binds = write_sysctl_files(state_dir)
     script = setup_script(state_dir, binds)
+    # nsenter, not `ip netns exec`: the latter remounts /sys for the namespace, which takes
+    # the cgroup hierarchies under /sys/fs/cgroup with it, and the kubelet needs them.
     return [
-        "ip", "netns", "exec", netns,
+        "nsenter", f"--net=/run/netns/{netns}",
         "unshare", "--mount", "--propagation", "private",
         "sh", "-c", script, "rlkube-node", *command,
     ]  # fmt: skip
