@@ -64,6 +64,10 @@ images-sysdeps: ## Debian packages the image builds need (buildah, mmdebstrap), 
 		apt-get -o DPkg::Lock::Timeout=600 install -y -qq $$missing; \
 	fi
 
+.PHONY: pause
+pause: images-sysdeps ## the real node's pod sandbox image, built from the Kubernetes module's pause.c (cached)
+	bash e2e/toolchain.sh pause
+
 .PHONY: images
 images: venv images-sysdeps ## build the base, operator and trainer CPU images here (OCI archives in $(RLKUBE_CACHE)/images, cached by their inputs' hash)
 	$(PY) -m rlkube_e2e.images build
@@ -85,7 +89,7 @@ lint: venv ## ruff, mypy, shellcheck
 	$(VENV)/bin/shellcheck e2e/*.sh e2e/cluster .ci/run bench/gpu/*.sh
 
 .PHONY: test
-test: venv toolchain sysdeps images-sysdeps lint ## install what is needed, then run every test
+test: venv toolchain sysdeps images-sysdeps pause lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 FUZZ_EXAMPLES ?= 1000

@@ -17,7 +17,7 @@ from rlkube_e2e.cluster import LocalCluster
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
-from rlkube_e2e.node.node import NodeError, RealNode, find_node_binaries
+from rlkube_e2e.node.node import RealNode, find_node_binaries
 
 pytestmark = [
     pytest.mark.cluster,
@@ -38,59 +38,61 @@ def _wait_phase(api: KubeApi, path: str, phases: set[str], timeout: float) -> di
 
 
 @pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, RealNode]]:
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, list[RealNode]]]:
+    """A control plane with two real nodes, each in pool `real` and labelled with its index."""
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415 - builds only when this test runs
 
-    try:
-        find_node_binaries()
-    except NodeError as error:
-        pytest.skip(str(error))
+    # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
+    find_node_binaries()
     base = ensure_image("base")
     root = tmp_path_factory.mktemp("real-node")
     pools = root / "pools.yaml"
-    pools.write_text("pools:\n  none:\n    nodes: 0\n    capacity: {cpu: \"1\", memory: 1Gi, pods: \"1\"}\n")
+    pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
     cluster = LocalCluster(root / "cluster", pools, die_with_parent=True, node_network=True)
     cluster.up()
-    try:
-        state = cluster._require_state()
-        assert state.link is not None
-        node = RealNode(
-            name="real-0",
-            link_index=state.link,
-            index=0,
+    state = cluster._require_state()
+    assert state.link is not None
+    link = cluster_link(state.link)
+    nodes = [
+        RealNode(
+            name=f"real-{index}",
+            link_index=link.index,
+            index=index,
             server=cluster.server,
             pki=cluster.layout.pki,
-            state_dir=root / "node-0",
-            labels={"rlkube.dev/pool": "real"},
+            state_dir=root / f"node-{index}",
+            labels={"rlkube.dev/pool": "real", "test/index": str(index)},
             images=(base.path,),
-            cluster_dns=str(cluster_link(state.link).host_address.ip),
+            cluster_dns=str(link.host_address.ip),
         )
-        node.start()
-        try:
-            yield cluster, node
-        finally:
-            node.stop()
+        for index in range(2)
+    ]
+    try:
+        for node in nodes:
+            node.start()
+        yield cluster, nodes
     finally:
-        link = cluster_link(state.link) if state.link is not None else None
+        for node in nodes:
+            node.stop()
         cluster.down()
-    assert node.leftovers() == []
-    if link is not None:
-        assert netns.link_leftovers(link) == []
+    for node in nodes:
+        assert node.leftovers() == []
+    assert netns.link_leftovers(link) == []
 
 
 def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
-    real_cluster: tuple[LocalCluster, RealNode],
+    real_cluster: tuple[LocalCluster, list[RealNode]],
 ) -> None:
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415
 
-    cluster, node = real_cluster
+    cluster, (node, _) = real_cluster
     api = cluster.api()
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "hello", "namespace": "default"},
         "spec": {
-            "nodeSelector": {"rlkube.dev/pool": "real"},
+            "nodeSelector": {"test/index": "0"},
             "restartPolicy": "Never",
             "containers": [
                 {
@@ -112,7 +114,7 @@ def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
     assert logs.strip() == "hello from hello"
 
 
-def _pod(name: str, script: str, **spec: object) -> dict:
+def _pod(name: str, script: str, node: int = 0, **spec: object) -> dict:
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415
 
     container = {
@@ -125,7 +127,7 @@ def _pod(name: str, script: str, **spec: object) -> dict:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"nodeSelector": {"rlkube.dev/pool": "real"}, "containers": [container], **spec},
+        "spec": {"nodeSelector": {"test/index": str(node)}, "containers": [container], **spec},
     }
 
 
@@ -153,9 +155,9 @@ print("version", json.load(urllib.request.urlopen(request, context=context, time
 
 
 def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
-    real_cluster: tuple[LocalCluster, RealNode],
+    real_cluster: tuple[LocalCluster, list[RealNode]],
 ) -> None:
-    cluster, _node = real_cluster
+    cluster, _nodes = real_cluster
     api = cluster.api()
     service = {
         "apiVersion": "v1",
@@ -173,9 +175,9 @@ def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
 
 
 def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_api(
-    real_cluster: tuple[LocalCluster, RealNode],
+    real_cluster: tuple[LocalCluster, list[RealNode]],
 ) -> None:
-    cluster, _node = real_cluster
+    cluster, _nodes = real_cluster
     api = cluster.api()
     # Exits 3 with a termination message: the kubelet reads the file and reports both.
     failing = _pod(
@@ -203,3 +205,50 @@ def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_a
             "SIGTERM did not end the container: the kubelet waited for the grace period"
         )
         time.sleep(0.2)
+
+
+SERVER = """
+import socket
+with socket.create_server(("0.0.0.0", 7000)) as server:
+    connection, peer = server.accept()
+    connection.sendall(("seen " + peer[0]).encode())
+    connection.close()
+"""
+CLIENT = """
+import socket, time
+for _ in range(240):
+    try:
+        connection = socket.create_connection(("server.mesh.default.svc.cluster.local", 7000), timeout=2)
+        break
+    except OSError:
+        time.sleep(0.5)
+print(socket.gethostbyname(socket.gethostname()), connection.recv(100).decode())
+"""
+
+
+def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
+    real_cluster: tuple[LocalCluster, list[RealNode]],
+) -> None:
+    """What the trainer's rendezvous needs across pods: a headless name leads to a pod on
+    another node, and the connection arrives from the peer's own pod address (no NAT)."""
+    cluster, nodes = real_cluster
+    api = cluster.api()
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "mesh", "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": "server"}, "publishNotReadyAddresses": True},
+    }
+    api.call("POST", "/api/v1/namespaces/default/services", service)
+    pods = "/api/v1/namespaces/default/pods"
+    api.call("POST", pods, _pod("server", SERVER, node=0, restartPolicy="Never", hostname="server", subdomain="mesh"))
+    api.call("POST", pods, _pod("client", CLIENT, node=1, restartPolicy="Never"))
+    server = _wait_phase(api, f"{pods}/server", {"Succeeded", "Failed"}, 180)
+    client = _wait_phase(api, f"{pods}/client", {"Succeeded", "Failed"}, 60)
+    _, logs = api.request("GET", f"{pods}/client/log")
+    assert (server["status"]["phase"], client["status"]["phase"]) == ("Succeeded", "Succeeded"), logs
+    assert (server["spec"]["nodeName"], client["spec"]["nodeName"]) == (nodes[0].name, nodes[1].name)
+    assert ipaddress.ip_address(server["status"]["podIP"]) in nodes[0].net.pod_cidr
+    client_ip = client["status"]["podIP"]
+    assert ipaddress.ip_address(client_ip) in nodes[1].net.pod_cidr
+    assert logs.strip() == f"{client_ip} seen {client_ip}"
