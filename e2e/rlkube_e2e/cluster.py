@@ -39,6 +39,7 @@ from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.layout import Layout
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
+from rlkube_e2e.node.node import RealNode
 from rlkube_e2e.pki import ensure_pki
 from rlkube_e2e.pools import MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, NodePool, load_pools
 from rlkube_e2e.state import ClusterState, ProcessRecord
@@ -73,6 +74,7 @@ class ClusterStatus:
     # Pool name -> (nodes, Ready nodes); empty when the API does not answer.
     pools: dict[str, tuple[int, int]]
     expected: tuple[str, ...] = ORDER
+    real_nodes: tuple[str, ...] = ()
 
     @property
     def healthy(self) -> bool:
@@ -96,12 +98,18 @@ class LocalCluster:
         *,
         die_with_parent: bool = False,
         node_network: bool = False,
+        real_nodes: int = 0,
+        node_pool: str = "real",
+        node_images: tuple[Path, ...] = (),
         log: Callable[[str], None] | None = None,
     ) -> None:
         self.layout = Layout(Path(state_dir).absolute())
         # Real nodes (node/) need a host bridge of the cluster's own, on whose address the
         # apiserver listens; a kwok-only cluster stays on loopback and needs no root.
-        self.node_network = node_network
+        self.node_network = node_network or real_nodes > 0
+        self.real_nodes = real_nodes
+        self.node_pool = node_pool
+        self.node_images = node_images
         self.pools_file = Path(pools_file)
         self.die_with_parent = die_with_parent
         self._log = log or (lambda _message: None)
@@ -206,6 +214,11 @@ class LocalCluster:
                 self._spawn(state, components.coredns(coredns, layout, host))
             self._create_nodes(pools)
             self._wait(state, deadline, lambda: self._readiness_problem(state, started_at))
+            for index in range(self.real_nodes):
+                node = self.real_node(state, index, f"{self.node_pool}-{index}")
+                state.real_nodes.append(node.name)
+                state.save(layout.state_file)
+                node.start(timeout=max(deadline - time.monotonic(), 60.0))
         except (ApiError, OSError) as error:
             self._stop_all(state)
             raise ClusterError(f"the apiserver refused a start-up call: {error}; logs in {layout.logs}") from None
@@ -219,6 +232,26 @@ class LocalCluster:
     def _apiserver(self, binaries: Binaries, state: ClusterState) -> Component:
         host = str(cluster_link(state.link).host_address.ip) if state.link is not None else None
         return components.kube_apiserver(binaries, self.layout, state.ports, host)
+
+    def real_node(self, state: ClusterState, index: int, name: str) -> RealNode:
+        """Real node `index` of this cluster (started or not): its state lives in the
+        cluster's state dir, so `down` from another process can stop it."""
+        if state.link is None:
+            raise ClusterError("this cluster has no node network; start it with real nodes")
+        link = cluster_link(state.link)
+        return RealNode(
+            name=name,
+            link_index=link.index,
+            index=index,
+            server=state.server,
+            pki=self.layout.pki,
+            state_dir=self.state_dir / "nodes" / name,
+            labels={POOL_LABEL: self.node_pool},
+            images=self.node_images,
+            cluster_dns=str(link.host_address.ip),
+            die_with_parent=self.die_with_parent,
+            log=self._log,
+        )
 
     def _remove_link(self, state: ClusterState) -> None:
         if state.link is not None:
@@ -385,6 +418,11 @@ class LocalCluster:
         return running
 
     def _stop_all(self, state: ClusterState) -> None:
+        # Nodes first: a kubelet outliving its apiserver would only log errors.
+        for index, name in enumerate(state.real_nodes):
+            self.real_node(state, index, name).stop()
+            self._log(f"  stopped node {name}")
+        state.real_nodes = []
         by_name = {record.name: record for record in state.processes}
         # Reverse start order: clients first, etcd last, so nothing logs errors
         # about a backend that went away first.
@@ -400,9 +438,9 @@ class LocalCluster:
         # Only what `up` creates is removed, never the whole directory: --state-dir
         # pointed at a wrong folder must not wipe it.
         layout = self.layout
-        for path in (layout.state_file, layout.kubeconfig, layout.lock_file):
+        for path in (layout.state_file, layout.kubeconfig, layout.lock_file, self.state_dir / "Corefile"):
             path.unlink(missing_ok=True)
-        for directory in (layout.pki.dir, layout.etcd_data, layout.logs, layout.kwok_home):
+        for directory in (layout.pki.dir, layout.etcd_data, layout.logs, layout.kwok_home, self.state_dir / "nodes"):
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(self.state_dir / "serving-certs", ignore_errors=True)
         shutil.rmtree(self.state_dir / "procnode", ignore_errors=True)  # the demo's process node
@@ -427,7 +465,16 @@ class LocalCluster:
                     pools[pool] = (count + 1, usable + int(_node_usable(node)))
             except (OSError, ApiError):
                 pass
-        return ClusterStatus(self.state_dir, state.server, self.kubeconfig, statuses, ready, pools, _expected(state))
+        return ClusterStatus(
+            self.state_dir,
+            state.server,
+            self.kubeconfig,
+            statuses,
+            ready,
+            pools,
+            _expected(state),
+            tuple(state.real_nodes),
+        )
 
     # -- helpers -----------------------------------------------------------------
 
@@ -564,6 +611,17 @@ def main(argv: list[str] | None = None) -> int:
     up = commands.add_parser("up", parents=[common], help="start the cluster (no-op when running)")
     up.add_argument("--pools", type=Path, default=DEFAULT_POOLS_FILE, help="node pools YAML (default e2e/pools.yaml)")
     up.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds to wait for readiness")
+    up.add_argument(
+        "--real-nodes",
+        type=int,
+        default=0,
+        help="real nodes to start (kubelet, containerd, runc, CNI, kube-proxy; needs root), in pool `real`",
+    )
+    up.add_argument(
+        "--images",
+        default="",
+        help="comma-separated images to build if needed and import into the real nodes (base, operator, trainer-cpu)",
+    )
     down = commands.add_parser("down", parents=[common], help="stop the cluster and delete its state")
     down.add_argument("--keep", action="store_true", help="keep the state dir (etcd data, certs, logs)")
     commands.add_parser("status", parents=[common], help="show components, API server and nodes per pool")
@@ -572,8 +630,14 @@ def main(argv: list[str] | None = None) -> int:
     def say(message: str) -> None:
         print(message, flush=True)
 
-    cluster = LocalCluster(args.state_dir, getattr(args, "pools", DEFAULT_POOLS_FILE), log=say)
     try:
+        cluster = LocalCluster(
+            args.state_dir,
+            getattr(args, "pools", DEFAULT_POOLS_FILE),
+            real_nodes=getattr(args, "real_nodes", 0),
+            node_images=_image_archives(getattr(args, "images", "")),
+            log=say,
+        )
         if args.command == "up":
             return _cmd_up(cluster, args.timeout)
         if args.command == "down":
@@ -585,6 +649,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _image_archives(names: str) -> tuple[Path, ...]:
+    if not names:
+        return ()
+    from rlkube_e2e.images import ImageError, ensure_image  # noqa: PLC0415 - only when asked for
+
+    try:
+        return tuple(ensure_image(name.strip()).path for name in names.split(",") if name.strip())
+    except ImageError as error:
+        raise ClusterError(str(error)) from None
 
 
 def _cmd_up(cluster: LocalCluster, timeout: float) -> int:
@@ -627,6 +702,8 @@ def _cmd_status(cluster: LocalCluster) -> int:
         print("nodes per pool:")
         for pool, (count, ready) in sorted(status.pools.items()):
             print(f"  {pool:<24} {count} ({ready} Ready)")
+    if status.real_nodes:
+        print(f"real nodes: {', '.join(status.real_nodes)} (logs under {status.state_dir / 'nodes'})")
     return 0 if status.healthy else 1
 
 

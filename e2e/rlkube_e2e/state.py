@@ -26,6 +26,8 @@ class ClusterState:
     processes: list[ProcessRecord] = field(default_factory=list)
     # The cluster link's index (node/network.py) when the cluster runs real nodes.
     link: int | None = None
+    # Names of the real nodes `up` started (node i is node/network.py's node i of the link).
+    real_nodes: list[str] = field(default_factory=list)
 
     def save(self, path: Path) -> None:
         # Written whole and renamed, so a reader never sees half a file.
@@ -43,6 +45,7 @@ class ClusterState:
                 nodes={str(pool): list(names) for pool, names in raw["nodes"].items()},
                 processes=[ProcessRecord(**record) for record in raw["processes"]],
                 link=raw.get("link"),
+                real_nodes=list(raw.get("real_nodes", [])),
             )
         except FileNotFoundError:
             return None

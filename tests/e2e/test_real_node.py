@@ -7,13 +7,15 @@ import ipaddress
 import json
 import os
 import shutil
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from rlkube_e2e.binaries import K8S_VERSION
-from rlkube_e2e.cluster import LocalCluster
+from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
@@ -252,3 +254,31 @@ def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
     client_ip = client["status"]["podIP"]
     assert ipaddress.ip_address(client_ip) in nodes[1].net.pod_cidr
     assert logs.strip() == f"{client_ip} seen {client_ip}"
+
+
+def test_e2e_cluster_starts_real_nodes_and_its_down_from_another_process_leaves_nothing(tmp_path: Path) -> None:
+    cli = [str(REPO_ROOT / "e2e" / "cluster")]
+    state_dir = tmp_path / "cli"
+    up = subprocess.run(
+        [*cli, "up", "--state-dir", str(state_dir), "--real-nodes", "1"],
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "node real-0 Ready" in up.stdout
+        status = subprocess.run(
+            [*cli, "status", "--state-dir", str(state_dir)], capture_output=True, text=True, check=False
+        )
+        assert status.returncode == 0 and "real nodes: real-0" in status.stdout, status.stdout
+        cluster = LocalCluster(state_dir)
+        state = cluster._require_state()
+        node = cluster.real_node(state, 0, "real-0")
+        assert node.leftovers(), "a running node shows nothing that leftovers() sees"
+    finally:
+        down = subprocess.run(
+            [*cli, "down", "--state-dir", str(state_dir)], capture_output=True, text=True, check=False
+        )
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert node.leftovers() == []
+    assert state.link is not None and netns.link_leftovers(cluster_link(state.link)) == []
+    assert not state_dir.exists()

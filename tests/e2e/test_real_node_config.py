@@ -73,9 +73,12 @@ def test_pods_get_addresses_from_their_nodes_range() -> None:
 def test_containerd_keeps_everything_under_the_nodes_state_dir(tmp_path: Path) -> None:
     paths = containerd_paths(tmp_path)
     text = containerd_config(paths, "localhost/rlkube/pause:1.36.3", Path("/usr/lib/cni"))
-    for path in (paths.root, paths.state, paths.socket, paths.cni_conf_dir):
+    for path in (paths.root, paths.state, paths.cni_conf_dir):
         assert path.is_relative_to(tmp_path)
         assert f'"{path}"' in text
+    # Inside the node's mount namespace /run is the node's own, under its state dir.
+    assert paths.socket.is_relative_to("/run") and len(str(paths.socket)) < 108
+    assert f'"{paths.socket}"' in text
     assert "restrict_oom_score_adj = true" in text
     assert 'sandbox_image = "localhost/rlkube/pause:1.36.3"' in text
 

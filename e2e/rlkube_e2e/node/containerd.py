@@ -19,12 +19,19 @@ class ContainerdPaths:
     config: Path
 
 
+# The socket as seen inside the node's mount namespace, whose /run is the node's own
+# (`<state dir>/run`, mountns.py): a unix socket's path may not exceed 108 bytes, which a
+# path under a test's temporary directory easily does. Clients outside the namespace reach
+# it through nsenter.
+SOCKET_IN_NODE = Path("/run/containerd/containerd.sock")
+
+
 def containerd_paths(state_dir: Path) -> ContainerdPaths:
     base = state_dir / "containerd"
     return ContainerdPaths(
         root=base / "root",
         state=base / "state",
-        socket=base / "containerd.sock",
+        socket=SOCKET_IN_NODE,
         cni_conf_dir=state_dir / "cni" / "net.d",
         config=base / "config.toml",
     )

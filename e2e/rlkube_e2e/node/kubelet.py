@@ -39,6 +39,9 @@ class KubeletInputs:
     port: int = 10250
 
 
+ROOT_DIR_IN_NODE = "/var/lib/kubelet"
+
+
 def cgroup_root(cgroup_id: str) -> str:
     """A cgroup tree of the node's own (quirk 3), so stop() can remove it whole."""
     return f"/rlkube/{cgroup_id}"
@@ -101,7 +104,10 @@ def kubelet_args(kubelet: Path, config: Path, inputs: KubeletInputs) -> list[str
         str(kubelet),
         f"--config={config}",
         f"--kubeconfig={inputs.kubeconfig}",
-        f"--root-dir={inputs.state_dir / 'kubelet'}",
+        # Inside the node's mount namespace /var/lib is an overlay whose writes land in the
+        # node's state dir (mountns.py); the default path keeps the kubelet's unix sockets
+        # (device plugins, pod resources) under the 108-byte limit a temporary dir can exceed.
+        f"--root-dir={ROOT_DIR_IN_NODE}",
         f"--hostname-override={inputs.node_name}",
         # A real (non-loopback) address on the node's veth (quirk 4).
         f"--node-ip={inputs.node_ip}",

@@ -140,6 +140,10 @@ class RealNode:
         return self.state_dir / "logs"
 
     @property
+    def _holder_file(self) -> Path:
+        return self.state_dir / "holder.pid"
+
+    @property
     def address(self) -> str:
         return str(self.net.node_address.ip)
 
@@ -155,15 +159,18 @@ class RealNode:
             inputs = self._write_files()
             hold = mountns.wrap(self.net.netns, self.state_dir, [str(binaries.sleep), "infinity"])
             holder = self._spawn("holder", binaries.sleep, hold)
+            # stop() from another process (`e2e/cluster down`) finds the namespaces through it.
+            self._holder_file.write_text(f"{holder.pid}\n")
             self._wait(deadline, lambda: self._in_own_mount_ns(holder.pid), "the node's namespaces")
             enter = [str(binaries.nsenter), f"--target={holder.pid}", "--mount", "--net", "--"]
             paths = containerd_paths(self.state_dir)
             self._spawn(
                 "containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"]
             )
-            self._wait(deadline, lambda: self._containerd_serving(binaries, paths.socket), "containerd's socket")
+            ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
+            self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
             for archive in (binaries.pause_archive, *self.images):
-                self._import(binaries, paths.socket, archive)
+                self._import(ctr, archive)
             config = self.state_dir / "kubelet" / "config.json"
             write_kubelet_config(config, inputs)
             args = kubelet_args(binaries.kubelet, config, inputs)
@@ -260,18 +267,13 @@ class RealNode:
         except OSError:
             return False
 
-    def _containerd_serving(self, binaries: NodeBinaries, socket: Path) -> bool:
-        if not socket.exists():
-            return False
-        result = subprocess.run(
-            [str(binaries.ctr), f"--address={socket}", "version"], capture_output=True, check=False, timeout=10
-        )
-        return result.returncode == 0
+    def _containerd_serving(self, ctr: list[str]) -> bool:
+        return subprocess.run([*ctr, "version"], capture_output=True, check=False, timeout=10).returncode == 0
 
-    def _import(self, binaries: NodeBinaries, socket: Path, archive: Path) -> None:
+    def _import(self, ctr: list[str], archive: Path) -> None:
         started = time.monotonic()
         result = subprocess.run(
-            [str(binaries.ctr), f"--address={socket}", "-n", K8S_NAMESPACE, "images", "import", str(archive)],
+            [*ctr, "-n", K8S_NAMESPACE, "images", "import", str(archive)],
             capture_output=True,
             text=True,
             check=False,
@@ -354,12 +356,19 @@ class RealNode:
     def _namespace_pids(self) -> set[int]:
         """Every process in the node's mount namespace: the holder, containerd, the kubelet
         and the containerd shims (a shim outlives containerd by design)."""
-        holder = next((r for r in self._running if r.name == "holder"), None)
+        holder = next((r.pid for r in self._running if r.name == "holder"), None)
         if holder is None:
-            return set()
+            try:
+                holder = int(self._holder_file.read_text())
+            except (OSError, ValueError):
+                return set()
         try:
-            target = os.readlink(f"/proc/{holder.pid}/ns/mnt")
+            if not os.readlink(f"/proc/{holder}/exe").endswith("/sleep"):
+                return set()  # the pid was reused: the node is long gone
+            target = os.readlink(f"/proc/{holder}/ns/mnt")
         except OSError:
+            return set()
+        if target == os.readlink("/proc/self/ns/mnt"):
             return set()
         found = set()
         for entry in Path("/proc").iterdir():
@@ -391,6 +400,7 @@ class RealNode:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     running.handle.wait(timeout=5)
         self._running = []
+        self._holder_file.unlink(missing_ok=True)
         self._remove_cgroups()
         netns.remove(self.net)
         with contextlib.suppress(OSError, ApiError):
