@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
@@ -46,7 +47,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
 
     # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
     find_node_binaries()
-    base = ensure_image("base")
+    base, operator = ensure_image("base"), ensure_image("operator")
     root = tmp_path_factory.mktemp("real-node")
     pools = root / "pools.yaml"
     pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
@@ -64,7 +65,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
             pki=cluster.layout.pki,
             state_dir=root / f"node-{index}",
             labels={"rlkube.dev/pool": "real", "test/index": str(index)},
-            images=(base.path,),
+            images=(base.path, operator.path),
             cluster_dns=str(link.host_address.ip),
         )
         for index in range(2)
@@ -282,3 +283,64 @@ def test_e2e_cluster_starts_real_nodes_and_its_down_from_another_process_leaves_
     assert node.leftovers() == []
     assert state.link is not None and netns.link_leftovers(cluster_link(state.link)) == []
     assert not state_dir.exists()
+
+
+def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(
+    real_cluster: tuple[LocalCluster, list[RealNode]],
+) -> None:
+    """`helm install` as a user does, with the operator image built here: its pods start
+    from the image as its non-root user in a namespace that enforces the restricted Pod
+    Security Standard, pass the kubelet's probes, reach the API through the `kubernetes`
+    Service with the chart's ServiceAccount, and reconcile an RLJob."""
+    from rlkube_e2e.images import ensure_image  # noqa: PLC0415
+    from rlkube_e2e.testing import Kubectl  # noqa: PLC0415
+    from tests.chart.chart_kit import CHART, Helm, helm_binary, install_rljob_crd, release_name  # noqa: PLC0415
+
+    cluster, nodes = real_cluster
+    kubectl = Kubectl(cluster.kubeconfig)
+    namespace = "operator-restricted"
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    install_rljob_crd(kubectl)
+    image = ensure_image("operator")
+    repository, tag = image.ref.rsplit(":", 1)
+    release = release_name()
+    helm = Helm(helm_binary(), cluster.kubeconfig)
+    helm(
+        "install", release, str(CHART), "--namespace", namespace,
+        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+        "--set", f"watchNamespaces={{{namespace}}}", "--set", "nodeSelector.rlkube\\.dev/pool=real",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            pods = json.loads(kubectl("-n", namespace, "get", "pods", "-o", "json").stdout)["items"]
+            ready = [
+                p for p in pods
+                if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+            ]  # fmt: skip
+            if len(ready) == 2:
+                break
+            assert time.monotonic() < deadline, json.dumps([p["status"] for p in pods])[:3000]
+            time.sleep(1)
+        assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in nodes}
+        for pod in ready:
+            (status,) = pod["status"]["containerStatuses"]
+            assert status["imageID"], status
+            assert pod["spec"]["containers"][0]["image"] == image.ref
+        job = yaml.safe_load((REPO_ROOT / "examples" / "gpu-multipool.yaml").read_text())
+        job["metadata"]["namespace"] = namespace
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+        deadline = time.monotonic() + 120
+        while True:
+            found = json.loads(kubectl("-n", namespace, "get", "rljob", job["metadata"]["name"], "-o", "json").stdout)
+            if found.get("status", {}).get("conditions"):
+                break
+            assert time.monotonic() < deadline, "the operator pod never reconciled the RLJob"
+            time.sleep(1)
+        # The operator runs as the image's user, not root (the restricted standard demands it).
+        leader = ready[0]["metadata"]["name"]
+        uid = kubectl("-n", namespace, "exec", leader, "--", "python3", "-c", "import os; print(os.getuid())").stdout
+        assert uid.strip() == "65532"
+    finally:
+        helm("uninstall", release, "--namespace", namespace, "--wait", check=False)
