@@ -117,6 +117,17 @@ def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
     assert logs.strip() == "hello from hello"
 
 
+def _headless_service(api: KubeApi, name: str, app: str) -> None:
+    """A headless Service, as the operator makes per role: pods get `<hostname>.<name>` names."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"clusterIP": "None", "selector": {"app": app}, "publishNotReadyAddresses": True},
+    }
+    api.call("POST", "/api/v1/namespaces/default/services", service)
+
+
 def _pod(name: str, script: str, node: int = 0, **spec: object) -> dict:
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415
 
@@ -162,13 +173,7 @@ def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
 ) -> None:
     cluster, _nodes = real_cluster
     api = cluster.api()
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "headless", "namespace": "default"},
-        "spec": {"clusterIP": "None", "selector": {"app": "dns"}, "publishNotReadyAddresses": True},
-    }
-    api.call("POST", "/api/v1/namespaces/default/services", service)
+    _headless_service(api, "headless", "dns")
     pod = _pod("dns", DNS_AND_SERVICE, restartPolicy="Never", hostname="dns", subdomain="headless")
     api.call("POST", "/api/v1/namespaces/default/pods", pod)
     done = _wait_phase(api, "/api/v1/namespaces/default/pods/dns", {"Succeeded", "Failed"}, 120)
@@ -236,13 +241,7 @@ def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
     another node, and the connection arrives from the peer's own pod address (no NAT)."""
     cluster, nodes = real_cluster
     api = cluster.api()
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": "mesh", "namespace": "default"},
-        "spec": {"clusterIP": "None", "selector": {"app": "server"}, "publishNotReadyAddresses": True},
-    }
-    api.call("POST", "/api/v1/namespaces/default/services", service)
+    _headless_service(api, "mesh", "server")
     pods = "/api/v1/namespaces/default/pods"
     api.call("POST", pods, _pod("server", SERVER, node=0, restartPolicy="Never", hostname="server", subdomain="mesh"))
     api.call("POST", pods, _pod("client", CLIENT, node=1, restartPolicy="Never"))
