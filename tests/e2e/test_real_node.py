@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlkube_e2e import tinyjob
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
 from rlkube_e2e.node.node import RealNode, find_node_binaries
+from rlkube_e2e.testing import Kubectl
 
 pytestmark = [
     pytest.mark.cluster,
@@ -47,7 +49,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
 
     # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
     find_node_binaries()
-    base, operator = ensure_image("base"), ensure_image("operator")
+    images = [ensure_image(name) for name in ("base", "operator", "trainer-cpu")]
     root = tmp_path_factory.mktemp("real-node")
     pools = root / "pools.yaml"
     pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
@@ -65,7 +67,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
             pki=cluster.layout.pki,
             state_dir=root / f"node-{index}",
             labels={"rlkube.dev/pool": "real", "test/index": str(index)},
-            images=(base.path, operator.path),
+            images=tuple(image.path for image in images),
             cluster_dns=str(link.host_address.ip),
         )
         for index in range(2)
@@ -284,25 +286,54 @@ def test_e2e_cluster_starts_real_nodes_and_its_down_from_another_process_leaves_
     assert not state_dir.exists()
 
 
-def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(
-    real_cluster: tuple[LocalCluster, list[RealNode]],
+def _work_volume(kubectl: Kubectl, namespace: str, path: Path) -> str:
+    """A hostPath PersistentVolume bound to claim `work` (both nodes share this host's disk,
+    so ReadWriteMany is true here); the restricted standard refuses hostPath in pods."""
+    path.mkdir(parents=True, exist_ok=True)
+    name = f"{namespace}-work"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Ti"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": "work"},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "work", "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": name},
+    }
+    kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
+    return "work"
+
+
+def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_standard(
+    real_cluster: tuple[LocalCluster, list[RealNode]], tmp_path: Path
 ) -> None:
-    """`helm install` as a user does, with the operator image built here: its pods start
-    from the image as its non-root user in a namespace that enforces the restricted Pod
-    Security Standard, pass the kubelet's probes, reach the API through the `kubernetes`
-    Service with the chart's ServiceAccount, and reconcile an RLJob."""
+    """What a user does, on real nodes with the images built here: `helm install` (the
+    operator's pods start from its image as its non-root user, pass the kubelet's probes and
+    reach the API through the `kubernetes` Service with the chart's ServiceAccount), then the
+    tiny RLJob, whose pods start from the trainer image in a namespace that enforces the
+    restricted Pod Security Standard. The controller and the rollout pod run on one node and
+    the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
+    cross between the nodes; the job trains to Succeeded."""
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415
-    from rlkube_e2e.testing import Kubectl  # noqa: PLC0415
     from tests.chart.chart_kit import CHART, Helm, helm_binary, install_rljob_crd, release_name  # noqa: PLC0415
 
     cluster, nodes = real_cluster
     kubectl = Kubectl(cluster.kubeconfig)
-    namespace = "operator-restricted"
+    namespace = "tiny-restricted"
     kubectl("create", "namespace", namespace)
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     install_rljob_crd(kubectl)
-    image = ensure_image("operator")
-    repository, tag = image.ref.rsplit(":", 1)
+    operator, trainer = ensure_image("operator"), ensure_image("trainer-cpu")
+    repository, tag = operator.ref.rsplit(":", 1)
     release = release_name()
     helm = Helm(helm_binary(), cluster.kubeconfig)
     helm(
@@ -323,23 +354,39 @@ def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(
             assert time.monotonic() < deadline, json.dumps([p["status"] for p in pods])[:3000]
             time.sleep(1)
         assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in nodes}
-        for pod in ready:
-            (status,) = pod["status"]["containerStatuses"]
-            assert status["imageID"], status
-            assert pod["spec"]["containers"][0]["image"] == image.ref
-        job = yaml.safe_load((REPO_ROOT / "examples" / "gpu-multipool.yaml").read_text())
-        job["metadata"]["namespace"] = namespace
-        kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-        deadline = time.monotonic() + 120
-        while True:
-            found = json.loads(kubectl("-n", namespace, "get", "rljob", job["metadata"]["name"], "-o", "json").stdout)
-            if found.get("status", {}).get("conditions"):
-                break
-            assert time.monotonic() < deadline, "the operator pod never reconciled the RLJob"
-            time.sleep(1)
-        # The operator runs as the image's user, not root (the restricted standard demands it).
-        leader = ready[0]["metadata"]["name"]
-        uid = kubectl("-n", namespace, "exec", leader, "--", "python3", "-c", "import os; print(os.getuid())").stdout
-        assert uid.strip() == "65532"
+        assert {p["spec"]["containers"][0]["image"] for p in ready} == {operator.ref}
+        uid = kubectl(
+            "-n",
+            namespace,
+            "exec",
+            ready[0]["metadata"]["name"],
+            "--",
+            "python3",
+            "-c",
+            "import os; print(os.getuid())",
+        )
+        assert uid.stdout.strip() == "65532"
+
+        workdir = tmp_path / "work"
+        job = tinyjob.prepare(workdir, name="tiny-real", steps=4, save_freq=2, pool="real")
+        # The trainer image's user writes checkpoints there; a hostPath volume is not chowned.
+        for path in (workdir, *workdir.rglob("*")):
+            os.chown(path, 1000, 1000)
+        spec = job.manifest["spec"]
+        spec["image"], spec["imagePullPolicy"] = trainer.ref, "Never"
+        claim = _work_volume(kubectl, namespace, workdir)
+        for volume in spec["volumes"]:
+            if volume["mountPath"] == tinyjob.MOUNT:
+                volume["source"] = {"persistentVolumeClaim": {"claimName": claim}}
+        apart = {"controller": 1, "rollout": 1, "actor": 0}
+        spec["controller"]["pool"] = {"nodeSelector": {"test/index": str(apart["controller"])}}
+        for role, settings in spec["roles"].items():
+            settings["pool"] = {"nodeSelector": {"test/index": str(apart[role])}}
+        tinyjob.apply(kubectl, namespace, job)
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 600)
+        assert final["state"] == "Succeeded", final
+        assert final["progress"]["step"] == 4
+        assert len(job.metrics()) == 4
+        assert final.get("restartCount", 0) == 0
     finally:
         helm("uninstall", release, "--namespace", namespace, "--wait", check=False)
