@@ -39,7 +39,7 @@ from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.layout import Layout
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
-from rlkube_e2e.node.node import RealNode
+from rlkube_e2e.node.node import RealNode, start_nodes
 from rlkube_e2e.pki import ensure_pki
 from rlkube_e2e.pools import MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, NodePool, load_pools
 from rlkube_e2e.state import ClusterState, ProcessRecord
@@ -214,11 +214,10 @@ class LocalCluster:
                 self._spawn(state, components.coredns(coredns, layout, host))
             self._create_nodes(pools)
             self._wait(state, deadline, lambda: self._readiness_problem(state, started_at))
-            for index in range(self.real_nodes):
-                node = self.real_node(state, index, f"{self.node_pool}-{index}")
-                state.real_nodes.append(node.name)
-                state.save(layout.state_file)
-                node.start(timeout=max(deadline - time.monotonic(), 60.0))
+            nodes = [self.real_node(state, index, f"{self.node_pool}-{index}") for index in range(self.real_nodes)]
+            state.real_nodes = [node.name for node in nodes]
+            state.save(layout.state_file)
+            start_nodes(nodes, timeout=max(deadline - time.monotonic(), 60.0))
         except (ApiError, OSError) as error:
             self._stop_all(state)
             raise ClusterError(f"the apiserver refused a start-up call: {error}; logs in {layout.logs}") from None

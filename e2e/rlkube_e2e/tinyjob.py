@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,20 @@ def prepare(
             write_dataset(job.host_path(val), count=VAL_PROMPTS, seed=1)
     job.checkpoints.parent.mkdir(parents=True, exist_ok=True)
     return job
+
+
+# The trainer image's user and group (Dockerfile.trainer: USER 1000:1000).
+TRAINER_UID = 1000
+
+
+def from_image(job: TinyJob, image_ref: str) -> None:
+    """Run the job's pods from a trainer image built here (never pulled: there is no
+    registry), as a real node does; its user must be able to write the work folder, which a
+    hostPath volume does not get chowned for (fsGroup leaves hostPath alone)."""
+    spec = job.manifest["spec"]
+    spec["image"], spec["imagePullPolicy"] = image_ref, "Never"
+    for path in (job.workdir, *job.workdir.rglob("*")):
+        os.chown(path, TRAINER_UID, TRAINER_UID)
 
 
 def reward_config_map(job: TinyJob, namespace: str | None = None) -> dict[str, Any]:

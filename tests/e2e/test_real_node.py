@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_e2e import tinyjob
+from rlkube_e2e import release, tinyjob
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
-from rlkube_e2e.node.node import RealNode, find_node_binaries
+from rlkube_e2e.node.node import RealNode, find_node_binaries, start_nodes
 from rlkube_e2e.testing import Kubectl
 
 pytestmark = [
@@ -73,8 +73,7 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
         for index in range(2)
     ]
     try:
-        for node in nodes:
-            node.start()
+        start_nodes(nodes)
         yield cluster, nodes
     finally:
         for node in nodes:
@@ -324,7 +323,7 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
     the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
     cross between the nodes; the job trains to Succeeded."""
     from rlkube_e2e.images import ensure_image  # noqa: PLC0415
-    from tests.chart.chart_kit import CHART, Helm, helm_binary, install_rljob_crd, release_name  # noqa: PLC0415
+    from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
 
     cluster, nodes = real_cluster
     kubectl = Kubectl(cluster.kubeconfig)
@@ -333,14 +332,7 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     install_rljob_crd(kubectl)
     operator, trainer = ensure_image("operator"), ensure_image("trainer-cpu")
-    repository, tag = operator.ref.rsplit(":", 1)
-    release = release_name()
-    helm = Helm(helm_binary(), cluster.kubeconfig)
-    helm(
-        "install", release, str(CHART), "--namespace", namespace,
-        "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
-        "--set", f"watchNamespaces={{{namespace}}}", "--set", "nodeSelector.rlkube\\.dev/pool=real",
-    )  # fmt: skip
+    name = release.install(cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
     try:
         deadline = time.monotonic() + 180
         while True:
@@ -369,11 +361,8 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
 
         workdir = tmp_path / "work"
         job = tinyjob.prepare(workdir, name="tiny-real", steps=4, save_freq=2, pool="real")
-        # The trainer image's user writes checkpoints there; a hostPath volume is not chowned.
-        for path in (workdir, *workdir.rglob("*")):
-            os.chown(path, 1000, 1000)
+        tinyjob.from_image(job, trainer.ref)
         spec = job.manifest["spec"]
-        spec["image"], spec["imagePullPolicy"] = trainer.ref, "Never"
         claim = _work_volume(kubectl, namespace, workdir)
         for volume in spec["volumes"]:
             if volume["mountPath"] == tinyjob.MOUNT:
@@ -389,4 +378,4 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert len(job.metrics()) == 4
         assert final.get("restartCount", 0) == 0
     finally:
-        helm("uninstall", release, "--namespace", namespace, "--wait", check=False)
+        release.uninstall(cluster.kubeconfig, namespace, name)

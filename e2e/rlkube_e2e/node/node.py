@@ -10,6 +10,7 @@ sit under a root of its own (`/rlkube/<netns>` in each hierarchy), removed at st
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -171,6 +172,8 @@ class RealNode:
             self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
             for archive in (binaries.pause_archive, *self.images):
                 self._import(ctr, archive)
+            # Importing a trainer image takes minutes on 2 cores; the timeout is for starting.
+            deadline = time.monotonic() + timeout
             config = self.state_dir / "kubelet" / "config.json"
             write_kubelet_config(config, inputs)
             args = kubelet_args(binaries.kubelet, config, inputs)
@@ -266,6 +269,18 @@ class RealNode:
             return exe.endswith("/sleep") and os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
         except OSError:
             return False
+
+    def import_images(self, archives: tuple[Path, ...]) -> None:
+        """Import images into a running node (one started by another process included)."""
+        binaries = find_node_binaries()
+        try:
+            holder = int(self._holder_file.read_text())
+        except (OSError, ValueError):
+            raise NodeError(f"node {self.name} is not running (no {self._holder_file})") from None
+        enter = [str(binaries.nsenter), f"--target={holder}", "--mount", "--net", "--"]
+        ctr = [*enter, str(binaries.ctr), f"--address={containerd_paths(self.state_dir).socket}"]
+        for archive in archives:
+            self._import(ctr, archive)
 
     def _containerd_serving(self, ctr: list[str]) -> bool:
         return subprocess.run([*ctr, "version"], capture_output=True, check=False, timeout=10).returncode == 0
@@ -413,6 +428,16 @@ class RealNode:
         with open("/proc/self/mounts") as mounts:
             found += [f"mount {line.split()[1]}" for line in mounts if str(self.state_dir) in line.split()[1]]
         return found
+
+
+def start_nodes(nodes: list[RealNode], timeout: float = 120.0) -> None:
+    """Start nodes side by side: each imports its images (minutes for a trainer image), and
+    two imports share the cores better than one after the other. The first error is raised
+    once all have finished; a node that failed has stopped itself."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        futures = [pool.submit(node.start, timeout) for node in nodes]
+    for future in futures:
+        future.result()
 
 
 def _alive(pid: int) -> bool:
