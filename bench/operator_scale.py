@@ -469,7 +469,11 @@ def floor_manifests(name: str, namespace: str) -> list[Obj]:
 
 
 def create_namespace(core: client.CoreV1Api, name: str) -> None:
+    """The namespace, with the reward ConfigMap the tiny job names (the operator creates no pod
+    while an object the pods name is missing; a user creates it before the jobs)."""
     create_labelled_namespace(core, name, {BENCH_LABEL: BENCH}, timeout=60)
+    reward = yaml.safe_load(EXAMPLE.read_text())["spec"]["reward"]["function"]["configMap"]
+    core.create_namespaced_config_map(name, {"metadata": {"name": reward["name"]}, "data": {reward["key"]: ""}})
 
 
 def children_present(api: client.ApiClient, namespace: str, expected: list[Obj]) -> bool:

@@ -161,7 +161,10 @@ class RunPolicy(ApiModel):
         None, ge=0, description="Seconds after Succeeded/Failed before children are deleted."
     )
     pending_timeout_seconds: int = Field(
-        300, ge=1, description="Pods Pending this long with no node that fits: condition Unschedulable."
+        300,
+        ge=1,
+        description="How long a job waits for its pods to start: then a ConfigMap, Secret or claim they name still "
+        "missing, a bad image or a volume that cannot be mounted fails it; no node that fits sets Unschedulable.",
     )
     gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
     pod_failure_policy: PodFailurePolicy | None = Field(

@@ -19,9 +19,11 @@ from rlkube_operator.children.secret import ray_secret_name_of
 from rlkube_operator.observed import event_time, parse_time
 
 FIELD_MANAGER = "rlkube-operator"
+# A GET that returns only the object's metadata (PartialObjectMetadata).
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 log = logging.getLogger(__name__)
 
-# Plural resource names of the kinds the operator creates.
+# Plural resource names of the kinds the operator creates or looks up.
 PLURALS = {
     "ConfigMap": "configmaps",
     "Secret": "secrets",
@@ -32,6 +34,7 @@ PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "NetworkPolicy": "networkpolicies",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
 }
 # Kinds deleted when ttlSecondsAfterFinished elapses, as (apiVersion, kind).
 CHILD_KINDS = (
@@ -73,6 +76,7 @@ class Cluster(Protocol):
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
+    def exists(self, namespace: str, kind: str, name: str) -> bool: ...
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
@@ -92,6 +96,7 @@ class Kube:
         body: Any = None,
         query: list[tuple[str, Any]] | None = None,
         content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> Any:
         """A raw request for what the typed API classes don't cover (server-side apply, any kind)."""
         if body is not None and "yaml" in content_type:
@@ -100,7 +105,7 @@ class Kube:
             method=method,
             resource_path=path,
             query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -198,6 +203,21 @@ class Kube:
             raise
         value = (found.get("data") or {}).get(key)
         return base64.b64decode(value).decode() if value else None
+
+    def exists(self, namespace: str, kind: str, name: str) -> bool:
+        """Whether the object exists: a GET of its metadata only (a Secret's data never comes
+        back). An object this operator may not read (403, an older chart's RBAC) counts as
+        present: the job is not held back for what cannot be checked."""
+        try:
+            self._call("GET", f"{_collection_path('v1', kind, namespace)}/{name}", accept=METADATA_ONLY)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            if exc.status == 403:
+                log.warning("may not get %s %s/%s: not checked before creating pods", kind, namespace, name)
+                return True
+            raise
+        return True
 
     def pod_warning(self, namespace: str, uid: str) -> str | None:
         """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say).

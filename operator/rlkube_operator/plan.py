@@ -19,7 +19,8 @@ class Event:
 @dataclass(frozen=True)
 class ApplyChildren:
     """Server-side apply of every child built for this attempt (what changed, or is missing).
-    `pods_wanted` False keeps the StatefulSets at zero replicas (suspended)."""
+    `pods_wanted` False keeps the StatefulSets at zero replicas (suspended, or held back while
+    an object the pods name is missing)."""
 
     attempt: int
     pods_wanted: bool
@@ -78,7 +79,7 @@ class Plan:
 
     @property
     def pods_wanted(self) -> bool:
-        """Whether the StatefulSets keep their replicas (False: suspended or finished)."""
+        """Whether the StatefulSets keep their replicas (False: suspended, held back or finished)."""
         return any(isinstance(a, ApplyChildren) and a.pods_wanted for a in self.actions)
 
     @property

@@ -1,8 +1,9 @@
 """One reconcile pass, in the one direction the design asks for:
 
-spec → validated model → observed pods → pure status function → plan → the plan's
-actions carried out in order (apply children, delete old pods, scale down, delete
-children, write status). Nothing here decides; status.compute_status does.
+spec → validated model → observed pods (and, before pods are created, whether the objects
+they name exist) → pure status function → plan → the plan's actions carried out in order
+(apply children, delete old pods, scale down, delete children, write status). Nothing here
+decides; status.compute_status does.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
-from rlkube_operator.status import Observed, compute_status, pods_to_explain, stateful_sets_to_explain
+from rlkube_operator.status import (
+    Observed,
+    compute_status,
+    pods_to_explain,
+    references_to_check,
+    stateful_sets_to_explain,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +116,11 @@ class Reconciler:
                 if name in present_sets and (failure := self.kube.create_failure(meta["namespace"], name))
             },
             departed=self.departed_pods(meta["namespace"], job, views),
+            missing_references=tuple(
+                ref
+                for ref in references_to_check(job, views, present_sets)
+                if not self.kube.exists(meta["namespace"], ref.kind, ref.name)
+            ),
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]

@@ -15,6 +15,9 @@ settles the job's fate ends it (RULES below):
   (failure_policy.py) decides: Failed at once (the trainer's configuration error, a FailJob
   rule), or the gang restarts (restartCount + 1), counted against backoffLimit unless the
   pod was disrupted or an Ignore rule matched; past backoffLimit, Failed/BackoffLimitExceeded;
+- missing reference: a ConfigMap, Secret or PersistentVolumeClaim the pods name does not
+  exist (looked up only before the pods are created) → Pending, Created=False/MissingReference,
+  StatefulSets at zero; the pods come once it exists; Failed after pendingTimeoutSeconds;
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
 - stuck before start: a scheduled pod whose containers do not start for
   pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
@@ -40,6 +43,7 @@ from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
+from rlkube_operator.children.references import Reference, job_references
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
 from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
@@ -59,6 +63,10 @@ from rlkube_operator.plan import (
 INVALID_CHILD = "InvalidChild"
 CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 PODS_NOT_CREATED = "PodsNotCreated"
+MISSING_REFERENCE = "MissingReference"
+# While an object the pods name is missing, it is looked up again this often (nothing
+# watched would wake the job when it is created).
+REFERENCE_RECHECK_SECONDS = 5.0
 # A child the API server refused is applied again this soon (nothing watched would wake the job).
 APPLY_RETRY_SECONDS = 15.0
 # A status change that is only counts and messages (not a transition) waits at most this
@@ -87,6 +95,9 @@ class Observed:
     # Pod name -> the gang member its StatefulSet replaced while no operator watched, as its
     # Events tell it (`observed.departed_pod`): read for the replaced pods of a running gang.
     departed: dict[str, PodView] = field(default_factory=dict)
+    # The ConfigMaps, Secrets and claims the pods name that do not exist, looked up for the
+    # jobs `references_to_check` names (pods yet to be created).
+    missing_references: tuple[Reference, ...] = ()
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -219,6 +230,7 @@ class Fate(Enum):
     ACTIVE = auto()  # the gang runs (or starts) at its current attempt
     RESTART = auto()  # a new attempt: new templates, the old gang's pods deleted
     SUSPENDED = auto()  # StatefulSets kept, at zero replicas
+    HELD = auto()  # no pods yet: something they name is missing; StatefulSets at zero replicas
     FINISHING = auto()  # the job ends now: its StatefulSets scale to zero
 
 
@@ -256,8 +268,13 @@ Rule = Callable[[_Pass], Fate | None]
 
 
 def children_created(p: _Pass) -> None:
-    """The Created condition reports the last apply: a refused child names itself."""
-    if p.observed.apply_errors:
+    """The Created condition reports the last apply (a refused child names itself), or the
+    objects the pods name that are missing (no pod is created for now)."""
+    if p.observed.missing_references:
+        once = "it exists" if len(p.observed.missing_references) == 1 else "they exist"
+        message = f"{_not_found(p)}: the job's pods are created once {once}"
+        p.conds.set(ConditionType.CREATED, "False", MISSING_REFERENCE, message)
+    elif p.observed.apply_errors:
         detail = "; ".join(f"{k}: {v}" for k, v in sorted(p.observed.apply_errors.items()))
         p.conds.set(ConditionType.CREATED, "False", "CreateFailed", detail)
     else:
@@ -393,6 +410,54 @@ def gang_failed(p: _Pass) -> Fate | None:
     status.state = State.RESTARTING.value
     p.requeue = [1.0]
     return Fate.RESTART
+
+
+def _not_found(p: _Pass) -> str:
+    missing = p.observed.missing_references
+    verb = "does" if len(missing) == 1 else "do"
+    return f"{', '.join(str(ref) for ref in missing)} {verb} not exist in namespace {p.job.metadata.namespace}"
+
+
+def references_to_check(job: RLJob, pods: list[PodView], present_sets: set[str]) -> list[Reference]:
+    """The ConfigMaps, Secrets and claims to look up before this pass: only while the job's pods
+    are yet to be created (a new job, a resumed one, one still waiting for them). Once pods
+    exist, a ConfigMap deleted under them is the kubelet's to report (stuck_before_start)."""
+    status = job.status or RLJobStatus()
+    if job.spec.suspend or (is_terminal(status.state) and not _failed_for_an_older_spec(job)):
+        return []
+    if any(not pod.deleting for pod in pods):
+        return []
+    created = next((c for c in status.conditions if c.type == ConditionType.CREATED), None)
+    waiting = created is not None and created.status == "False" and created.reason == MISSING_REFERENCE
+    resuming = state_of(status.state) is State.SUSPENDED
+    sets = {child_name(job.metadata.name or "", role.name) for role in pod_roles(job)}
+    # A terminal job here is one whose spec was fixed: it starts again.
+    if waiting or resuming or not sets <= present_sets or is_terminal(status.state):
+        return job_references(job)
+    return []
+
+
+def missing_reference(p: _Pass) -> Fate | None:
+    """An object the pods name does not exist: no pod is created (the StatefulSets stay at zero
+    replicas, as when suspended), so none sits scheduled holding GPUs for a mount that cannot
+    succeed. It is looked up again every few seconds and the pods come once it exists; after
+    pendingTimeoutSeconds of waiting, Failed. The wait runs from when Created turned False."""
+    if not p.observed.missing_references:
+        return None
+    timeout = p.job.spec.run_policy.pending_timeout_seconds
+    created = p.conds.by_type[ConditionType.CREATED]  # children_created set it this pass
+    since = parse_time(created.last_transition_time) or p.now
+    waited = (p.now - since).total_seconds()
+    if waited >= timeout:
+        return p.finish(
+            State.FAILED,
+            ConditionType.FAILED,
+            MISSING_REFERENCE,
+            f"{_not_found(p)} after waiting pendingTimeoutSeconds={timeout}; no pod was created",
+        )
+    p.status.state = State.PENDING.value
+    p.requeue.append(min(REFERENCE_RECHECK_SECONDS, timeout - waited))
+    return Fate.HELD
 
 
 def bad_image(p: _Pass) -> Fate | None:
@@ -584,6 +649,7 @@ RULES: tuple[Rule, ...] = (
     driver_succeeded,
     restart_begun,
     gang_failed,
+    missing_reference,
     bad_image,
     stuck_before_start,
     pods_not_created,
@@ -619,18 +685,24 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
         actions.append(ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job))))
     else:
         # For a restart: the new templates first (the attempt annotation), then the old gang goes.
-        actions.append(ApplyChildren(status.restart_count, pods_wanted=fate is not Fate.SUSPENDED))
+        actions.append(ApplyChildren(status.restart_count, pods_wanted=fate not in (Fate.SUSPENDED, Fate.HELD)))
     actions += _stale_pods(observed, status)
     return _with_write(p, actions, fate)
+
+
+def _failed_for_an_older_spec(job: RLJob) -> bool:
+    """Failed for an invalid child, and the spec has changed since."""
+    conditions = job.status.conditions if job.status else []
+    failed = next((c for c in conditions if c.type == ConditionType.FAILED), None)
+    if failed is None or failed.status != "True" or failed.reason != INVALID_CHILD:
+        return False
+    return failed.observed_generation != job.metadata.generation
 
 
 def _spec_fixed(p: _Pass) -> bool:
     """A job Failed for an invalid child whose spec has changed since: it starts again (the
     Failed condition cleared, the new spec's children applied)."""
-    failed = p.conds.by_type.get(ConditionType.FAILED)
-    if failed is None or failed.status != "True" or failed.reason != INVALID_CHILD:
-        return False
-    if failed.observed_generation == p.job.metadata.generation:
+    if not _failed_for_an_older_spec(p.job):
         return False
     p.conds.set(ConditionType.FAILED, "False", "SpecChanged", "the spec changed: its children are applied again")
     p.status.state = State.CREATED.value

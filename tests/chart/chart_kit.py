@@ -32,7 +32,8 @@ HELM_VERSION = os.environ.get("HELM_VERSION", "3.21.4")
 # What the operator does in a namespace it watches, one row per rule of the chart
 # (templates/_helpers.tpl, rlkube.jobRules). Derived from the operator's code:
 # kube.py (server-side apply = PATCH, plus create for new objects; list + delete in
-# the TTL cleanup; get of the Ray Secret; status patch; pod deletion), handlers.py
+# the TTL cleanup; get of the Ray Secret, and of the ConfigMaps, Secrets and claims a
+# job's pods name, before they are created; status patch; pod deletion), handlers.py
 # (kopf indexes and watches pods, StatefulSets and RLJobs; Events) and
 # children/rbac.py (the job's Role grants pods get/patch and events create, which
 # the operator must therefore hold itself).
@@ -44,6 +45,7 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("apps", ("statefulsets",), ("create", "patch", "list", "watch", "delete")),
     ("", ("configmaps", "services", "serviceaccounts"), ("create", "patch", "list", "delete")),
     ("", ("secrets",), ("get", "create", "patch", "delete")),
+    ("", ("configmaps", "persistentvolumeclaims"), ("get",)),
     ("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create", "patch", "list", "delete")),
     ("networking.k8s.io", ("networkpolicies",), ("create", "patch", "list", "delete")),
     ("scheduling.volcano.sh", ("podgroups",), ("create", "patch", "list", "delete")),

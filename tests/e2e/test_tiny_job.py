@@ -216,12 +216,17 @@ def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
 def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
     process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
 ) -> None:
-    """The reward ConfigMap the job names does not exist: its pods never start their containers.
-    After pendingTimeoutSeconds the job is Failed with the node's reason, not left Created."""
+    """The reward ConfigMap the job names exists without the key it names: its pods never start
+    their containers. After pendingTimeoutSeconds the job is Failed with the node's reason, not
+    left Created. (A ConfigMap that does not exist at all holds the pods back before they are
+    created: tests/operator/test_lifecycle.py.)"""
     pool = process_node.labels[POOL_LABEL]
     job = tinyjob.prepare(tmp_path / "work", name="tiny-no-reward", pool=pool)
     job.manifest["spec"]["runPolicy"]["pendingTimeoutSeconds"] = 10
-    # The RLJob only: its reward ConfigMap is never created.
+    reward = job.manifest["spec"]["reward"]["function"]["configMap"]
+    config_map = tinyjob.reward_config_map(job, namespace)
+    config_map["data"] = {"another-key.py": ""}
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(config_map))
     kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
     try:
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 300)
@@ -229,5 +234,4 @@ def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
         raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
     failed = next(c for c in final["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "ContainersNotStarted", failed
-    reward = job.manifest["spec"]["reward"]["function"]["configMap"]["name"]
-    assert reward in failed["message"] and "not found" in failed["message"], failed
+    assert "non-existent config key" in failed["message"] and reward["key"] in failed["message"], failed

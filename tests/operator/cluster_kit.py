@@ -270,8 +270,25 @@ class Jobs:
 
     # --- the RLJob ---
 
-    def create(self, body: Obj) -> Obj:
+    def create(self, body: Obj, reward: bool = True) -> Obj:
+        """Creates the RLJob; with `reward`, first the reward ConfigMap it names, as a user
+        does (the operator creates no pod while an object the pods name is missing)."""
+        if reward:
+            self.create_reward_config_map(body)
         return cast(Obj, self.custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body))
+
+    def create_reward_config_map(self, body: Obj) -> None:
+        """The ConfigMap `body`'s reward function names (kwok runs no trainer: its code is a stub),
+        unless it exists."""
+        ref = ((body["spec"].get("reward") or {}).get("function") or {}).get("configMap")
+        if ref is None:
+            return
+        config_map = {"metadata": {"name": ref["name"]}, "data": {ref["key"]: "def compute_score(*_): return 0.0\n"}}
+        try:
+            self.core.create_namespaced_config_map(self.namespace, config_map)
+        except ApiException as error:
+            if error.status != 409:
+                raise
 
     def get(self, name: str) -> Obj:
         return cast(Obj, self.custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))

@@ -74,6 +74,10 @@ NAMES = ["models", "team-a.creds", "Bad_Name", "a" * 254, "-x", "ok-1"]
 # The valid ones, for the test to create as ServiceAccounts: pods naming a ServiceAccount that
 # does not exist are never created (see test_fuzz.py's findings).
 SERVICE_ACCOUNTS = ["models", "team-a.creds", "ok-1"]
+# The ConfigMaps and Secrets the valid specs name, for the test to create: pods naming one
+# that does not exist are never created (the job waits, then fails MissingReference).
+CONFIG_MAPS = ["tiny-reward", "gsm8k-reward"]
+SECRETS = ["regcred"]
 IMAGES = [
     "rlkube-trainer:dev",
     "ghcr.io/rlkube/trainer:0.1.0",

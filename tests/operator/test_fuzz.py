@@ -40,7 +40,7 @@ from rlkube_operator.kube import Kube
 from rlkube_operator.metrics import METRICS
 from rlkube_operator.reconcile import Reconciler
 from tests.operator.cluster_kit import InProcessOperator, Jobs, tiny_job
-from tests.operator.fuzz_specs import BASES, SERVICE_ACCOUNTS, Obj, rljobs
+from tests.operator.fuzz_specs import BASES, CONFIG_MAPS, SECRETS, SERVICE_ACCOUNTS, Obj, rljobs
 
 pytestmark = pytest.mark.cluster
 
@@ -143,8 +143,13 @@ def test_generated_jobs_are_refused_naming_the_field_or_reach_a_definite_state(
     kube: ApiClient, namespace: str, operator: InProcessOperator, operator_errors: OperatorErrors
 ) -> None:
     custom = CustomObjectsApi(kube)
+    core = CoreV1Api(kube)
     for account in SERVICE_ACCOUNTS:
-        CoreV1Api(kube).create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
+    for config_map in CONFIG_MAPS:
+        core.create_namespaced_config_map(namespace, {"metadata": {"name": config_map}})
+    for secret in SECRETS:
+        core.create_namespaced_secret(namespace, {"metadata": {"name": secret}})
     tally = Tally()
     deleted: set[str] = set()
     names = (f"fz{i}" for i in itertools.count())
@@ -270,6 +275,9 @@ class DeletedJobKube:
 
     def read_secret_value(self, *_: Any) -> None:
         return None
+
+    def exists(self, *_: Any) -> bool:
+        return True
 
     def patch_status(self, *_: Any) -> None:
         raise ApiException(status=404, reason="Not Found")

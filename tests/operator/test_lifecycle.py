@@ -1,7 +1,7 @@
 """The RLJob lifecycle against the real API server, with the operator running
-in-process: children, conditions, Events, printer columns, gang restarts,
-deadlines, unschedulable pools, suspend, success with TTL cleanup, progress and
-garbage collection. kwok plays the kubelet (tests/operator/cluster_kit.py)."""
+in-process: children, conditions, Events, printer columns, missing references,
+gang restarts, deadlines, unschedulable pools, suspend, success with TTL cleanup,
+progress and garbage collection. kwok plays the kubelet (tests/operator/cluster_kit.py)."""
 
 from __future__ import annotations
 
@@ -78,6 +78,63 @@ def test_a_new_job_gets_its_children_and_runs(jobs: Jobs) -> None:
     event = jobs.wait_event(JOB, "AllPodsReady")
     assert event["type"] == "Normal"
     assert f"all {TINY_PODS} pods are ready" in event["message"]
+
+
+def test_a_missing_config_map_holds_the_pods_back_until_it_exists(jobs: Jobs) -> None:
+    """Issue 32 item 9: the reward ConfigMap the job names does not exist. No pod is created
+    (none sits scheduled holding GPUs); the job says which object is missing within seconds,
+    and starts by itself once it is created."""
+    body = tiny_job(JOB, jobs.namespace)
+    jobs.create(body, reward=False)
+
+    def missing(job: dict[str, Any]) -> bool:
+        created = condition(job, "Created")
+        return created is not None and created["reason"] == "MissingReference"
+
+    job = jobs.wait(JOB, missing, "Created=False/MissingReference", timeout=10)
+    created = condition(job, "Created")
+    assert created is not None and created["status"] == "False"
+    assert "ConfigMap tiny-reward (volume reward) does not exist" in created["message"], created
+    assert job["status"]["state"] == "Pending"
+    event = jobs.wait_event(JOB, "MissingReference", timeout=10)
+    assert event["type"] == "Warning" and "ConfigMap tiny-reward" in event["message"]
+    assert jobs.table("rljobs", JOB)["STATE"] == "Pending"
+    time.sleep(3)  # a few passes later: still no pod, the StatefulSets at zero
+    assert not jobs.pods(JOB, include_deleting=True)
+    assert {name: s["spec"]["replicas"] for name, s in jobs.statefulsets(JOB).items()} == {
+        f"{JOB}-{role}": 0 for role in TINY_ROLES
+    }
+
+    jobs.create_reward_config_map(body)
+    job = jobs.wait_running(JOB)
+    created = condition(job, "Created")
+    assert created is not None and (created["status"], created["reason"]) == ("True", "ChildrenCreated")
+    assert job["status"].get("restartCount", 0) == 0
+    assert not is_true(job, "Failed")
+
+
+def test_a_reference_that_never_appears_fails_the_job_after_the_pending_timeout(jobs: Jobs) -> None:
+    """A claim and a pull Secret that never exist (looked up as metadata only): Failed, naming
+    both, after pendingTimeoutSeconds; no pod was ever created."""
+    body = tiny_job(
+        JOB,
+        jobs.namespace,
+        {
+            "spec.checkpoint.volume": {"persistentVolumeClaim": {"claimName": "rl-ckpt"}},
+            "spec.imagePullSecrets": [{"name": "regcred"}],
+            "spec.runPolicy.pendingTimeoutSeconds": 3,
+        },
+    )
+    jobs.create(body)
+    job = jobs.wait_state(JOB, "Failed", timeout=30)
+    failed = condition(job, "Failed")
+    assert failed is not None and failed["reason"] == "MissingReference", failed
+    assert "PersistentVolumeClaim rl-ckpt (volume checkpoints)" in failed["message"], failed
+    assert "Secret regcred (imagePullSecrets)" in failed["message"], failed
+    assert "pendingTimeoutSeconds=3" in failed["message"], failed
+    assert jobs.wait_event(JOB, "MissingReference")["type"] == "Warning"
+    assert not jobs.pods(JOB, include_deleting=True)
+    assert all(s["spec"]["replicas"] == 0 for s in jobs.statefulsets(JOB).values())
 
 
 def test_a_failed_pod_restarts_the_gang_until_the_backoff_limit(jobs: Jobs) -> None:

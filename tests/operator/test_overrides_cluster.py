@@ -68,6 +68,7 @@ def test_the_statefulsets_and_their_pods_carry_the_overrides(jobs: Jobs) -> None
         jobs.namespace, {"metadata": {"name": "wandb"}, "stringData": {"api-key": "sk-test"}}
     )
     jobs.core.create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "actor-sa"}})
+    jobs.core.create_namespaced_secret(jobs.namespace, {"metadata": {"name": "extra-registry"}})
     # kwok's fake nodes have no rdma/ib: the actor stays Pending, which is all this needs.
     jobs.create(tiny_job(JOB, jobs.namespace, _overrides()))
     by_role = _templates(jobs, JOB)

@@ -7,6 +7,7 @@ import pytest
 
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.rljob import RLJob
+from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import view_pod
 from rlkube_operator.plan import (
     Action,
@@ -22,6 +23,7 @@ from rlkube_operator.plan import (
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
     COUNTS_WRITE_INTERVAL,
+    REFERENCE_RECHECK_SECONDS,
     RULES,
     Observed,
     compute_status,
@@ -80,6 +82,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "driver_succeeded",
         "restart_begun",
         "gang_failed",
+        "missing_reference",
         "bad_image",
         "stuck_before_start",
         "pods_not_created",
@@ -162,6 +165,22 @@ def test_gang_failed_past_the_backoff_limit_fails_the_job() -> None:
     p = plan(job, replace_pod(PODS, failed), 100)
     assert p.status.state == State.FAILED
     assert p.actions == [ScaleToZero(SETS), WriteStatus(p.status)]
+
+
+def test_missing_reference_applies_the_children_at_zero_replicas_and_looks_again_soon() -> None:
+    missing = (Reference("ConfigMap", "tiny-reward", "volume reward"),)
+    observed = Observed([], at(0), missing_references=missing)
+    p = compute_status(JOB, observed)
+    assert p.actions == [ApplyChildren(attempt=0, pods_wanted=False), WriteStatus(p.status)]
+    assert p.status.state == State.PENDING
+    assert p.requeue_after == REFERENCE_RECHECK_SECONDS
+    # Found: the same children, with their replicas.
+    found = plan(after(JOB, p), [], 5)
+    assert found.actions == [ApplyChildren(attempt=0, pods_wanted=True), WriteStatus(found.status)]
+    # Never found: Failed after pendingTimeoutSeconds (300), scaled to zero.
+    late = compute_status(after(JOB, p), Observed([], at(300), missing_references=missing))
+    assert late.status.state == State.FAILED
+    assert late.actions == [ScaleToZero(SETS), WriteStatus(late.status)]
 
 
 def test_bad_image_past_the_pending_timeout_fails_the_job() -> None:

@@ -14,6 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.conditions import State
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
+from rlkube_operator.status import REFERENCE_RECHECK_SECONDS
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
 JOB = load_job(CPU)
@@ -30,12 +31,20 @@ INVALID_MESSAGE = (
 
 class FakeKube:
     """Records every call; `refuse` holds 'Kind/name' the API server turns away (403),
-    `invalid` those it refuses as invalid (422)."""
+    `invalid` those it refuses as invalid (422), `missing` the objects pods name that it
+    does not have (every other one exists)."""
 
-    def __init__(self, refuse: Iterable[str] = (), secret_exists: bool = False, invalid: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        refuse: Iterable[str] = (),
+        secret_exists: bool = False,
+        invalid: Iterable[str] = (),
+        missing: Iterable[str] = (),
+    ) -> None:
         self.calls: list[Call] = []
         self.refuse = set(refuse)
         self.invalid = set(invalid)
+        self.missing = set(missing)
         self.warnings: dict[str, str] = {}
         self.create_failures: dict[str, tuple[datetime, str]] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}  # by the pod UID they are about
@@ -75,6 +84,10 @@ class FakeKube:
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
         self.calls.append(("read_secret_value", namespace, name))
         return "token-from-the-secret" if self.secret_exists else None
+
+    def exists(self, namespace: str, kind: str, name: str) -> bool:
+        self.calls.append(("exists", namespace, f"{kind}/{name}"))
+        return f"{kind}/{name}" not in self.missing
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("patch_status", namespace, name, json.dumps(status, sort_keys=True)))
@@ -145,6 +158,39 @@ def test_an_unchanged_pass_sends_nothing() -> None:
     second = reconcile(kube, tracked, first.written, [], 0.5)
     assert kube.calls == []
     assert second.written is None
+
+
+def test_a_missing_reference_is_looked_up_before_any_pod_and_holds_the_pods_back() -> None:
+    kube, tracked = FakeKube(missing={"ConfigMap/tiny-reward"}), TrackedJob(NAMESPACE, NAME)
+    first = reconcile(kube, tracked, body_of(), [], 0, sets=set())
+    # Looked up before anything is applied; the StatefulSets go in at zero replicas.
+    assert kube.calls[0] == ("exists", NAMESPACE, "ConfigMap/tiny-reward")
+    assert "exists" not in kube.kinds()[1:]
+    assert {kube.manifests[f"StatefulSet/{s}"]["spec"]["replicas"] for s in SETS} == {0}
+    assert first.state == State.PENDING and first.requeue_after == REFERENCE_RECHECK_SECONDS
+    assert [(e.type, e.reason) for e in first.events] == [("Warning", "MissingReference")]
+    assert "ConfigMap tiny-reward (volume reward) does not exist" in first.events[0].message
+    assert first.written is not None
+
+    # Still missing: looked up again, nothing else sent.
+    kube.calls.clear()
+    again = reconcile(kube, tracked, first.written, [], 5)
+    assert kube.calls == [("exists", NAMESPACE, "ConfigMap/tiny-reward")]
+    assert again.written is None and again.events == []
+
+    # Created by the user: the StatefulSets get their replicas.
+    kube.missing.clear()
+    kube.calls.clear()
+    found = reconcile(kube, tracked, first.written, [], 10)
+    assert found.state == State.CREATED
+    assert [e.reason for e in found.events] == ["ChildrenCreated"]
+    assert {kube.manifests[f"StatefulSet/{s}"]["spec"]["replicas"] for s in SETS} == {1, 2}
+    assert found.written is not None
+
+    # Pods exist: nothing is looked up any more.
+    kube.calls.clear()
+    reconcile(kube, tracked, found.written, gang_pods(JOB), 20)
+    assert "exists" not in kube.kinds()
 
 
 def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:

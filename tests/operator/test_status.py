@@ -10,13 +10,16 @@ import pytest
 
 from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
+from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import view_pod
 from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
+    REFERENCE_RECHECK_SECONDS,
     Observed,
     compute_status,
     is_transition,
+    references_to_check,
     status_write_delay,
 )
 from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
@@ -438,6 +441,109 @@ def test_created_suspended_never_asks_for_pods() -> None:
     assert d.status.state == "Suspended"
     assert cond(d.status, "Created").status == "True"
     assert not d.pods_wanted
+
+
+# --- missing references ---------------------------------------------------------------------------
+
+REWARD = Reference("ConfigMap", "tiny-reward", "volume reward")
+SETS = {"tiny-cpu-controller", "tiny-cpu-actor", "tiny-cpu-rollout"}
+
+
+def held(job: RLJob, seconds: float, *missing: Reference, pods: list[Obj] | None = None) -> Plan:
+    observed = Observed([view_pod(p) for p in pods or []], at(seconds), missing_references=missing or (REWARD,))
+    return compute_status(job, observed)
+
+
+def test_a_missing_reference_holds_the_pods_back_and_says_what_is_missing() -> None:
+    d = held(JOB, 0)
+    s = d.status
+    assert s.state == "Pending"
+    assert not d.pods_wanted  # the StatefulSets stay at zero: no pod is created
+    c = cond(s, "Created")
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "MissingReference", iso(at(0)))
+    assert c.message == (
+        "ConfigMap tiny-reward (volume reward) does not exist in namespace ml: the job's pods are created once it exists"
+    )
+    assert [(e.type, e.reason, e.message) for e in d.events] == [("Warning", "MissingReference", c.message)]
+    assert not has_cond(s, "Running") and not has_cond(s, "Failed")
+    # Looked up again soon: nothing watched would wake the job when it is created.
+    assert d.requeue_after == REFERENCE_RECHECK_SECONDS
+
+    # Still missing: nothing new to say or write.
+    again = held(after(JOB, d), 5)
+    assert again.status == s and again.events == [] and again.written is None
+    assert not again.pods_wanted
+
+
+def test_every_missing_reference_is_named() -> None:
+    wandb = Reference("Secret", "wandb", "env WANDB_API_KEY of container trainer")
+    c = cond(held(JOB, 0, REWARD, wandb).status, "Created")
+    assert c.message.startswith(
+        "ConfigMap tiny-reward (volume reward), Secret wandb (env WANDB_API_KEY of container trainer) do not exist"
+    )
+    assert c.message.endswith("once they exist")
+
+
+def test_the_job_starts_once_the_reference_exists() -> None:
+    waiting = after(JOB, held(JOB, 0))
+    d = run(waiting, [], 30)
+    assert d.pods_wanted
+    assert d.status.state == "Created"
+    c = cond(d.status, "Created")
+    assert (c.status, c.reason, c.last_transition_time) == ("True", "ChildrenCreated", iso(at(30)))
+    assert ("Normal", "ChildrenCreated") in events(d)
+    # The pods' own timeouts count from now, not from the wait.
+    d = run(after(waiting, d), [], 30 + 299)
+    assert d.status.state == "Created" and not has_cond(d.status, "Failed")
+
+
+def test_a_reference_missing_for_the_pending_timeout_fails_the_job() -> None:
+    job = load_job(CPU, set_path("spec.runPolicy.pendingTimeoutSeconds", 60))
+    first = held(job, 0)
+    d = held(after(job, first), 57)
+    assert d.status.state == "Pending" and d.requeue_after == pytest.approx(3)
+    d = held(after(job, first), 60)
+    s = d.status
+    assert s.state == "Failed"
+    failed = cond(s, "Failed")
+    assert (failed.status, failed.reason) == ("True", "MissingReference")
+    assert failed.message == (
+        "ConfigMap tiny-reward (volume reward) does not exist in namespace ml after waiting "
+        "pendingTimeoutSeconds=60; no pod was created"
+    )
+    assert ("Warning", "MissingReference") in events(d)
+    assert not d.pods_wanted and s.completion_time == iso(at(60))
+
+
+def test_a_resumed_job_waits_for_a_reference_deleted_meanwhile() -> None:
+    suspended_job = with_spec(running(), suspend=True)
+    resumed = with_spec(after(suspended_job, run(suspended_job, PODS, 100)), suspend=False)
+    d = held(resumed, 200)
+    assert d.status.state == "Pending" and not d.pods_wanted
+    c = cond(d.status, "Created")
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "MissingReference", iso(at(200)))
+
+
+def test_references_are_looked_up_only_before_pods_are_created() -> None:
+    assert references_to_check(JOB, [], set()) == [REWARD]  # a new job
+    assert references_to_check(JOB, [], SETS - {"tiny-cpu-actor"}) == [REWARD]  # a StatefulSet to create
+    assert references_to_check(after(JOB, held(JOB, 0)), [], SETS) == [REWARD]  # still waiting
+    views = [view_pod(p) for p in PODS]
+    # Pods exist: a ConfigMap deleted under them is the kubelet's to report (ContainersNotStarted).
+    assert references_to_check(running(), views, SETS) == []
+    assert references_to_check(JOB, views[:1], set()) == []
+    # Created, with its StatefulSets: nothing to look up (a restart's pods are the kubelet's too).
+    assert references_to_check(created(), [], SETS) == []
+    # Suspended: no pods wanted. Resuming: looked up again.
+    suspended_job = with_spec(running(), suspend=True)
+    assert references_to_check(suspended_job, [], SETS) == []
+    resumed = with_spec(after(suspended_job, run(suspended_job, PODS, 100)), suspend=False)
+    assert references_to_check(resumed, [], SETS) == [REWARD]
+    # Ended (here: past the pending timeout still waiting): never again.
+    waiting = after(JOB, held(JOB, 0))
+    failed = after(waiting, held(waiting, 300))
+    assert failed.status is not None and failed.status.state == "Failed"
+    assert references_to_check(failed, [], SETS) == []
 
 
 # --- terminal states and cleanup ------------------------------------------------------------------

@@ -131,10 +131,16 @@ same list as a table, and README.md documents it.
   verbs: ["create", "patch", "list", "delete"]
 # The job's Ray token Secret, also read back (get) so that re-applying it never
 # rotates the token under running pods; deleted by name, never listed (a list returns
-# every Secret's data).
+# every Secret's data). get also looks up, metadata only, the Secrets the pods name.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create", "patch", "delete"]
+# The ConfigMaps and PersistentVolumeClaims a job's pods name (the reward function, volumes,
+# env): looked up by name (get, metadata only) before its pods are created, so that none
+# is created while one is missing.
+- apiGroups: [""]
+  resources: ["configmaps", "persistentvolumeclaims"]
+  verbs: ["get"]
 # The driver's Role and RoleBinding (see pods above).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
