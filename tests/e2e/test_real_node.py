@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import yaml
 from rlkube_e2e import release, tinyjob
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
+from rlkube_e2e.images import ImageArchive, ensure_image
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
@@ -42,14 +44,21 @@ def _wait_phase(api: KubeApi, path: str, phases: set[str], timeout: float) -> di
     raise AssertionError(f"{path} not in {phases} after {timeout} s: {json.dumps(pod.get('status'))[:2000]}")
 
 
+@dataclass(frozen=True)
+class RealCluster:
+    cluster: LocalCluster
+    nodes: list[RealNode]
+    # The images the nodes hold, by name; their keys were computed once, at the start.
+    images: dict[str, ImageArchive]
+
+
 @pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, list[RealNode]]]:
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
     """A control plane with two real nodes, each in pool `real` and labelled with its index."""
-    from rlkube_e2e.images import ensure_image  # noqa: PLC0415 - builds only when this test runs
 
     # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
     find_node_binaries()
-    images = [ensure_image(name) for name in ("base", "operator", "trainer-cpu")]
+    images = {name: ensure_image(name) for name in ("base", "operator", "trainer-cpu")}
     root = tmp_path_factory.mktemp("real-node")
     pools = root / "pools.yaml"
     pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
@@ -67,14 +76,14 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
             pki=cluster.layout.pki,
             state_dir=root / f"node-{index}",
             labels={"rlkube.dev/pool": "real", "test/index": str(index)},
-            images=tuple(image.path for image in images),
+            images=tuple(image.path for image in images.values()),
             cluster_dns=str(link.host_address.ip),
         )
         for index in range(2)
     ]
     try:
         start_nodes(nodes)
-        yield cluster, nodes
+        yield RealCluster(cluster, nodes, images)
     finally:
         for node in nodes:
             node.stop()
@@ -85,11 +94,10 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Loc
 
 
 def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
-    real_cluster: tuple[LocalCluster, list[RealNode]],
+    real_cluster: RealCluster,
 ) -> None:
-    from rlkube_e2e.images import ensure_image  # noqa: PLC0415
 
-    cluster, (node, _) = real_cluster
+    cluster, node = real_cluster.cluster, real_cluster.nodes[0]
     api = cluster.api()
     pod = {
         "apiVersion": "v1",
@@ -101,7 +109,7 @@ def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
             "containers": [
                 {
                     "name": "main",
-                    "image": ensure_image("base").ref,
+                    "image": real_cluster.images["base"].ref,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-c", "import socket; print('hello from', socket.gethostname())"],
                 }
@@ -130,7 +138,6 @@ def _headless_service(api: KubeApi, name: str, app: str) -> None:
 
 
 def _pod(name: str, script: str, node: int = 0, **spec: object) -> dict:
-    from rlkube_e2e.images import ensure_image  # noqa: PLC0415
 
     container = {
         "name": "main",
@@ -170,9 +177,9 @@ print("version", json.load(urllib.request.urlopen(request, context=context, time
 
 
 def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
-    real_cluster: tuple[LocalCluster, list[RealNode]],
+    real_cluster: RealCluster,
 ) -> None:
-    cluster, _nodes = real_cluster
+    cluster = real_cluster.cluster
     api = cluster.api()
     _headless_service(api, "headless", "dns")
     pod = _pod("dns", DNS_AND_SERVICE, restartPolicy="Never", hostname="dns", subdomain="headless")
@@ -184,9 +191,9 @@ def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
 
 
 def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_api(
-    real_cluster: tuple[LocalCluster, list[RealNode]],
+    real_cluster: RealCluster,
 ) -> None:
-    cluster, _nodes = real_cluster
+    cluster = real_cluster.cluster
     api = cluster.api()
     # Exits 3 with a termination message: the kubelet reads the file and reports both.
     failing = _pod(
@@ -236,11 +243,11 @@ print(socket.gethostbyname(socket.gethostname()), connection.recv(100).decode())
 
 
 def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
-    real_cluster: tuple[LocalCluster, list[RealNode]],
+    real_cluster: RealCluster,
 ) -> None:
     """What the trainer's rendezvous needs across pods: a headless name leads to a pod on
     another node, and the connection arrives from the peer's own pod address (no NAT)."""
-    cluster, nodes = real_cluster
+    cluster, nodes = real_cluster.cluster, real_cluster.nodes
     api = cluster.api()
     _headless_service(api, "mesh", "server")
     pods = "/api/v1/namespaces/default/pods"
@@ -313,7 +320,7 @@ def _work_volume(kubectl: Kubectl, namespace: str, path: Path) -> str:
 
 
 def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_standard(
-    real_cluster: tuple[LocalCluster, list[RealNode]], tmp_path: Path
+    real_cluster: RealCluster, tmp_path: Path
 ) -> None:
     """What a user does, on real nodes with the images built here: `helm install` (the
     operator's pods start from its image as its non-root user, pass the kubelet's probes and
@@ -322,16 +329,15 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
     restricted Pod Security Standard. The controller and the rollout pod run on one node and
     the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
     cross between the nodes; the job trains to Succeeded."""
-    from rlkube_e2e.images import ensure_image  # noqa: PLC0415
     from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
 
-    cluster, nodes = real_cluster
+    cluster, nodes = real_cluster.cluster, real_cluster.nodes
     kubectl = Kubectl(cluster.kubeconfig)
     namespace = "tiny-restricted"
     kubectl("create", "namespace", namespace)
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     install_rljob_crd(kubectl)
-    operator, trainer = ensure_image("operator"), ensure_image("trainer-cpu")
+    operator, trainer = real_cluster.images["operator"], real_cluster.images["trainer-cpu"]
     name = release.install(cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
     try:
         deadline = time.monotonic() + 180
