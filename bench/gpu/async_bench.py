@@ -21,6 +21,7 @@ With --profile, one more step per run (left out of the means) shows what the ove
   python3 bench/gpu/async_bench.py --out OUT/async.json --runs sync,colocate_async --profile
   python3 bench/gpu/async_bench.py --tiny --out /tmp/async.json --steps 2 --profile   # CPU smoke test
   python3 bench/gpu/async_bench.py report OUT/async.json
+  python3 bench/gpu/async_bench.py trace OUT/trace-colocate_async.json.gz   # the overlap window, binned
 
 Runs (--runs, comma-separated, in order; a name may repeat):
   sync                        generate, update, push: one step at a time
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import shutil
 import statistics
@@ -542,10 +544,54 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def trace_bins(path: Path, bin_us: float = 5000.0) -> str:
+    """A chrome trace of a profile window (CUDA activity): the two busiest streams in bins of
+    `bin_us`, counted as both busy, one busy or neither (busy: over 10 % of the bin), and each
+    stream's idle gaps over 1 ms (its host thread not issuing work)."""
+    with gzip.open(path) if path.suffix == ".gz" else path.open("rb") as f:
+        events = [
+            e
+            for e in json.load(f)["traceEvents"]
+            if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+        ]
+    t0 = min(e["ts"] for e in events)
+    bins = int((max(e["ts"] + e["dur"] for e in events) - t0) // bin_us) + 1
+    busy: dict[int, list[float]] = defaultdict(lambda: [0.0] * bins)
+    for e in events:
+        start, end = e["ts"] - t0, e["ts"] - t0 + e["dur"]
+        b = int(start // bin_us)
+        while start < end and b < bins:
+            part = min(end, (b + 1) * bin_us) - start
+            busy[e["tid"]][b] += part
+            start += part
+            b += 1
+    counts: dict[int, int] = defaultdict(int)
+    for e in events:
+        counts[e["tid"]] += 1
+    a, b_ = sorted(counts, key=lambda k: -counts[k])[:2]
+    on = bin_us * 0.1
+    both = sum(1 for i in range(bins) if busy[a][i] > on and busy[b_][i] > on)
+    only_a = sum(1 for i in range(bins) if busy[a][i] > on >= busy[b_][i])
+    only_b = sum(1 for i in range(bins) if busy[b_][i] > on >= busy[a][i])
+    lines = [
+        f"{path.name}: {len(events)} device activities over {bins * bin_us / 1e6:.2f} s; "
+        f"{bin_us / 1e3:.0f} ms bins: both stream {a} and {b_} busy {both}, only {a} {only_a}, only {b_} {only_b}, "
+        f"neither {bins - both - only_a - only_b} (of {bins})"
+    ]
+    for stream in (a, b_):
+        spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["tid"] == stream)
+        gaps = [nxt[0] - cur[1] for cur, nxt in itertools.pairwise(spans) if nxt[0] - cur[1] > 1000]
+        lines.append(
+            f"  stream {stream}: {len(spans)} activities, {sum(busy[stream]) / 1e6:.3f} s busy; "
+            f"{len(gaps)} idle gaps over 1 ms, {sum(gaps) / 1e6:.2f} s in all"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", nargs="?", default="run", choices=["run", "report"])
-    parser.add_argument("paths", nargs="*", type=Path, help="report: the JSON file")
+    parser.add_argument("phase", nargs="?", default="run", choices=["run", "report", "trace"])
+    parser.add_argument("paths", nargs="*", type=Path, help="report: the JSON file; trace: chrome traces")
     parser.add_argument("--out", type=Path, default=Path("bench-out/async.json"))
     parser.add_argument("--workdir", default="/tmp/rlkube-bench")
     parser.add_argument("--runs", default="sync,colocate_async", help=f"comma-separated, of: {', '.join(RUNS)}")
@@ -560,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.phase == "report":
         for path in args.paths:
             print(report(json.loads(path.read_text())))
+        return 0
+    if args.phase == "trace":
+        for path in args.paths:
+            print(trace_bins(path))
         return 0
     gb.log(f"async_bench: {vars(args)}")
     return main_run(args)
