@@ -6,6 +6,8 @@
 #
 #   bench/gpu/fetch_wheels.sh            # full vLLM wheel (any CUDA GPU, MoE models too)
 #   VLLM_SLIM=1 bench/gpu/fetch_wheels.sh  # vLLM without FA2/MoE kernels: Hopper+, dense models
+#   LEAVE_OUT="trl datasets multiprocess ray" VLLM_SLIM=1 bench/gpu/fetch_wheels.sh
+#                                        # the in-process trainer alone (no TRL, no Ray): fewer batches
 #
 # Then carry bench/gpu/carry/b1, b2, ... to the GPU host (one batch per transfer where transfers
 # are limited) and run bench/gpu/stage.sh there after each, and bench/gpu/install.sh at the end.
@@ -19,6 +21,12 @@ read -r -a pip <<<"${PIP:-python3 -m pip}"
 
 mkdir -p "$cache"
 rm -f "$cache"/*.whl
+requirements="$here/requirements-gpu.txt"
+if [ -n "${LEAVE_OUT:-}" ]; then
+  requirements="$cache/requirements.txt"
+  pattern="^($(tr ' ' '|' <<<"$LEAVE_OUT"))=="
+  grep -vE "$pattern" "$here/requirements-gpu.txt" >"$requirements"
+fi
 # --no-deps: the list is complete for the host (see requirements-gpu.txt); pip matches the
 # manylinux tags exactly, hence the list of them.
 "${pip[@]}" download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -26,10 +34,10 @@ rm -f "$cache"/*.whl
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   --platform manylinux1_x86_64 --platform linux_x86_64 \
-  -d "$cache" -r "$here/requirements-gpu.txt"
+  -d "$cache" -r "$requirements"
 
 count=$(find "$cache" -maxdepth 1 -name "*.whl" | wc -l)
-expected=$(grep -cE '^[A-Za-z0-9]' "$here/requirements-gpu.txt")
+expected=$(grep -cE '^[A-Za-z0-9]' "$requirements")
 if [ "$count" -ne "$expected" ]; then
   echo "expected $expected wheels, got $count" >&2
   exit 1
@@ -39,6 +47,6 @@ if [ "${VLLM_SLIM:-0}" = 1 ]; then
 fi
 python3 "$here/wheels.py" check "$cache" "$here/host-packages.txt"
 python3 "$here/wheels.py" pack "$cache" "$carry" --part-mb "$part_mb" --batch-mb "$batch_mb"
-echo "slim=${VLLM_SLIM:-0}" >"$carry/fetch-info.txt"
+echo "slim=${VLLM_SLIM:-0} leave_out=${LEAVE_OUT:-}" >"$carry/fetch-info.txt"
 for b in "$carry"/b*/; do cp "$carry/fetch-info.txt" "$b"; done
 ls -d "$carry"/b*

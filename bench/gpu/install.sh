@@ -21,8 +21,13 @@ echo "installed into $site:"
 PYTHONPATH="$site" VLLM_USE_FLASHINFER_SAMPLER=0 "$python" - <<'PY'
 import time
 t = time.perf_counter()
-import torch, transformers, vllm, trl
-print(f"import ok: vllm {vllm.__version__} ({time.perf_counter() - t:.1f} s), trl {trl.__version__}, "
+import torch, transformers, vllm
+try:  # TRL is carried for the peer comparison only (LEAVE_OUT in fetch_wheels.sh)
+    import trl
+    trl_version = trl.__version__
+except ImportError:
+    trl_version = "not carried"
+print(f"import ok: vllm {vllm.__version__} ({time.perf_counter() - t:.1f} s), trl {trl_version}, "
       f"torch {torch.__version__}, transformers {transformers.__version__}, cuda {torch.cuda.is_available()}")
 PY
 t3=$(date +%s.%N)
