@@ -10,21 +10,21 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rlkube_e2e import release, tinyjob
+from rlkube_e2e import release
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
-from rlkube_e2e.images import ImageArchive, ensure_image
+from rlkube_e2e.images import ensure_image
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
-from rlkube_e2e.node.node import RealNode, find_node_binaries, start_nodes
 from rlkube_e2e.testing import Kubectl
+from tests.e2e import real_node_kit
+from tests.e2e.real_node_kit import RealCluster, wait_phase
 
 pytestmark = [
     pytest.mark.cluster,
@@ -33,64 +33,10 @@ pytestmark = [
 ]
 
 
-def _wait_phase(api: KubeApi, path: str, phases: set[str], timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
-    pod: dict = {}
-    while time.monotonic() < deadline:
-        pod = api.get(path)
-        if pod.get("status", {}).get("phase") in phases:
-            return pod
-        time.sleep(0.5)
-    raise AssertionError(f"{path} not in {phases} after {timeout} s: {json.dumps(pod.get('status'))[:2000]}")
-
-
-@dataclass(frozen=True)
-class RealCluster:
-    cluster: LocalCluster
-    nodes: list[RealNode]
-    # The images the nodes hold, by name; their keys were computed once, at the start.
-    images: dict[str, ImageArchive]
-
-
 @pytest.fixture(scope="module")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    """A control plane with two real nodes, each in pool `real` and labelled with its index."""
-
-    # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
-    find_node_binaries()
-    images = {name: ensure_image(name) for name in ("base", "operator", "trainer-cpu")}
-    root = tmp_path_factory.mktemp("real-node")
-    pools = root / "pools.yaml"
-    pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
-    cluster = LocalCluster(root / "cluster", pools, die_with_parent=True, node_network=True)
-    cluster.up()
-    state = cluster._require_state()
-    assert state.link is not None
-    link = cluster_link(state.link)
-    nodes = [
-        RealNode(
-            name=f"real-{index}",
-            link_index=link.index,
-            index=index,
-            server=cluster.server,
-            pki=cluster.layout.pki,
-            state_dir=root / f"node-{index}",
-            labels={"rlkube.dev/pool": "real", "test/index": str(index)},
-            images=tuple(image.path for image in images.values()),
-            cluster_dns=str(link.host_address.ip),
-        )
-        for index in range(2)
-    ]
-    try:
-        start_nodes(nodes)
-        yield RealCluster(cluster, nodes, images)
-    finally:
-        for node in nodes:
-            node.stop()
-        cluster.down()
-    for node in nodes:
-        assert node.leftovers() == []
-    assert netns.link_leftovers(link) == []
+    with real_node_kit.real_cluster(tmp_path_factory.mktemp("real-node"), ("base", "operator")) as cluster:
+        yield cluster
 
 
 def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
@@ -117,7 +63,7 @@ def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(
         },
     }
     api.call("POST", "/api/v1/namespaces/default/pods", pod)
-    done = _wait_phase(api, "/api/v1/namespaces/default/pods/hello", {"Succeeded", "Failed"}, 120)
+    done = wait_phase(api, "/api/v1/namespaces/default/pods/hello", {"Succeeded", "Failed"}, 120)
     assert done["status"]["phase"] == "Succeeded", json.dumps(done["status"])[:2000]
     assert done["spec"]["nodeName"] == node.name
     assert ipaddress.ip_address(done["status"]["podIP"]) in node.net.pod_cidr
@@ -184,7 +130,7 @@ def test_pods_resolve_cluster_names_and_reach_the_kubernetes_service(
     _headless_service(api, "headless", "dns")
     pod = _pod("dns", DNS_AND_SERVICE, restartPolicy="Never", hostname="dns", subdomain="headless")
     api.call("POST", "/api/v1/namespaces/default/pods", pod)
-    done = _wait_phase(api, "/api/v1/namespaces/default/pods/dns", {"Succeeded", "Failed"}, 120)
+    done = wait_phase(api, "/api/v1/namespaces/default/pods/dns", {"Succeeded", "Failed"}, 120)
     _, logs = api.request("GET", "/api/v1/namespaces/default/pods/dns/log")
     assert done["status"]["phase"] == "Succeeded", logs
     assert logs.split("\n")[:3] == ["headless True", "service 10.96.0.1", f"version v{K8S_VERSION}"], logs
@@ -200,7 +146,7 @@ def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_a
         "fails", "open('/dev/termination-log', 'w').write('why: 3'); raise SystemExit(3)", restartPolicy="Never"
     )
     api.call("POST", "/api/v1/namespaces/default/pods", failing)
-    done = _wait_phase(api, "/api/v1/namespaces/default/pods/fails", {"Succeeded", "Failed"}, 120)
+    done = wait_phase(api, "/api/v1/namespaces/default/pods/fails", {"Succeeded", "Failed"}, 120)
     terminated = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert (terminated["exitCode"], terminated["message"]) == (3, "why: 3")
 
@@ -209,7 +155,7 @@ def test_sigterm_reaches_the_container_and_the_termination_message_reaches_the_a
         "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(0)); print('up'); time.sleep(600)"
     )
     api.call("POST", "/api/v1/namespaces/default/pods", _pod("graceful", handler, terminationGracePeriodSeconds=60))
-    _wait_phase(api, "/api/v1/namespaces/default/pods/graceful", {"Running"}, 120)
+    wait_phase(api, "/api/v1/namespaces/default/pods/graceful", {"Running"}, 120)
     deadline = time.monotonic() + 30
     while api.request("GET", "/api/v1/namespaces/default/pods/graceful/log")[1].strip() != "up":
         assert time.monotonic() < deadline, "the container never printed"
@@ -253,8 +199,8 @@ def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
     pods = "/api/v1/namespaces/default/pods"
     api.call("POST", pods, _pod("server", SERVER, node=0, restartPolicy="Never", hostname="server", subdomain="mesh"))
     api.call("POST", pods, _pod("client", CLIENT, node=1, restartPolicy="Never"))
-    server = _wait_phase(api, f"{pods}/server", {"Succeeded", "Failed"}, 180)
-    client = _wait_phase(api, f"{pods}/client", {"Succeeded", "Failed"}, 60)
+    server = wait_phase(api, f"{pods}/server", {"Succeeded", "Failed"}, 180)
+    client = wait_phase(api, f"{pods}/client", {"Succeeded", "Failed"}, 60)
     _, logs = api.request("GET", f"{pods}/client/log")
     assert (server["status"]["phase"], client["status"]["phase"]) == ("Succeeded", "Succeeded"), logs
     assert (server["spec"]["nodeName"], client["spec"]["nodeName"]) == (nodes[0].name, nodes[1].name)
@@ -292,65 +238,23 @@ def test_e2e_cluster_starts_real_nodes_and_its_down_from_another_process_leaves_
     assert not state_dir.exists()
 
 
-def _work_volume(kubectl: Kubectl, namespace: str, path: Path) -> str:
-    """A hostPath PersistentVolume bound to claim `work` (both nodes share this host's disk,
-    so ReadWriteMany is true here); the restricted standard refuses hostPath in pods."""
-    path.mkdir(parents=True, exist_ok=True)
-    name = f"{namespace}-work"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Ti"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": "work"},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "work", "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": name},
-    }
-    kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
-    return "work"
-
-
-def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_standard(
-    real_cluster: RealCluster, tmp_path: Path
-) -> None:
-    """What a user does, on real nodes with the images built here: `helm install` (the
-    operator's pods start from its image as its non-root user, pass the kubelet's probes and
-    reach the API through the `kubernetes` Service with the chart's ServiceAccount), then the
-    tiny RLJob, whose pods start from the trainer image in a namespace that enforces the
-    restricted Pod Security Standard. The controller and the rollout pod run on one node and
-    the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
-    cross between the nodes; the job trains to Succeeded."""
+def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(real_cluster: RealCluster) -> None:
+    """`helm install` as a user does, with the operator image built here: its pods start
+    from the image as its non-root user in a namespace that enforces the restricted Pod
+    Security Standard, pass the kubelet's probes, reach the API through the `kubernetes`
+    Service with the chart's ServiceAccount, and reconcile an RLJob."""
     from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
 
     cluster, nodes = real_cluster.cluster, real_cluster.nodes
     kubectl = Kubectl(cluster.kubeconfig)
-    namespace = "tiny-restricted"
+    namespace = "operator-restricted"
     kubectl("create", "namespace", namespace)
     kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     install_rljob_crd(kubectl)
-    operator, trainer = real_cluster.images["operator"], real_cluster.images["trainer-cpu"]
+    operator = real_cluster.images["operator"]
     name = release.install(cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
     try:
-        deadline = time.monotonic() + 180
-        while True:
-            pods = json.loads(kubectl("-n", namespace, "get", "pods", "-o", "json").stdout)["items"]
-            ready = [
-                p for p in pods
-                if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-            ]  # fmt: skip
-            if len(ready) == 2:
-                break
-            assert time.monotonic() < deadline, json.dumps([p["status"] for p in pods])[:3000]
-            time.sleep(1)
+        ready = real_node_kit.wait_operator_ready(kubectl, namespace, replicas=2)
         assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in nodes}
         assert {p["spec"]["containers"][0]["image"] for p in ready} == {operator.ref}
         uid = kubectl(
@@ -364,24 +268,15 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
             "import os; print(os.getuid())",
         )
         assert uid.stdout.strip() == "65532"
-
-        workdir = tmp_path / "work"
-        job = tinyjob.prepare(workdir, name="tiny-real", steps=4, save_freq=2, pool="real")
-        tinyjob.from_image(job, trainer.ref)
-        spec = job.manifest["spec"]
-        claim = _work_volume(kubectl, namespace, workdir)
-        for volume in spec["volumes"]:
-            if volume["mountPath"] == tinyjob.MOUNT:
-                volume["source"] = {"persistentVolumeClaim": {"claimName": claim}}
-        apart = {"controller": 1, "rollout": 1, "actor": 0}
-        spec["controller"]["pool"] = {"nodeSelector": {"test/index": str(apart["controller"])}}
-        for role, settings in spec["roles"].items():
-            settings["pool"] = {"nodeSelector": {"test/index": str(apart[role])}}
-        tinyjob.apply(kubectl, namespace, job)
-        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 600)
-        assert final["state"] == "Succeeded", final
-        assert final["progress"]["step"] == 4
-        assert len(job.metrics()) == 4
-        assert final.get("restartCount", 0) == 0
+        job = yaml.safe_load((REPO_ROOT / "examples" / "gpu-multipool.yaml").read_text())
+        job["metadata"]["namespace"] = namespace
+        kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+        deadline = time.monotonic() + 120
+        while True:
+            found = json.loads(kubectl("-n", namespace, "get", "rljob", job["metadata"]["name"], "-o", "json").stdout)
+            if found.get("status", {}).get("conditions"):
+                break
+            assert time.monotonic() < deadline, "the operator pod never reconciled the RLJob"
+            time.sleep(1)
     finally:
         release.uninstall(cluster.kubeconfig, namespace, name)

@@ -111,5 +111,6 @@ def kubelet_args(kubelet: Path, config: Path, inputs: KubeletInputs) -> list[str
         f"--hostname-override={inputs.node_name}",
         # A real (non-loopback) address on the node's veth (quirk 4).
         f"--node-ip={inputs.node_ip}",
-        "--v=1",
+        # v=2 logs each pod's sync, which is what tells why a pod sits Pending on a node.
+        "--v=2",
     ]
