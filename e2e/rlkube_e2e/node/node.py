@@ -151,54 +151,62 @@ class RealNode:
     # -- start ---------------------------------------------------------------------------
 
     def start(self, timeout: float = 120.0) -> None:
+        start_nodes([self], timeout)
+
+    # start_nodes() runs these three phases. Processes are spawned from the calling thread
+    # only: PR_SET_PDEATHSIG (processes.spawn's die_with_parent) fires when the *thread* that
+    # forked a child exits, so a node started from a pool thread was SIGKILLed as soon as
+    # that thread ended. Only the image imports (plain `ctr` runs) go to threads.
+
+    def _start_runtime(self, timeout: float) -> list[str]:
+        """Namespaces, holder and containerd; returns the `ctr` command line for imports."""
         binaries = find_node_binaries()
         deadline = time.monotonic() + timeout
         self.state_dir.mkdir(parents=True, exist_ok=True)
         netns.create(self.net)
-        try:
-            self._make_cgroup_roots()
-            inputs = self._write_files()
-            hold = mountns.wrap(self.net.netns, self.state_dir, [str(binaries.sleep), "infinity"])
-            holder = self._spawn("holder", binaries.sleep, hold)
-            # stop() from another process (`e2e/cluster down`) finds the namespaces through it.
-            self._holder_file.write_text(f"{holder.pid}\n")
-            self._wait(deadline, lambda: self._in_own_mount_ns(holder.pid), "the node's namespaces")
-            enter = [str(binaries.nsenter), f"--target={holder.pid}", "--mount", "--net", "--"]
-            paths = containerd_paths(self.state_dir)
-            self._spawn(
-                "containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"]
-            )
-            ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
-            self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
-            for archive in (binaries.pause_archive, *self.images):
-                self._import(ctr, archive)
-            # Importing a trainer image takes minutes on 2 cores; the timeout is for starting.
-            deadline = time.monotonic() + timeout
-            config = self.state_dir / "kubelet" / "config.json"
-            write_kubelet_config(config, inputs)
-            args = kubelet_args(binaries.kubelet, config, inputs)
-            if self.labels:
-                args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
-            if self.taints:
-                args.append("--register-with-taints=" + ",".join(self.taints))
-            self._spawn("kubelet", binaries.kubelet, [*enter, *args])
-            proxy_config = self.state_dir / "kube-proxy" / "config.json"
-            write_kube_proxy_config(proxy_config, self._kube_proxy_inputs())
-            self._spawn(
-                "kube-proxy", binaries.kube_proxy, [*enter, *kube_proxy_args(binaries.kube_proxy, proxy_config)]
-            )
-            self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
-        except BaseException:
-            self.stop()
-            raise
+        self._make_cgroup_roots()
+        hold = mountns.wrap(self.net.netns, self.state_dir, [str(binaries.sleep), "infinity"])
+        holder = self._spawn("holder", binaries.sleep, hold)
+        # stop() from another process (`e2e/cluster down`) finds the namespaces through it.
+        self._holder_file.write_text(f"{holder.pid}\n")
+        self._wait(deadline, lambda: self._in_own_mount_ns(holder.pid), "the node's namespaces")
+        paths = containerd_paths(self.state_dir)
+        paths.config.parent.mkdir(parents=True, exist_ok=True)
+        paths.config.write_text(containerd_config(paths, PAUSE_IMAGE, CNI_BIN_DIR))
+        paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+        (paths.cni_conf_dir / "10-rlkube.conflist").write_text(cni_conflist(self.net))
+        enter = self._enter(binaries, holder.pid)
+        self._spawn("containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"])
+        ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
+        self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
+        return ctr
+
+    def _start_kubelet(self, timeout: float) -> None:
+        """The kubelet and kube-proxy, then wait for the Node to be Ready."""
+        binaries = find_node_binaries()
+        deadline = time.monotonic() + timeout
+        inputs = self._write_files()
+        enter = self._enter(binaries, int(self._holder_file.read_text()))
+        config = self.state_dir / "kubelet" / "config.json"
+        write_kubelet_config(config, inputs)
+        args = kubelet_args(binaries.kubelet, config, inputs)
+        if self.labels:
+            args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        if self.taints:
+            args.append("--register-with-taints=" + ",".join(self.taints))
+        self._spawn("kubelet", binaries.kubelet, [*enter, *args])
+        proxy_config = self.state_dir / "kube-proxy" / "config.json"
+        write_kube_proxy_config(proxy_config, self._kube_proxy_inputs())
+        self._spawn("kube-proxy", binaries.kube_proxy, [*enter, *kube_proxy_args(binaries.kube_proxy, proxy_config)])
+        self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
         self._log(f"node {self.name} Ready at {self.address} (pods {self.net.pod_cidr}); logs in {self.logs_dir}")
+
+    @staticmethod
+    def _enter(binaries: NodeBinaries, holder: int) -> list[str]:
+        return [str(binaries.nsenter), f"--target={holder}", "--mount", "--net", "--"]
 
     def _write_files(self) -> KubeletInputs:
         paths = containerd_paths(self.state_dir)
-        paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
-        (paths.cni_conf_dir / "10-rlkube.conflist").write_text(cni_conflist(self.net))
-        paths.config.parent.mkdir(parents=True, exist_ok=True)
-        paths.config.write_text(containerd_config(paths, PAUSE_IMAGE, CNI_BIN_DIR))
         certs = self.state_dir / "pki"
         issue_node_client_cert(self.pki, certs / "kubelet-client.crt", certs / "kubelet-client.key", self.name)
         self_signed_server_cert(certs / "kubelet.crt", certs / "kubelet.key", self.name, [self.address])
@@ -277,8 +285,11 @@ class RealNode:
             holder = int(self._holder_file.read_text())
         except (OSError, ValueError):
             raise NodeError(f"node {self.name} is not running (no {self._holder_file})") from None
-        enter = [str(binaries.nsenter), f"--target={holder}", "--mount", "--net", "--"]
-        ctr = [*enter, str(binaries.ctr), f"--address={containerd_paths(self.state_dir).socket}"]
+        ctr = [
+            *self._enter(binaries, holder),
+            str(binaries.ctr),
+            f"--address={containerd_paths(self.state_dir).socket}",
+        ]
         for archive in archives:
             self._import(ctr, archive)
 
@@ -431,13 +442,26 @@ class RealNode:
 
 
 def start_nodes(nodes: list[RealNode], timeout: float = 120.0) -> None:
-    """Start nodes side by side: each imports its images (minutes for a trainer image), and
-    two imports share the cores better than one after the other. The first error is raised
-    once all have finished; a node that failed has stopped itself."""
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
-        futures = [pool.submit(node.start, timeout) for node in nodes]
-    for future in futures:
-        future.result()
+    """Start nodes: runtimes one after another, image imports side by side (minutes for a
+    trainer image; two imports share the cores better than one after the other), then the
+    kubelets. On any error every node is stopped and the first error raised."""
+    try:
+        ctrs = [node._start_runtime(timeout) for node in nodes]
+        pause = find_node_binaries().pause_archive
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+            futures = [
+                pool.submit(node._import, ctr, archive)
+                for node, ctr in zip(nodes, ctrs, strict=True)
+                for archive in (pause, *node.images)
+            ]
+        for future in futures:
+            future.result()
+        for node in nodes:
+            node._start_kubelet(timeout)
+    except BaseException:
+        for node in nodes:
+            node.stop()
+        raise
 
 
 def _alive(pid: int) -> bool:
