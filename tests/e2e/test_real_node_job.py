@@ -2,9 +2,11 @@
 operator, the restricted Pod Security Standard, and its pods split across two nodes.
 
 Opt-in (`make test-real-node-job`, RLKUBE_REAL_NODE_JOB=1): importing the 3.7 GB CPU trainer
-image into two nodes takes minutes on 2 cores, and a first run here left a pod Pending on a
-node that had just imported it (docs/development-notes.md, session 11); until that is
-understood, `make test` runs the real-node tests with the base and operator images only.
+image into two nodes takes minutes on 2 cores and about 22 GB of disk while it runs (the nodes
+drop it at stop), beside the image's own build store; `make test` runs the real-node tests with
+the base and operator images only. Its first run here failed for a reason since fixed (nodes
+spawned from pool threads were killed with them: docs/development-notes.md, session 11), and
+its second ran out of disk to earlier runs' leftovers; it has not passed yet.
 """
 
 from __future__ import annotations
