@@ -90,3 +90,30 @@ def wait_operator_ready(kubectl: Kubectl, namespace: str, replicas: int, timeout
             return ready
         assert time.monotonic() < deadline, json.dumps([p["status"] for p in pods])[:3000]
         time.sleep(1)
+
+
+@contextlib.contextmanager
+def restricted_operator(real: RealCluster, namespace: str) -> Iterator[Kubectl]:
+    """The chart installed as users install it, with the operator image built here, into a
+    namespace that enforces the restricted Pod Security Standard: its pods start from the
+    image as its non-root user on the real nodes and pass the kubelet's probes. Uninstalled
+    afterwards."""
+    from rlkube_e2e import release  # noqa: PLC0415
+    from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
+
+    kubectl = Kubectl(real.cluster.kubeconfig)
+    kubectl("create", "namespace", namespace)
+    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    install_rljob_crd(kubectl)
+    operator = real.images["operator"]
+    name = release.install(real.cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
+    try:
+        ready = wait_operator_ready(kubectl, namespace, replicas=2)
+        assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in real.nodes}
+        assert {p["spec"]["containers"][0]["image"] for p in ready} == {operator.ref}
+        pod = ready[0]["metadata"]["name"]
+        uid = kubectl("-n", namespace, "exec", pod, "--", "python3", "-c", "import os; print(os.getuid())")
+        assert uid.stdout.strip() == "65532"
+        yield kubectl
+    finally:
+        release.uninstall(real.cluster.kubeconfig, namespace, name)

@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_e2e import release
 from rlkube_e2e.binaries import K8S_VERSION
 from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 from rlkube_e2e.images import ensure_image
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
-from rlkube_e2e.testing import Kubectl
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster, wait_phase
 
@@ -243,31 +241,8 @@ def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(r
     from the image as its non-root user in a namespace that enforces the restricted Pod
     Security Standard, pass the kubelet's probes, reach the API through the `kubernetes`
     Service with the chart's ServiceAccount, and reconcile an RLJob."""
-    from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
-
-    cluster, nodes = real_cluster.cluster, real_cluster.nodes
-    kubectl = Kubectl(cluster.kubeconfig)
     namespace = "operator-restricted"
-    kubectl("create", "namespace", namespace)
-    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    install_rljob_crd(kubectl)
-    operator = real_cluster.images["operator"]
-    name = release.install(cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
-    try:
-        ready = real_node_kit.wait_operator_ready(kubectl, namespace, replicas=2)
-        assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in nodes}
-        assert {p["spec"]["containers"][0]["image"] for p in ready} == {operator.ref}
-        uid = kubectl(
-            "-n",
-            namespace,
-            "exec",
-            ready[0]["metadata"]["name"],
-            "--",
-            "python3",
-            "-c",
-            "import os; print(os.getuid())",
-        )
-        assert uid.stdout.strip() == "65532"
+    with real_node_kit.restricted_operator(real_cluster, namespace) as kubectl:
         job = yaml.safe_load((REPO_ROOT / "examples" / "gpu-multipool.yaml").read_text())
         job["metadata"]["namespace"] = namespace
         kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
@@ -278,5 +253,3 @@ def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(r
                 break
             assert time.monotonic() < deadline, "the operator pod never reconciled the RLJob"
             time.sleep(1)
-    finally:
-        release.uninstall(cluster.kubeconfig, namespace, name)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_e2e import release, tinyjob
+from rlkube_e2e import tinyjob
 from rlkube_e2e.testing import Kubectl
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
@@ -74,32 +74,9 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
     restricted Pod Security Standard. The controller and the rollout pod run on one node and
     the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
     cross between the nodes; the job trains to Succeeded."""
-    from tests.chart.chart_kit import install_rljob_crd  # noqa: PLC0415
-
-    cluster, nodes = real_cluster.cluster, real_cluster.nodes
-    kubectl = Kubectl(cluster.kubeconfig)
+    trainer = real_cluster.images["trainer-cpu"]
     namespace = "tiny-restricted"
-    kubectl("create", "namespace", namespace)
-    kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    install_rljob_crd(kubectl)
-    operator, trainer = real_cluster.images["operator"], real_cluster.images["trainer-cpu"]
-    name = release.install(cluster.kubeconfig, namespace, [namespace], operator.ref, "real")
-    try:
-        ready = real_node_kit.wait_operator_ready(kubectl, namespace, replicas=2)
-        assert {p["spec"]["nodeName"] for p in ready} <= {n.name for n in nodes}
-        assert {p["spec"]["containers"][0]["image"] for p in ready} == {operator.ref}
-        uid = kubectl(
-            "-n",
-            namespace,
-            "exec",
-            ready[0]["metadata"]["name"],
-            "--",
-            "python3",
-            "-c",
-            "import os; print(os.getuid())",
-        )
-        assert uid.stdout.strip() == "65532"
-
+    with real_node_kit.restricted_operator(real_cluster, namespace) as kubectl:
         workdir = tmp_path / "work"
         job = tinyjob.prepare(workdir, name="tiny-real", steps=4, save_freq=2, pool="real")
         tinyjob.from_image(job, trainer.ref)
@@ -118,5 +95,3 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert final["progress"]["step"] == 4
         assert len(job.metrics()) == 4
         assert final.get("restartCount", 0) == 0
-    finally:
-        release.uninstall(cluster.kubeconfig, namespace, name)
