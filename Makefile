@@ -119,5 +119,5 @@ cluster-down: venv ## stop the local control plane
 	$(PY) -m rlkube_e2e.cluster down
 
 .PHONY: demo
-demo: venv toolchain sysdeps ## local cluster + process node + operator; trains the tiny CPU RLJob (examples/tiny-cpu.yaml)
+demo: venv toolchain sysdeps images-sysdeps pause ## local cluster + a real node + the chart's operator; trains the tiny CPU RLJob (examples/tiny-cpu.yaml) from the images built here
 	$(PY) -m rlkube_e2e.demo

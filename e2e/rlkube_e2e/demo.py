@@ -1,12 +1,16 @@
-"""`make demo`: the local control plane with a process node, the operator, and the tiny CPU
-RLJob trained for real.
+"""`make demo`: the local control plane with a real node, the operator installed by its Helm
+chart, and the tiny CPU RLJob trained by pods that run the project's own images.
 
-Starts (or reuses) the local cluster in `.cluster/` (kube-apiserver, controller-manager,
-scheduler, etcd; the simulated GPU pools), starts a node that runs pods as local processes,
-installs the CRD, runs the operator, writes the tiny task's model and data (the init step),
-applies `examples/tiny-cpu.yaml` (pinned to the process node) with its reward ConfigMap, and
-shows progress until the job settles; then prints the status, the checkpoint and the
-reward-curve PNG.
+Builds the images if needed (base, operator, trainer-cpu; cached by their inputs' hash),
+starts the local cluster in `.cluster/` (etcd, kube-apiserver, controller-manager, scheduler,
+CoreDNS, the simulated GPU pools, and a real node: kubelet, containerd, runc, CNI,
+kube-proxy) with the images imported, `helm install`s the chart with the operator image,
+writes the tiny task's model and data (the init step), applies `examples/tiny-cpu.yaml`
+(pinned to the real node, from the trainer image, its work folder behind a
+PersistentVolumeClaim) with its reward ConfigMap, and shows progress until the job settles;
+then prints the status, the checkpoint and the reward-curve PNG. Both namespaces enforce the
+restricted Pod Security Standard, as a careful cluster would. The cluster, its node and the
+operator stay up afterwards (`e2e/cluster down`).
 """
 
 from __future__ import annotations
@@ -14,90 +18,113 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from rlkube_e2e import tinyjob
+from rlkube_e2e import release, tinyjob
 from rlkube_e2e.cluster import DEFAULT_STATE_DIR, LocalCluster
 from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.state import ClusterState
 from rlkube_e2e.testing import Kubectl, wait_established
 
 NAMESPACE = "rlkube-demo"
+OPERATOR_NAMESPACE = "rlkube-system"
 WORKDIR = Path("/var/tmp/rlkube-demo")
+POOL = "real"
+# An imported trainer image takes about 11 GB in the node's containerd, beside the images'
+# own build store; below this the import fails half-way with a less clear error.
+MIN_FREE_BYTES = 16 * 1024**3
 
 
 def _step(message: str) -> None:
     print(f"==> {message}", flush=True)
 
 
-def _start_operator(kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    command = [sys.executable, "-m", "rlkube_operator", "--metrics-port", "18090", "--health-port", "18080"]
-    return subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-
-
 def run(state_dir: Path, workdir: Path, timeout: float) -> int:
-    from rlkube_e2e.procnode.node import ProcessNode  # noqa: PLC0415  (Linux-only; after the checks below)
+    from rlkube_e2e.images import ImageError, ensure_image  # noqa: PLC0415
 
-    reason = ProcessNode.unavailable()
-    if reason:
-        print(f"error: the demo runs pods as local processes, which needs {reason}", file=sys.stderr)
+    if os.geteuid() != 0:
+        print("error: the demo's real node needs root (network and mount namespaces, cgroups)", file=sys.stderr)
         return 1
-    cluster = LocalCluster(state_dir)
-    _step(f"local control plane ({state_dir})")
-    cluster.up()
-    kubectl = Kubectl(cluster.kubeconfig)
-    _step("process node proc-0 (runs pods as local processes)")
-    node = ProcessNode(cluster.kubeconfig, "proc-0", None, state_dir / "procnode" / "proc-0")
-    node.start()
-    operator = None
-    try:
-        _step("RLJob CRD")
-        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
-        wait_established(kubectl, "rljobs.rlkube.dev")
-        log = state_dir / "logs" / "operator.log"
-        _step(f"operator (log: {log})")
-        operator = _start_operator(cluster.kubeconfig, log)
-        _step(f"init step: tiny model and data in {workdir}/tiny")
-        job = tinyjob.prepare(workdir)
-        kubectl("create", "namespace", NAMESPACE, check=False)
-        kubectl("-n", NAMESPACE, "delete", "rljob", job.name, "--ignore-not-found", "--wait=true")
-        shutil.rmtree(job.checkpoints, ignore_errors=True)  # a fresh run, not a resume of the last demo
-        _step("kubectl apply -f examples/tiny-cpu.yaml (pods pinned to the process node)")
-        tinyjob.apply(kubectl, NAMESPACE, job)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(state_dir).free
+    if free < MIN_FREE_BYTES:
         print(
-            f"  watch the driver meanwhile: KUBECONFIG={cluster.kubeconfig} "
-            f"kubectl -n {NAMESPACE} logs -f {job.name}-controller-0",
-            flush=True,
+            f"error: {state_dir} has {free / 1024**3:.1f} GB free; the demo's node needs about "
+            f"{MIN_FREE_BYTES / 1024**3:.0f} GB for the trainer image",
+            file=sys.stderr,
         )
-        final = tinyjob.wait_state(kubectl, NAMESPACE, job.name, ("Succeeded", "Failed"), timeout, show=True)
-        _step("status")
-        print(kubectl("-n", NAMESPACE, "get", "rljob", job.name, "-o", "wide").stdout)
-        print(kubectl("-n", NAMESPACE, "get", "events", "--field-selector", "involvedObject.kind=RLJob").stdout)
-        progress = final.get("progress", {})
-        step = progress.get("lastCheckpointStep")
-        print(f"state:       {final.get('state')}  (restarts: {final.get('restartCount', 0)})")
-        print(f"checkpoint:  {job.checkpoints / f'step_{step:06d}' if step else 'none'}")
-        print(f"metrics:     {job.checkpoints / 'metrics.jsonl'}")
-        validation = [
-            f"step {int(row['step'])}: {value:.3f}"
-            for row in job.metrics()
-            for key, value in row.items()
-            if key.startswith("val-core/") and "/mean@" in key
-        ]
-        print(f"validation:  {', '.join(validation) or 'none'}  (greedy, held-out prompts)")
-        print(f"curves:      {job.checkpoints / 'curves.png'}")
-        # `kubectl logs` ends with the demo (the node runs the pods); the files stay.
-        print(f"pod logs:    {node.log_path(NAMESPACE, job.name + '-controller-0')}")
-        print(f"The cluster stays up: KUBECONFIG={cluster.kubeconfig}; stop it with `e2e/cluster down`.")
-        return 0 if final.get("state") == "Succeeded" else 1
-    finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=30)
-        # Pods run as processes of this program: they stop with it.
-        node.stop(delete_node=True)
+        return 1
+    cluster = LocalCluster(state_dir, real_nodes=1, node_pool=POOL, log=print)
+    running = cluster.status()
+    if running is not None and running.healthy and not running.real_nodes:
+        print(
+            f"error: a cluster without real nodes runs in {state_dir}; stop it first (`e2e/cluster down`)",
+            file=sys.stderr,
+        )
+        return 1
+    _step("images: base, operator, trainer-cpu (built here when their inputs changed)")
+    try:
+        operator_image, trainer_image = ensure_image("operator"), ensure_image("trainer-cpu")
+    except ImageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    cluster.node_images = (operator_image.path, trainer_image.path)
+    _step(f"local control plane and a real node ({state_dir})")
+    if not cluster.up():
+        # A node of an earlier demo: it gets the current images (an import of a present one is quick).
+        state = ClusterState.load(cluster.layout.state_file)
+        assert state is not None
+        for index, node_name in enumerate(state.real_nodes):
+            cluster.real_node(state, index, node_name).import_images(cluster.node_images)
+    kubectl = Kubectl(cluster.kubeconfig)
+    _step("RLJob CRD")
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(kubectl, "rljobs.rlkube.dev")
+    for namespace in (OPERATOR_NAMESPACE, NAMESPACE):
+        kubectl("create", "namespace", namespace, check=False)
+        kubectl("label", "--overwrite", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    installed = release.helm(cluster.kubeconfig, "list", "-q", "-n", OPERATOR_NAMESPACE).stdout.split()
+    for old in installed:
+        release.uninstall(cluster.kubeconfig, OPERATOR_NAMESPACE, old)
+    _step(f"helm install charts/rlkube (operator image {operator_image.ref})")
+    name = release.install(cluster.kubeconfig, OPERATOR_NAMESPACE, [NAMESPACE], operator_image.ref, POOL)
+    kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{name}", "--timeout=300s", timeout=320)
+    _step(f"init step: tiny model and data in {workdir}/tiny")
+    job = tinyjob.prepare(workdir, pool=POOL)
+    tinyjob.from_image(job, trainer_image.ref)
+    kubectl("-n", NAMESPACE, "delete", "rljob", job.name, "--ignore-not-found", "--wait=true")
+    shutil.rmtree(job.checkpoints, ignore_errors=True)  # a fresh run, not a resume of the last demo
+    job.checkpoints.parent.mkdir(parents=True, exist_ok=True)
+    os.chown(job.checkpoints.parent, tinyjob.TRAINER_UID, tinyjob.TRAINER_UID)
+    tinyjob.claim_workdir(kubectl, NAMESPACE, job)
+    _step("kubectl apply -f examples/tiny-cpu.yaml (pods from the trainer image on the real node, restricted)")
+    tinyjob.apply(kubectl, NAMESPACE, job)
+    print(
+        f"  watch the driver meanwhile: KUBECONFIG={cluster.kubeconfig} "
+        f"kubectl -n {NAMESPACE} logs -f {job.name}-controller-0",
+        flush=True,
+    )
+    final = tinyjob.wait_state(kubectl, NAMESPACE, job.name, ("Succeeded", "Failed"), timeout, show=True)
+    _step("status")
+    print(kubectl("-n", NAMESPACE, "get", "rljob", job.name, "-o", "wide").stdout)
+    print(kubectl("-n", NAMESPACE, "get", "events", "--field-selector", "involvedObject.kind=RLJob").stdout)
+    progress = final.get("progress", {})
+    step = progress.get("lastCheckpointStep")
+    print(f"state:       {final.get('state')}  (restarts: {final.get('restartCount', 0)})")
+    print(f"checkpoint:  {job.checkpoints / f'step_{step:06d}' if step else 'none'}")
+    print(f"metrics:     {job.checkpoints / 'metrics.jsonl'}")
+    validation = [
+        f"step {int(row['step'])}: {value:.3f}"
+        for row in job.metrics()
+        for key, value in row.items()
+        if key.startswith("val-core/") and "/mean@" in key
+    ]
+    print(f"validation:  {', '.join(validation) or 'none'}  (greedy, held-out prompts)")
+    print(f"curves:      {job.checkpoints / 'curves.png'}")
+    print(f"pod logs:    KUBECONFIG={cluster.kubeconfig} kubectl -n {NAMESPACE} logs {job.name}-controller-0")
+    print("The cluster, its node and the operator stay up; stop them with `e2e/cluster down`.")
+    return 0 if final.get("state") == "Succeeded" else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -113,6 +113,43 @@ def from_image(job: TinyJob, image_ref: str) -> None:
         os.chown(path, TRAINER_UID, TRAINER_UID)
 
 
+def claim_workdir(kubectl: Kubectl, namespace: str, job: TinyJob) -> str:
+    """Put the job's work folder behind a PersistentVolumeClaim instead of a hostPath volume,
+    which the restricted Pod Security Standard refuses in pods: a hostPath PersistentVolume
+    bound to the claim `<job>-work` (the local nodes share this machine's disk, so
+    ReadWriteMany holds). Idempotent: a claim already bound to it is reused."""
+    claim = f"{job.name}-work"
+    volume_name = f"{namespace}-{claim}"
+    job.workdir.mkdir(parents=True, exist_ok=True)
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume_name},
+        "spec": {
+            "capacity": {"storage": "1Ti"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(job.workdir), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": "1Gi"}},
+            "volumeName": volume_name,
+        },
+    }
+    kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
+    for volume in job.manifest["spec"]["volumes"]:
+        if volume["mountPath"] == MOUNT:
+            volume["source"] = {"persistentVolumeClaim": {"claimName": claim}}
+    return claim
+
+
 def reward_config_map(job: TinyJob, namespace: str | None = None) -> dict[str, Any]:
     """The ConfigMap holding the reward function the example names."""
     reward = job.manifest["spec"]["reward"]["function"]["configMap"]

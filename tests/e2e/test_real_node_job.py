@@ -16,10 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlkube_e2e import tinyjob
-from rlkube_e2e.testing import Kubectl
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
 
@@ -35,33 +33,6 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
     images = ("operator", "trainer-cpu")
     with real_node_kit.real_cluster(tmp_path_factory.mktemp("real-node-job"), images) as cluster:
         yield cluster
-
-
-def _work_volume(kubectl: Kubectl, namespace: str, path: Path) -> str:
-    """A hostPath PersistentVolume bound to claim `work` (both nodes share this host's disk,
-    so ReadWriteMany is true here); the restricted standard refuses hostPath in pods."""
-    path.mkdir(parents=True, exist_ok=True)
-    name = f"{namespace}-work"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "1Ti"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(path), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": "work"},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "work", "namespace": namespace},
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "1Gi"}}, "volumeName": name},
-    }
-    kubectl("apply", "-f", "-", input=yaml.safe_dump_all([pv, pvc]))
-    return "work"
 
 
 def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_standard(
@@ -81,10 +52,7 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         job = tinyjob.prepare(workdir, name="tiny-real", steps=4, save_freq=2, pool="real")
         tinyjob.from_image(job, trainer.ref)
         spec = job.manifest["spec"]
-        claim = _work_volume(kubectl, namespace, workdir)
-        for volume in spec["volumes"]:
-            if volume["mountPath"] == tinyjob.MOUNT:
-                volume["source"] = {"persistentVolumeClaim": {"claimName": claim}}
+        tinyjob.claim_workdir(kubectl, namespace, job)
         apart = {"controller": 1, "rollout": 1, "actor": 0}
         spec["controller"]["pool"] = {"nodeSelector": {"test/index": str(apart["controller"])}}
         for role, settings in spec["roles"].items():

@@ -427,9 +427,20 @@ class RealNode:
                     running.handle.wait(timeout=5)
         self._running = []
         self._holder_file.unlink(missing_ok=True)
-        self._remove_cgroups()
-        netns.remove(self.net)
-        self._remove_runtime_data()
+        # The kernel tears a killed process down after kill() returns (gigabytes of a trainer's
+        # memory on a loaded machine take seconds), and its cgroup and mounts go only then:
+        # retry until nothing is left, or the deadline.
+        deadline = time.monotonic() + 60
+        while True:
+            for pid in self._cgroup_pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self._remove_cgroups()
+            netns.remove(self.net)
+            self._remove_runtime_data()
+            if not self.leftovers() or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         with contextlib.suppress(OSError, ApiError):
             self.api().request("DELETE", f"/api/v1/nodes/{self.name}")
 
