@@ -92,10 +92,6 @@ lint: venv ## ruff, mypy, shellcheck
 test: venv toolchain sysdeps images-sysdeps pause lint ## install what is needed, then run every test
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-.PHONY: test-real-node-job
-test-real-node-job: venv toolchain sysdeps images-sysdeps pause ## the tiny RLJob on two real nodes from the trainer image (opt-in: minutes of image import)
-	RLKUBE_REAL_NODE_JOB=1 $(VENV)/bin/pytest tests/e2e/test_real_node_job.py $(PYTEST_ARGS)
-
 FUZZ_EXAMPLES ?= 1000
 
 .PHONY: fuzz

@@ -40,7 +40,7 @@ for _sub in ("api", "operator", "trainer", "e2e"):
 
 from rlkube_api.names import RAY_START_ARGS_ENV, Env  # noqa: E402
 from rlkube_api.validation import parse_rljob  # noqa: E402
-from rlkube_e2e.procnode.env import container_env, decode_secret  # noqa: E402
+from rlkube_e2e.pod_env import container_env, decode_secret  # noqa: E402
 from rlkube_operator.desired import desired_children  # noqa: E402
 
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"

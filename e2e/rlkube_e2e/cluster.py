@@ -442,7 +442,6 @@ class LocalCluster:
         for directory in (layout.pki.dir, layout.etcd_data, layout.logs, layout.kwok_home, self.state_dir / "nodes"):
             shutil.rmtree(directory, ignore_errors=True)
         shutil.rmtree(self.state_dir / "serving-certs", ignore_errors=True)
-        shutil.rmtree(self.state_dir / "procnode", ignore_errors=True)  # the demo's process node
         with contextlib.suppress(OSError):
             self.state_dir.rmdir()
 

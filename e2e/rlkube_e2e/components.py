@@ -126,7 +126,7 @@ def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports, host_addres
             f"--tls-cert-file={pki.apiserver_cert}",
             f"--tls-private-key-file={pki.apiserver_key}",
             f"--client-ca-file={pki.ca_cert}",
-            # `kubectl logs` on a process node's pods: the apiserver calls the node's kubelet
+            # `kubectl logs` on a real node's pods: the apiserver calls the node's kubelet
             # endpoint at its InternalIP (Hostname, the default first choice, does not resolve
             # here) with the admin certificate, which the node checks against the CA.
             f"--kubelet-client-certificate={pki.admin_cert}",

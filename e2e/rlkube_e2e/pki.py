@@ -219,7 +219,7 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
 
 
 def self_signed_server_cert(cert_path: Path, key_path: Path, common_name: str, ips: list[str]) -> None:
-    """A self-signed serving certificate for `ips` (a process node's kubelet endpoint: the
+    """A self-signed serving certificate for `ips` (a real node's kubelet endpoint: the
     apiserver is given no kubelet CA, so it does not verify it, as with kubeadm's defaults)."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])

@@ -1,6 +1,6 @@
-"""The tiny CPU RLJob (examples/tiny-cpu.yaml) made ready to run on the process node: the
-init step that writes its model and data, its reward ConfigMap, and the manifest pinned to
-the process node's pool with its work folder on this machine. Shared by `make demo` and
+"""The tiny CPU RLJob (examples/tiny-cpu.yaml) made ready to run on the local cluster's real
+nodes: the init step that writes its model and data, its reward ConfigMap, and the manifest
+pinned to the nodes' pool with its work folder on this machine. Shared by `make demo` and
 the end-to-end tests."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ REWARD = REPO_ROOT / "examples" / "rewards" / "tiny_task.py"
 CRD = REPO_ROOT / "crds" / "rljob.yaml"
 # Where the example mounts its work folder in the pods; the hostPath behind it is the demo's.
 MOUNT = "/rlkube"
-LOCAL_POOL = "local"  # the process node's default pool label
+REAL_POOL = "real"  # the pool label of the local cluster's real nodes
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ def prepare(
     name: str = "tiny-cpu",
     steps: int | None = None,
     save_freq: int | None = None,
-    pool: str = LOCAL_POOL,
+    pool: str = REAL_POOL,
 ) -> TinyJob:
     """The init step (model, data under workdir/tiny) and the manifest: every pod on the
-    process node's pool, the example's hostPath replaced by workdir."""
+    real nodes' pool, the example's hostPath replaced by workdir."""
     from rlkube_trainer.tiny_task import VAL_PROMPTS, build_model, write_dataset  # noqa: PLC0415  (torch: only here)
 
     manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
@@ -79,7 +79,7 @@ def prepare(
         spec["trainer"]["totalTrainingSteps"] = steps
     if save_freq is not None:
         spec["trainer"]["saveFreq"] = save_freq
-    # The simulated GPU pools are kwok nodes that run nothing: pin every pod to the process node.
+    # The simulated GPU pools are kwok nodes that run nothing: pin every pod to the real nodes.
     selector = {POOL_LABEL: pool}
     spec.setdefault("controller", {})["pool"] = {"nodeSelector": selector}
     for role in spec["roles"].values():
@@ -198,15 +198,20 @@ def wait_state(
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m rlkube_e2e.tinyjob WORKDIR | kubectl -n NS apply -f -`: runs the init step
-    into WORKDIR and prints the reward ConfigMap and the example pinned to the process node."""
+    into WORKDIR and prints the reward ConfigMap and the example pinned to a node pool,
+    optionally from a trainer image built here."""
     import argparse  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("workdir", type=Path, help="host folder mounted at /rlkube in the pods")
     parser.add_argument("--name", default="tiny-cpu")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--pool", default=REAL_POOL, help="the node pool every pod is pinned to")
+    parser.add_argument("--image", default=None, help="a trainer image the nodes hold (never pulled)")
     args = parser.parse_args(argv)
-    job = prepare(args.workdir.resolve(), args.name, args.steps)
+    job = prepare(args.workdir.resolve(), args.name, args.steps, pool=args.pool)
+    if args.image:
+        from_image(job, args.image)
     print(yaml.safe_dump_all([reward_config_map(job), job.manifest], sort_keys=False), end="")
     return 0
 

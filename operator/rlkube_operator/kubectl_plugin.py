@@ -6,7 +6,7 @@
   role's pod of that rank, with kubectl's -f/--tail/--previous;
 - `curves NAME [-o curves.png]`: the reward, KL and response-length curves of a
   running job, from the step lines the driver logs (`kubectl logs`, so it works
-  wherever logs do, the local process node included; the driver's metrics.jsonl has
+  wherever logs do, the local cluster's real nodes included; the driver's metrics.jsonl has
   every metric but lives on the checkpoint volume);
 - `suspend NAME` / `resume NAME`: sets spec.suspend (the operator scales the pods to
   zero and back, from the last checkpoint).

@@ -1,32 +1,43 @@
-"""A process node (pods run as local processes) shared by the end-to-end tests that run
-the trainer or the operator in pods. Its pool label is its own (`e2e-jobs`, not `local`):
-tests/e2e/test_procnode.py runs a node of its own in pool `local` meanwhile, and each
-test's pods must land on the node it watches. It lives as long as this package's tests:
-a real node left in the shared cluster would take the pods of later tests that name no
-pool, and really mount their volumes (the fuzz's jobs then hang in ContainerCreating)."""
+"""The end-to-end tests' cluster: a private control plane with two real nodes (kubelet,
+containerd, runc, CNI, kube-proxy) holding the base, operator and trainer images built here.
+Importing the 3.7 GB trainer image takes minutes and about 11 GB of disk per node, so every
+test of this package shares one; each test's objects stay in a namespace of its own. It is
+not the session's shared cluster (tests/conftest.py): a real node there would take the pods
+of other tests that name no pool, and really mount their volumes."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import pytest
 
-from rlkube_e2e.pools import POOL_LABEL
-from rlkube_e2e.testing import ClusterInfo
-
-if TYPE_CHECKING:
-    from rlkube_e2e.procnode.node import ProcessNode
+from rlkube_e2e.testing import Kubectl, namespace_for_test
+from tests.e2e import real_node_kit
+from tests.e2e.real_node_kit import RealCluster
 
 
 @pytest.fixture(scope="package")
-def process_node(cluster: ClusterInfo, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessNode]:
-    from rlkube_e2e.procnode.node import ProcessNode  # noqa: PLC0415
-    from rlkube_e2e.procnode.testing import running_node  # noqa: PLC0415
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
+    images = ("base", "operator", "trainer-cpu")
+    with real_node_kit.real_cluster(tmp_path_factory.mktemp("real-nodes"), images) as cluster:
+        yield cluster
 
-    reason = ProcessNode.unavailable()
-    if reason:
-        pytest.skip(f"the process node needs {reason}")
-    labels = {POOL_LABEL: "e2e-jobs"}
-    with running_node(cluster.kubeconfig, tmp_path_factory.mktemp("procnode"), "proc-e2e", labels) as node:
-        yield node
+
+@pytest.fixture
+def real_kubectl(real_cluster: RealCluster) -> Kubectl:
+    return Kubectl(real_cluster.cluster.kubeconfig)
+
+
+@pytest.fixture
+def real_namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace of the real-node cluster per test, named after it; deleted afterwards
+    (without waiting)."""
+    from kubernetes.client import CoreV1Api  # noqa: PLC0415
+    from kubernetes.config import new_client_from_config  # noqa: PLC0415
+
+    client = new_client_from_config(config_file=str(real_cluster.cluster.kubeconfig))
+    try:
+        with namespace_for_test(CoreV1Api(client), request.node.name, {"rlkube.dev/test": "true"}) as name:
+            yield name
+    finally:
+        client.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -117,3 +118,49 @@ def restricted_operator(real: RealCluster, namespace: str) -> Iterator[Kubectl]:
         yield kubectl
     finally:
         release.uninstall(real.cluster.kubeconfig, namespace, name)
+
+
+class PodLogs:
+    """Every incarnation's log of one pod name (a StatefulSet pod deleted and made again gets
+    a new UID, and the kubelet drops the old one's log with it), polled from the API while
+    the context is open: `text()` is their concatenation, oldest first."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, pod: str, interval: float = 0.5) -> None:
+        from kubernetes.client import CoreV1Api  # noqa: PLC0415
+        from kubernetes.config import new_client_from_config  # noqa: PLC0415
+
+        self._client = new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        self._core = CoreV1Api(self._client)
+        self._namespace, self._pod, self._interval = namespace, pod, interval
+        self._logs: dict[str, str] = {}  # by pod UID, in the order first seen
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"logs-{pod}", daemon=True)
+
+    def __enter__(self) -> PodLogs:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self._client.close()
+
+    def _poll(self) -> None:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+        while not self._stop.wait(self._interval):
+            try:
+                uid = self._core.read_namespaced_pod(self._pod, self._namespace).metadata.uid
+                text = self._core.read_namespaced_pod_log(self._pod, self._namespace)
+                # The same incarnation before and after: a log is never filed under another's UID.
+                if self._core.read_namespaced_pod(self._pod, self._namespace).metadata.uid != uid:
+                    continue
+            except (ApiException, OSError):
+                continue  # not there yet, not started, or gone: the next poll sees the next one
+            with self._lock:
+                self._logs[uid] = text
+
+    def text(self) -> str:
+        with self._lock:
+            return "".join(self._logs.values())

@@ -1,5 +1,6 @@
 """A role pod of a real training job killed at many points of its life: the tiny CPU job
-(tests/e2e/test_tiny_job.py) on the process node, with the operator as its own process.
+(tests/e2e/test_tiny_job.py) from the trainer image on the package's real nodes, with the
+operator as its own process.
 Each kill deletes one pod of the gang (the driver, an actor rank or the rollout engine,
 each in turn, in a seeded order) at a point of its life: while the new gang starts up
 (0 steps past its resume point) or 1 to 6 steps past it, each distance in turn. Each kill must give one gang restart and a
@@ -24,12 +25,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rlkube_e2e import tinyjob
-from rlkube_e2e.pools import POOL_LABEL
-from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established, wait_for
+from rlkube_e2e.testing import Kubectl, wait_established, wait_for
+from tests.e2e.real_node_kit import PodLogs
 from tests.operator.cluster_kit import OperatorProcess
 
 if TYPE_CHECKING:
-    from rlkube_e2e.procnode.node import ProcessNode
+    from tests.e2e.real_node_kit import RealCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,25 +47,17 @@ RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
 
 @pytest.fixture
 def operator_process(
-    cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    """The operator as a process watching `namespace`; an in-process one other tests left
-    running (cluster-wide) is paused meanwhile: two operators on one job fight."""
-    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
-
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
-    wait_established(kubectl, "rljobs.rlkube.dev")
-    paused = InProcessOperator._active
-    if paused is not None and paused.running:
-        paused.stop()
-    process = OperatorProcess(namespace, cluster.kubeconfig, tmp_path / "operator.log")
+    """The operator as a process watching `real_namespace` of the real-node cluster."""
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(real_kubectl, "rljobs.rlkube.dev")
+    process = OperatorProcess(real_namespace, real_cluster.cluster.kubeconfig, tmp_path / "operator.log")
     process.start()
     try:
         yield process
     finally:
         process.stop()
-        if paused is not None and not paused.running:
-            paused.start()
 
 
 @dataclass(frozen=True)
@@ -85,21 +78,36 @@ def _steps(job: tinyjob.TinyJob) -> list[int]:
 
 
 def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
-    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster,
+    operator_process: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
 ) -> None:
     rng = random.Random(SEED)
-    pool = process_node.labels[POOL_LABEL]
-    job = tinyjob.prepare(tmp_path / "work", name="tiny-faults", steps=STEPS, save_freq=SAVE_FREQ, pool=pool)
+    kubectl, namespace = real_kubectl, real_namespace
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-faults", steps=STEPS, save_freq=SAVE_FREQ, pool="real")
+    tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
     job.manifest["spec"]["runPolicy"].update(backoffLimit=KILLS + 2, activeDeadlineSeconds=3600)
-    tinyjob.apply(kubectl, namespace, job)
-    driver_log = process_node.log_path(namespace, f"{job.name}-controller-0")
+    with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{job.name}-controller-0") as driver_log:
+        tinyjob.apply(kubectl, namespace, job)
+        _kill_and_check(job, kubectl, namespace, driver_log, operator_process, rng)
+
+
+def _kill_and_check(
+    job: tinyjob.TinyJob,
+    kubectl: Kubectl,
+    namespace: str,
+    driver_log: PodLogs,
+    operator_process: OperatorProcess,
+    rng: random.Random,
+) -> None:
 
     kills: list[Kill] = []
     resumed_from = 0
 
     def resumes() -> list[int]:
-        text = driver_log.read_text(errors="replace") if driver_log.exists() else ""
-        return [int(m) for m in RESUMED.findall(text)]
+        return [int(m) for m in RESUMED.findall(driver_log.text())]
 
     resumed_before = 0
     # Every role pod and every distance from the resume point (0: while the gang starts up)
@@ -146,7 +154,7 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
             )
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), TIMEOUT)
     except (TimeoutError, AssertionError) as error:
-        log = driver_log.read_text(errors="replace")[-3000:] if driver_log.exists() else "(no driver log)"
+        log = driver_log.text()[-3000:] or "(no driver log)"
         raise AssertionError(
             f"{error}\nkills so far {kills}\ndriver log:\n{log}\noperator log:\n{operator_process.log()[-3000:]}"
         ) from error

@@ -1,15 +1,16 @@
-"""docs/first-real-run.md, run as written against the local cluster.
+"""docs/first-real-run.md, run as written against the package's real-node cluster.
 
 The commands are read from the guide's ```sh blocks and run in order with bash; its ```yaml
 blocks (`# file: NAME` on the first line) are the files those commands use. A tiny random
 Qwen2 model and a few GSM8K-shaped rows stand in for Qwen2.5-7B-Instruct and GSM8K. What the
 test changes, and why, is named here and nowhere else:
 
-- the two blocks the guide marks `not run by the test` (downloads; `kubectl cp`, which needs
-  exec, which the process node lacks) are replaced by writing the same folders and copying
-  them onto the volume's host path;
+- the block the guide marks `not run by the test` (downloads) is replaced by writing the same
+  folders;
+- the images are the ones built here (no registry): the loader's busybox is the base image,
+  which has tar and sleep, and job.yaml's trainer image is the trainer image, never pulled;
 - the claims bind to hostPath PersistentVolumes this test creates (the local cluster has no
-  storage provisioner), which the process node mounts;
+  storage provisioner);
 - job.yaml's sizes shrink to a CPU run (SHRINK); every field it changes must already be in
   the guide's job.yaml, so a guide edit that drops one fails here.
 """
@@ -19,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -35,10 +35,10 @@ import yaml
 
 from rlkube_e2e import tinyjob
 from rlkube_e2e.pools import POOL_LABEL
-from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established
+from rlkube_e2e.testing import Kubectl, wait_established
 
 if TYPE_CHECKING:
-    from rlkube_e2e.procnode.node import ProcessNode
+    from tests.e2e.real_node_kit import RealCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
@@ -48,6 +48,8 @@ NAMESPACE = "rl-first-run"
 MODEL = "Qwen2.5-7B-Instruct"
 BLOCK_TIMEOUT = 1200.0
 SKIP = re.compile(r"<!-- not run by the test: (?P<why>[^>]*?) -->\s*$")
+# The guide's loader image; no registry here, so the base image built here stands in.
+LOADER_IMAGE = "busybox:1.37"
 FENCE = re.compile(r"^```(?P<lang>\w+)\n(?P<body>.*?)^```$", re.M | re.S)
 
 
@@ -90,12 +92,12 @@ def _drop(path: str) -> Callable[[dict[str, Any]], None]:
     return change
 
 
-ON_THE_PROCESS_NODE = {"nodeSelector": {POOL_LABEL: "e2e-jobs"}}
+ON_THE_REAL_NODES = {"nodeSelector": {POOL_LABEL: "real"}}
 # A 7B GPU job shrunk to a tiny CPU one: every field named exists in the guide's job.yaml.
 SHRINK = [
     _set("spec.roles.actor.gpusPerReplica", 0),
-    _drop("spec.roles.actor.resources"),  # the process node has this machine's 2 CPUs
-    _set("spec.roles.actor.pool", ON_THE_PROCESS_NODE),
+    _drop("spec.roles.actor.resources"),  # a real node here has this machine's 2 CPUs
+    _set("spec.roles.actor.pool", ON_THE_REAL_NODES),
     _set("spec.data.maxPromptLength", 256),
     _set("spec.data.maxResponseLength", 8),
     _set("spec.data.trainBatchSize", 8),
@@ -111,11 +113,13 @@ SHRINK = [
 ]
 
 
-def shrink(text: str) -> str:
+def shrink(text: str, trainer_image: str) -> str:
     job = yaml.safe_load(text)
     for change in SHRINK:
         change(job)
-    job["spec"]["controller"] = {"pool": ON_THE_PROCESS_NODE}
+    _set("spec.image", trainer_image)(job)
+    job["spec"]["imagePullPolicy"] = "Never"
+    job["spec"]["controller"] = {"pool": ON_THE_REAL_NODES}
     job["spec"]["rollout"]["enforceEager"] = True  # as examples/tiny-cpu.yaml on CPU
     return yaml.safe_dump(job, sort_keys=False)
 
@@ -147,15 +151,10 @@ class Volumes:
 
     paths: dict[str, Path]
 
-    def copy_onto_models(self, workdir: Path) -> None:
-        """What the guide's `kubectl cp` commands do."""
-        models = self.paths["models"]
-        shutil.copytree(workdir / MODEL, models / MODEL)
-        shutil.copytree(workdir / "gsm8k", models / "data" / "gsm8k")
-
 
 @pytest.fixture
-def volumes(kubectl: Kubectl, tmp_path: Path) -> Iterator[Volumes]:
+def volumes(real_kubectl: Kubectl, tmp_path: Path) -> Iterator[Volumes]:
+    kubectl = real_kubectl
     paths = {claim: tmp_path / "pv" / claim for claim in ("models", "rl-ckpt")}
     names = []
     for claim, path in paths.items():
@@ -184,17 +183,12 @@ def volumes(kubectl: Kubectl, tmp_path: Path) -> Iterator[Volumes]:
 
 
 @pytest.fixture
-def operator_for_guide(cluster: ClusterInfo, kubectl: Kubectl, tmp_path: Path) -> Iterator[Path]:
+def operator_for_guide(real_cluster: RealCluster, real_kubectl: Kubectl, tmp_path: Path) -> Iterator[Path]:
     """The operator as a process watching the guide's namespace (as the chart would run it)."""
-    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
-
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
-    wait_established(kubectl, "rljobs.rlkube.dev")
-    paused = InProcessOperator._active
-    if paused is not None:
-        paused.stop()
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(real_kubectl, "rljobs.rlkube.dev")
     log = tmp_path / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    env = {**os.environ, "KUBECONFIG": str(real_cluster.cluster.kubeconfig)}
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
         health = str(free.getsockname()[1])
@@ -206,25 +200,23 @@ def operator_for_guide(cluster: ClusterInfo, kubectl: Kubectl, tmp_path: Path) -
     finally:
         process.terminate()
         process.wait(timeout=60)
-        if paused is not None:
-            paused.start()
 
 
 def test_the_guide_parses_into_the_blocks_the_test_expects() -> None:
     blocks = guide_blocks(GUIDE.read_text())
     files = [b.body.split("\n", 1)[0] for b in blocks if b.lang == "yaml"]
     assert files == ["# file: volumes.yaml", "# file: loader.yaml", "# file: job.yaml"]
-    assert [b.skipped.split(" ")[0] for b in blocks if b.skipped] == ["downloads", "kubectl"]
+    assert [b.skipped.split(" ")[0] for b in blocks if b.skipped] == ["downloads"]
     assert all(b.lang in ("sh", "yaml") for b in blocks)
     job = yaml.safe_load(next(b.body for b in blocks if b.body.startswith("# file: job.yaml")))
     assert job["spec"]["model"]["path"] == f"/models/{MODEL}"
-    yaml.safe_load(shrink(yaml.safe_dump(job)))  # every field SHRINK names is in the guide
+    yaml.safe_load(shrink(yaml.safe_dump(job), "trainer:tag"))  # every field SHRINK names is in the guide
+    loader = next(b.body for b in blocks if b.body.startswith("# file: loader.yaml"))
+    assert LOADER_IMAGE in loader
 
 
 def test_first_real_run_as_the_guide_says(
-    cluster: ClusterInfo,
-    kubectl: Kubectl,
-    process_node: ProcessNode,
+    real_cluster: RealCluster,
     volumes: Volumes,
     operator_for_guide: Path,
     tmp_path: Path,
@@ -234,16 +226,20 @@ def test_first_real_run_as_the_guide_says(
     (workdir / "examples").symlink_to(ROOT / "examples")  # the guide runs from a checkout's root
     env = {
         **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig),
+        "KUBECONFIG": str(real_cluster.cluster.kubeconfig),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "NS": NAMESPACE,
     }
-    standins = {"downloads": lambda: write_downloads(workdir), "kubectl": lambda: volumes.copy_onto_models(workdir)}
+    standins = {"downloads": lambda: write_downloads(workdir)}
+    files = {
+        "job.yaml": lambda body: shrink(body, real_cluster.images["trainer-cpu"].ref),
+        "loader.yaml": lambda body: body.replace(LOADER_IMAGE, real_cluster.images["base"].ref),
+    }
     transcript = []
     for block in guide_blocks(GUIDE.read_text()):
         if block.lang == "yaml":
             name = block.body.split("\n", 1)[0].removeprefix("# file: ").strip()
-            (workdir / name).write_text(shrink(block.body) if name == "job.yaml" else block.body)
+            (workdir / name).write_text(files.get(name, str)(block.body))
             continue
         if block.skipped is not None:
             standins[block.skipped.split(" ")[0]]()

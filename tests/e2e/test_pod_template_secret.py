@@ -1,4 +1,4 @@
-"""Pod template overrides on a node that runs pods for real: a Secret's value reaches
+"""Pod template overrides on a real node (the package's, from the trainer image): a Secret's value reaches
 the trainer container's environment through `podTemplate.env[].valueFrom.secretKeyRef`,
 and a sidecar from the template reads the same Secret from a volume the template adds.
 
@@ -23,7 +23,7 @@ from rlkube_e2e.testing import Kubectl, wait_for
 from rlkube_operator.desired import desired_children
 
 if TYPE_CHECKING:
-    from rlkube_e2e.procnode.node import ProcessNode
+    from tests.e2e.real_node_kit import RealCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
 
@@ -36,21 +36,22 @@ time.sleep(3600)
 """
 
 
-def _children(namespace: str) -> list[dict[str, Any]]:
+def _children(namespace: str, image: str) -> list[dict[str, Any]]:
     """The job's ConfigMap, Secret, RBAC and the actor's Service and StatefulSet, unowned
     (no RLJob exists, so an ownerReference would have them garbage-collected)."""
     body = yaml.safe_load(EXAMPLE.read_text())
     body["metadata"] = {"name": "tpl", "namespace": namespace, "uid": "00000000-0000-0000-0000-000000000000"}
     spec = body["spec"]
     spec.pop("volumes")
-    spec["roles"] = {"actor": {"replicas": 1, "gpusPerReplica": 0, "pool": {"nodeSelector": {POOL_LABEL: "e2e-jobs"}}}}
+    spec["image"], spec["imagePullPolicy"] = image, "Never"
+    spec["roles"] = {"actor": {"replicas": 1, "gpusPerReplica": 0, "pool": {"nodeSelector": {POOL_LABEL: "real"}}}}
     spec["podTemplate"] = {
         "env": [{"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}],
         "volumes": [{"name": "wandb", "secret": {"secretName": "wandb"}}],
         "sidecars": [
             {
                 "name": "probe",
-                "image": "ignored",
+                "image": image,
                 "command": ["python", "-c", SIDECAR],
                 "volumeMounts": [{"name": "wandb", "mountPath": "/run/wandb", "readOnly": True}],
             }
@@ -67,7 +68,10 @@ def _children(namespace: str) -> list[dict[str, Any]]:
     return wanted
 
 
-def test_a_pod_on_the_process_node_sees_the_secret(process_node: ProcessNode, kubectl: Kubectl, namespace: str) -> None:
+def test_a_pod_on_a_real_node_sees_the_secret(
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str
+) -> None:
+    kubectl, namespace = real_kubectl, real_namespace
     kubectl("create", "secret", "generic", "wandb", f"--from-literal=api-key={SECRET_VALUE}", "-n", namespace)
     kubectl("create", "configmap", "tiny-reward", "--from-literal=reward.py=", "-n", namespace)
     kubectl(
@@ -76,22 +80,30 @@ def test_a_pod_on_the_process_node_sees_the_secret(process_node: ProcessNode, ku
         namespace,
         "-f",
         "-",
-        input=json.dumps({"apiVersion": "v1", "kind": "List", "items": _children(namespace)}),
+        input=json.dumps(
+            {"apiVersion": "v1", "kind": "List", "items": _children(namespace, real_cluster.images["trainer-cpu"].ref)}
+        ),
     )
 
-    def pod_uid() -> str | None:
-        result = kubectl("get", "pod", "tpl-actor-0", "-n", namespace, "-o", "jsonpath={.metadata.uid}", check=False)
-        return result.stdout.strip() or None
-
-    uid = wait_for(pod_uid, "pod tpl-actor-0", timeout=60)
-
-    # What the kubelet started the trainer container with.
-    spec_file = process_node.state_dir / "pods" / uid / "containers" / "trainer" / "spec.json"
-    launched: dict[str, Any] = wait_for(
-        lambda: json.loads(spec_file.read_text()) if spec_file.exists() else None, "the trainer's launch", 120
+    # What the kubelet started the trainer container with: its first process's command line
+    # and environment. (With no driver to join it may exit and be restarted meanwhile: retried.)
+    script = (
+        "import json; read = lambda n: open('/proc/1/' + n, 'rb').read().decode().split(chr(0)); "
+        "print(json.dumps([read('cmdline'), read('environ')]))"
     )
-    assert launched["env"]["WANDB_API_KEY"] == SECRET_VALUE
-    assert Path(launched["argv"][0]).name == "rlkube-trainer"
+
+    def trainer_process() -> tuple[list[str], list[str]] | None:
+        result = kubectl(
+            "exec", "tpl-actor-0", "-c", "trainer", "-n", namespace, "--", "python", "-c", script, check=False
+        )
+        if result.returncode != 0:
+            return None
+        argv, environ = json.loads(result.stdout)
+        return argv, environ
+
+    argv, environ = wait_for(trainer_process, "an exec into the trainer container", 180)
+    assert f"WANDB_API_KEY={SECRET_VALUE}" in environ
+    assert Path(argv[0]).name == "rlkube-trainer" or Path(argv[1]).name == "rlkube-trainer", argv
 
     # What the sidecar, a process of the same pod, read from the Secret volume.
     def sidecar_result() -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
 """A real node (issue 28): kubelet + containerd + runc + CNI joined to a control plane of its
-own, running a pod from an image built here, and leaving nothing on the host once stopped."""
+own, running a pod from an image built here, and leaving nothing on the host once stopped.
+The two-node cluster is the package's (`tests/e2e/conftest.py`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,12 +29,6 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"),
 ]
-
-
-@pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    with real_node_kit.real_cluster(tmp_path_factory.mktemp("real-node"), ("base", "operator")) as cluster:
-        yield cluster
 
 
 def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(

@@ -1,18 +1,11 @@
 """The tiny RLJob on real nodes from the trainer image built here (issue 28): the chart's
-operator, the restricted Pod Security Standard, and its pods split across two nodes.
-
-Opt-in (`make test-real-node-job`, RLKUBE_REAL_NODE_JOB=1): importing the 3.7 GB CPU trainer
-image into two nodes takes minutes on 2 cores and about 22 GB of disk while it runs (the nodes
-drop it at stop), beside the image's own build store; `make test` runs the real-node tests with
-the base and operator images only. Its first run here failed for a reason since fixed (nodes
-spawned from pool threads were killed with them: docs/development-notes.md, session 11), and
-its second ran out of disk to earlier runs' leftovers; it has not passed yet.
-"""
+operator, the restricted Pod Security Standard, and its pods split across two nodes. The
+two-node cluster with the imported images is the package's (`tests/e2e/conftest.py`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,15 +17,8 @@ from tests.e2e.real_node_kit import RealCluster
 pytestmark = [
     pytest.mark.cluster,
     pytest.mark.e2e,
-    pytest.mark.skipif(os.environ.get("RLKUBE_REAL_NODE_JOB") != "1", reason="opt-in: make test-real-node-job"),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"),
 ]
-
-
-@pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealCluster]:
-    images = ("operator", "trainer-cpu")
-    with real_node_kit.real_cluster(tmp_path_factory.mktemp("real-node-job"), images) as cluster:
-        yield cluster
 
 
 def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_standard(

@@ -1,5 +1,5 @@
-"""The whole path for real: RLJob → operator → StatefulSet pods on the process node →
-rendezvous → trainer → status. The tiny CPU example (controller + 2 actor pods + a
+"""The whole path for real: RLJob → operator → StatefulSet pods from the trainer image on
+the package's real nodes (kubelet, containerd, runc) → rendezvous → trainer → status. The tiny CPU example (controller + 2 actor pods + a
 separate vLLM rollout pod) trains the tiny task:
 
 - it reaches Succeeded with the reward improved, and the operator's and the driver's
@@ -9,7 +9,8 @@ separate vLLM rollout pod) trains the tiny task:
 
 Role pods killed mid-training (gang restart, resume, no step trained twice beyond saveFreq)
 are tests/e2e/test_faults.py. The operator runs as its own process (`python -m
-rlkube_operator -n NAMESPACE`), as in a cluster.
+rlkube_operator -n NAMESPACE`) against the real-node cluster's API server; the chart's
+operator from its image is tests/e2e/test_real_node_job.py.
 """
 
 from __future__ import annotations
@@ -31,11 +32,10 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED
 from rlkube_e2e import tinyjob
-from rlkube_e2e.pools import POOL_LABEL
-from rlkube_e2e.testing import ClusterInfo, Kubectl, wait_established, wait_for
+from rlkube_e2e.testing import Kubectl, wait_established, wait_for
 
 if TYPE_CHECKING:
-    from rlkube_e2e.procnode.node import ProcessNode
+    from tests.e2e.real_node_kit import RealCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
@@ -61,21 +61,15 @@ class OperatorProcess:
 
 @pytest.fixture
 def operator_process(
-    cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
-    """The operator as a process watching `namespace`. An in-process operator that other
-    tests left running (cluster-wide) is paused meanwhile: two operators on one job fight."""
-    from tests.operator.cluster_kit import InProcessOperator  # noqa: PLC0415
-
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
-    wait_established(kubectl, "rljobs.rlkube.dev")
-    paused = InProcessOperator._active
-    if paused is not None:
-        paused.stop()
+    """The operator as a process watching `real_namespace` of the real-node cluster."""
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(real_kubectl, "rljobs.rlkube.dev")
     port = _free_port()
     log = tmp_path / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
-    command = [sys.executable, "-m", "rlkube_operator", "-n", namespace, "--metrics-port", str(port)]
+    env = {**os.environ, "KUBECONFIG": str(real_cluster.cluster.kubeconfig)}
+    command = [sys.executable, "-m", "rlkube_operator", "-n", real_namespace, "--metrics-port", str(port)]
     command += ["--health-port", str(_free_port())]
     with log.open("wb") as out:
         process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -84,12 +78,11 @@ def operator_process(
     finally:
         process.terminate()
         process.wait(timeout=60)
-        if paused is not None:
-            paused.start()
 
 
 def _driver_metrics(kubectl: Kubectl, namespace: str, job: str) -> str:
-    """The driver's Prometheus endpoint, at the controller pod's IP (the process node's bridge)."""
+    """The driver's Prometheus endpoint, at the controller pod's IP (the host routes every
+    node's pod range)."""
     pod = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}", check=False)
     ip = pod.stdout.strip()
     if pod.returncode != 0 or not ip:
@@ -108,17 +101,22 @@ def _metric(text: str, name: str) -> float | None:
     return None
 
 
-def _failure_context(job: tinyjob.TinyJob, node: ProcessNode, namespace: str, operator: OperatorProcess) -> str:
-    log_path = node.log_path(namespace, f"{job.name}-controller-0")
-    driver = log_path.read_text(errors="replace")[-3000:] if log_path.exists() else "(no driver log)"
+def _failure_context(job: tinyjob.TinyJob, kubectl: Kubectl, namespace: str, operator: OperatorProcess) -> str:
+    logs = kubectl("-n", namespace, "logs", f"{job.name}-controller-0", "--tail=60", check=False)
+    driver = logs.stdout[-3000:] if logs.returncode == 0 else f"(no driver log: {logs.stderr.strip()})"
     return f"driver log:\n{driver}\noperator log:\n{operator.log.read_text(errors='replace')[-2000:]}"
 
 
 def test_tiny_job_trains_through_the_operator(
-    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster,
+    operator_process: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
 ) -> None:
-    pool = process_node.labels[POOL_LABEL]
-    job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20, pool=pool)
+    kubectl, namespace, trainer = real_kubectl, real_namespace, real_cluster.images["trainer-cpu"]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20, pool="real")
+    tinyjob.from_image(job, trainer.ref)
     tinyjob.apply(kubectl, namespace, job)
 
     # Scraped while it runs: the driver serves verl's metric names under rlkube_.
@@ -145,8 +143,8 @@ def test_tiny_job_trains_through_the_operator(
 
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
     except (TimeoutError, AssertionError) as error:
-        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
-    assert final["state"] == "Succeeded", _failure_context(job, process_node, namespace, operator_process)
+        raise AssertionError(f"{error}\n{_failure_context(job, kubectl, namespace, operator_process)}") from error
+    assert final["state"] == "Succeeded", _failure_context(job, kubectl, namespace, operator_process)
     assert final["restartCount"] == 0
     assert final["progress"]["step"] == 40
     assert final["progress"]["lastCheckpointStep"] == 40
@@ -168,20 +166,25 @@ def test_tiny_job_trains_through_the_operator(
 
 
 def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
-    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster,
+    operator_process: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
 ) -> None:
     """Pre-flight in the pods (driver and role pods alike) exits with the configuration code and
     says why in its termination message; the operator fails the job at once with that message,
     restarts nothing and scales the pods away."""
-    pool = process_node.labels[POOL_LABEL]
-    job = tinyjob.prepare(tmp_path / "work", name="tiny-bad-model", pool=pool)
+    kubectl, namespace, trainer = real_kubectl, real_namespace, real_cluster.images["trainer-cpu"]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-bad-model", pool="real")
+    tinyjob.from_image(job, trainer.ref)
     job.manifest["spec"]["model"]["path"] = "/rlkube/no-such-model"
     started = time.monotonic()
     tinyjob.apply(kubectl, namespace, job)
     try:
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
     except TimeoutError as error:
-        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+        raise AssertionError(f"{error}\n{_failure_context(job, kubectl, namespace, operator_process)}") from error
     seconds = time.monotonic() - started
     print(f"time to Failed for a wrong model.path: {seconds:.1f} s")
     assert final["state"] == "Failed"
@@ -218,14 +221,19 @@ def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
 
 
 def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
-    process_node: ProcessNode, operator_process: OperatorProcess, kubectl: Kubectl, namespace: str, tmp_path: Path
+    real_cluster: RealCluster,
+    operator_process: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
 ) -> None:
     """The reward ConfigMap the job names exists without the key it names: its pods never start
     their containers. After pendingTimeoutSeconds the job is Failed with the node's reason, not
     left Created. (A ConfigMap that does not exist at all holds the pods back before they are
     created: tests/operator/test_lifecycle.py.)"""
-    pool = process_node.labels[POOL_LABEL]
-    job = tinyjob.prepare(tmp_path / "work", name="tiny-no-reward", pool=pool)
+    kubectl, namespace, trainer = real_kubectl, real_namespace, real_cluster.images["trainer-cpu"]
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-no-reward", pool="real")
+    tinyjob.from_image(job, trainer.ref)
     job.manifest["spec"]["runPolicy"]["pendingTimeoutSeconds"] = 10
     reward = job.manifest["spec"]["reward"]["function"]["configMap"]
     config_map = tinyjob.reward_config_map(job, namespace)
@@ -235,9 +243,9 @@ def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
     try:
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 300)
     except TimeoutError as error:
-        raise AssertionError(f"{error}\n{_failure_context(job, process_node, namespace, operator_process)}") from error
+        raise AssertionError(f"{error}\n{_failure_context(job, kubectl, namespace, operator_process)}") from error
     failed = next(c for c in final["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "ContainersNotStarted", failed
-    # The node's own words (a kubelet says "non-existent config key", the process node "key ...
-    # not found"); what matters is that the key and its ConfigMap are named.
+    # The kubelet's own words ("couldn't find key ... in ConfigMap ..."); what matters is that
+    # the key and its ConfigMap are named.
     assert reward["key"] in failed["message"] and reward["name"] in failed["message"], failed

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 # Ranges chosen away from the usual 10.0/8 and 172.17/16 defaults of Docker and CNI, so a
 # developer machine running either keeps its own routes, and away from the Service range
-# (10.96/16), kwok's pod range (10.244/16), the process node's (10.89/16) and the fake
+# (10.96/16), kwok's pod range (10.244/16) and the fake
 # nodes' made-up InternalIPs (10.128/16 onwards, one /16 per pool).
 CLUSTER_LINKS = ipaddress.IPv4Network("10.203.0.0/16")
 POD_RANGES = ipaddress.IPv4Network("10.204.0.0/16")

@@ -1,4 +1,6 @@
-"""A container's environment and command line, resolved as the kubelet does.
+"""A container's environment and command line, resolved as the kubelet does, for
+bench/gpu/local_pods.py, which runs a job's pods as processes on a GPU machine that has no
+Kubernetes.
 
 Pure functions: the ConfigMaps and Secrets come in through `lookup`, the pod IP
 is given (the node assigns it before the process starts).
@@ -45,7 +47,7 @@ def field_value(pod: Mapping[str, Any], path: str, pod_ip: str, host_ip: str) ->
     if path in ("metadata.labels", "metadata.annotations"):
         items = metadata.get(path.split(".")[1]) or {}
         return "\n".join(f'{key}="{value}"' for key, value in sorted(items.items()))
-    raise ConfigError(f"fieldRef {path!r} is not supported by the process node")
+    raise ConfigError(f"fieldRef {path!r} is not supported by bench/gpu/local_pods.py")
 
 
 def container_env(
@@ -96,7 +98,7 @@ def _value_from(
                 missing = f"{kind} {ref['name']!r}" if data is None else f"key {ref['key']!r} in {kind} {ref['name']!r}"
                 raise ConfigError(f"{missing} not found (env {name})")
             return data[ref["key"]]
-    raise ConfigError(f"env {name}: valueFrom {sorted(source)} is not supported by the process node")
+    raise ConfigError(f"env {name}: valueFrom {sorted(source)} is not supported by bench/gpu/local_pods.py")
 
 
 def expand(text: str, env: Mapping[str, str]) -> str:
@@ -127,16 +129,6 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return "".join(out)
 
 
-def command_line(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
-    """command + args with $(VAR) expanded. There is no image, so there is no entrypoint to fall back on."""
-    command = list(container.get("command") or [])
-    if not command:
-        raise ConfigError(
-            f"container {container.get('name')!r} has no command: the process node ignores images "
-            "and runs only command + args"
-        )
-    return [expand(part, env) for part in command + list(container.get("args") or [])]
-
-
 def decode_secret(data: Mapping[str, str]) -> dict[str, str]:
+    """A Secret's `data` as the kubelet hands it to a container: base64 decoded."""
     return {key: base64.b64decode(value).decode(errors="replace") for key, value in data.items()}
