@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ MOST_STEPS_BETWEEN_KILLS = 6
 STEPS = 3 * SAVE_FREQ + (MOST_STEPS_BETWEEN_KILLS + 1) * KILLS + 4
 ROLE_PODS = ("controller-0", "actor-0", "actor-1", "rollout-0")
 TIMEOUT = 1200.0
+GRACE_SECONDS = 30  # a pod's default terminationGracePeriodSeconds (the operator sets none)
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
 
 
@@ -102,8 +104,10 @@ def _kill_and_check(
     operator_process: OperatorProcess,
     rng: random.Random,
 ) -> None:
-
+    """Kills a role pod KILLS times, each at its drawn point, and checks the history each time
+    and at the end."""
     kills: list[Kill] = []
+    stopped: list[float] = []  # seconds from each kill's delete to its pod's end
     resumed_from = 0
 
     def resumes() -> list[int]:
@@ -139,7 +143,10 @@ def _kill_and_check(
 
             wait_for(reached, f"step {target} (kill {k + 1})", timeout=TIMEOUT, interval=0.25)
             victim = victims[k]
-            kubectl("-n", namespace, "delete", "pod", f"{job.name}-{victim}", "--wait=false")
+            pod = f"{job.name}-{victim}"
+            uid = kubectl("-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}").stdout
+            deleted = time.monotonic()
+            kubectl("-n", namespace, "delete", "pod", pod, "--wait=false")
             steps, checkpoint = _steps(job), _latest_checkpoint(job)
             done = max(steps) if steps else 0
             # A right history at every point: each step once, in order (a resume drops the redone rows).
@@ -147,6 +154,18 @@ def _kill_and_check(
             kills.append(Kill(victim, done, checkpoint, extra))
             assert done - checkpoint <= SAVE_FREQ, kills[-1]
             resumed_from, resumed_before = checkpoint, len(resumes())
+            # SIGTERM reached the trainer and it ended: the pod went well within its 30 s grace
+            # period, not killed at its end (a trainer ignoring SIGTERM as PID 1 would be).
+            wait_for(
+                lambda pod=pod, uid=uid: (
+                    kubectl("-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}", check=False).stdout
+                    != uid
+                ),
+                f"pod {pod} (uid {uid}) gone",
+                timeout=60,
+            )
+            stopped.append(time.monotonic() - deleted)
+            assert stopped[-1] < GRACE_SECONDS * 2 / 3, f"{pod} took {stopped[-1]:.0f} s to stop"
             wait_for(
                 lambda k=k: tinyjob.status(kubectl, namespace, job.name).get("restartCount", 0) == k + 1,
                 f"the gang restart after kill {k + 1}",
@@ -172,6 +191,7 @@ def _kill_and_check(
     redone = sum(kill.step - kill.checkpoint for kill in kills)
     print(
         f"faults: {KILLS} role pods killed {[(kill.pod, kill.step, kill.extra) for kill in kills]}, "
+        f"each gone {[round(s, 1) for s in stopped]} s after its delete, "
         f"{KILLS} gang restarts, resumes from steps {resumed}, steps trained again {redone} "
         f"(at most {SAVE_FREQ} per kill), {STEPS} steps each once in metrics.jsonl"
     )

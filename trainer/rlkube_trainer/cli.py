@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.exit_codes import ExitCode
@@ -52,11 +54,21 @@ def _fail(code: ExitCode, message: str) -> int:
     return int(code)
 
 
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    # SystemExit, not an Exception: no handler of the trainer's takes it for an error, and
+    # `finally` blocks (the Ray worker a role pod started, the health server) still run.
+    raise SystemExit(128 + signum)
+
+
 def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A pod's command: an error nothing else caught exits UNEXPECTED and is reported as `_fail`
-    reports the others, with its traceback (whose end names the error)."""
+    reports the others, with its traceback (whose end names the error). SIGTERM (the kubelet
+    stopping the pod) exits at once with 128 + 15: as a container's first process the trainer
+    would otherwise ignore it (the kernel drops signals to PID 1 that have no handler) and be
+    killed only at the end of the grace period."""
 
     def run(args: argparse.Namespace) -> int:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return handler(args)
         except Exception:
@@ -138,13 +150,25 @@ def _driver(args: argparse.Namespace) -> int:
 
 
 def _node(args: argparse.Namespace) -> int:
-    from rlkube_trainer import ray_cluster  # noqa: PLC0415
     from rlkube_trainer.health import HealthServer  # noqa: PLC0415
 
     role = args.role or os.environ.get(Env.ROLE)
     if not role:
         print(f"error: --role is required (or {Env.ROLE} in the environment)", file=sys.stderr)
         return 2
+    # Serving /healthz first: the liveness probe starts 30 s after the container, and the
+    # checks and torch's import below can take longer than that on a loaded node.
+    health = HealthServer(args.health_port, lambda: True)
+    health.start()
+    try:
+        return _join(args, role)
+    finally:
+        health.stop()
+
+
+def _join(args: argparse.Namespace, role: str) -> int:
+    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+
     if os.environ.get(Env.CONFIG):
         # The files this pod's roles load, checked before it joins (and holds its GPUs for) the driver.
         from rlkube_trainer.failures import exit_code_of  # noqa: PLC0415
@@ -156,12 +180,7 @@ def _node(args: argparse.Namespace) -> int:
             return _fail(exit_code_of(exc), str(exc))
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
-    health = HealthServer(args.health_port, lambda: True)
-    health.start()
-    try:
-        return ray_cluster.join_as_node(role, gpus)
-    finally:
-        health.stop()
+    return ray_cluster.join_as_node(role, gpus)
 
 
 def _has_gpu() -> bool:
