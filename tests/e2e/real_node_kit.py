@@ -121,9 +121,11 @@ def restricted_operator(real: RealCluster, namespace: str) -> Iterator[Kubectl]:
 
 
 class PodLogs:
-    """Every incarnation's log of one pod name (a StatefulSet pod deleted and made again gets
-    a new UID, and the kubelet drops the old one's log with it), polled from the API while
-    the context is open: `text()` is their concatenation, oldest first."""
+    """Every incarnation's log of one pod name's container, polled from the API while the
+    context is open: `text()` is their concatenation, oldest first. An incarnation is a pod
+    UID (a StatefulSet pod deleted and made again gets a new one, and the kubelet drops the
+    old one's logs with it) and a run of its container (a container restarted in place shows
+    only its latest run's log)."""
 
     def __init__(self, kubeconfig: Path, namespace: str, pod: str, interval: float = 0.5) -> None:
         from kubernetes.client import CoreV1Api  # noqa: PLC0415
@@ -132,7 +134,7 @@ class PodLogs:
         self._client = new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self._core = CoreV1Api(self._client)
         self._namespace, self._pod, self._interval = namespace, pod, interval
-        self._logs: dict[str, str] = {}  # by pod UID, in the order first seen
+        self._logs: dict[tuple[str, int], str] = {}  # by pod UID and restart count, in the order first seen
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name=f"logs-{pod}", daemon=True)
@@ -151,15 +153,20 @@ class PodLogs:
 
         while not self._stop.wait(self._interval):
             try:
-                uid = self._core.read_namespaced_pod(self._pod, self._namespace).metadata.uid
+                run = self._run()
                 text = self._core.read_namespaced_pod_log(self._pod, self._namespace)
-                # The same incarnation before and after: a log is never filed under another's UID.
-                if self._core.read_namespaced_pod(self._pod, self._namespace).metadata.uid != uid:
+                # The same incarnation before and after: a log is never filed under another's.
+                if self._run() != run:
                     continue
             except (ApiException, OSError):
                 continue  # not there yet, not started, or gone: the next poll sees the next one
             with self._lock:
-                self._logs[uid] = text
+                self._logs[run] = text
+
+    def _run(self) -> tuple[str, int]:
+        pod = self._core.read_namespaced_pod(self._pod, self._namespace)
+        statuses = pod.status.container_statuses or []
+        return pod.metadata.uid, statuses[0].restart_count if statuses else 0
 
     def text(self) -> str:
         with self._lock:

@@ -181,11 +181,14 @@ def _kill_and_check(
     assert final["restartCount"] == KILLS
     assert final["progress"]["step"] == STEPS
     assert _steps(job) == list(range(1, STEPS + 1))
-    # Every resume was from the checkpoint that was latest when its gang was killed.
+    # Every resume was from a complete checkpoint, never from one older than an earlier
+    # resume's (no work thrown away), and the last from at least the last kill's. A driver
+    # container the kubelet restarts in place before the operator restarts the gang resumes
+    # too, possibly from a checkpoint it made after the kill.
     resumed = resumes()
-    assert set(resumed) <= {kill.checkpoint for kill in kills}, (resumed, kills)
+    assert resumed == sorted(resumed) and all(r > 0 and r % SAVE_FREQ == 0 for r in resumed), (resumed, kills)
     assert all(kill.checkpoint > 0 for kill in kills), kills  # every restart resumed
-    assert resumed[-1] == kills[-1].checkpoint, (resumed, kills)
+    assert resumed[-1] >= kills[-1].checkpoint, (resumed, kills)
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert events.count("PodFailed") == KILLS, events
     redone = sum(kill.step - kill.checkpoint for kill in kills)
