@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlkube_trainer import algos
 from rlkube_trainer.algos import (
     AdaptiveKLController,
     FixedKLController,
+    advantage,
     agg_loss,
     apply_kl_penalty,
     compute_entropy_loss,
@@ -37,6 +37,7 @@ from rlkube_trainer.algos import (
     masked_sum,
     masked_var,
     masked_whiten,
+    policy_loss,
     register_adv_est,
     register_policy_loss,
 )
@@ -543,8 +544,8 @@ def test_policy_loss_registry() -> None:
 
 
 def test_registering_new_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(algos, "ADV_ESTIMATOR_REGISTRY", dict(algos.ADV_ESTIMATOR_REGISTRY))
-    monkeypatch.setattr(algos, "POLICY_LOSS_REGISTRY", dict(algos.POLICY_LOSS_REGISTRY))
+    monkeypatch.setattr(advantage, "ADV_ESTIMATOR_REGISTRY", dict(advantage.ADV_ESTIMATOR_REGISTRY))
+    monkeypatch.setattr(policy_loss, "POLICY_LOSS_REGISTRY", dict(policy_loss.POLICY_LOSS_REGISTRY))
 
     @register_adv_est("mine")
     def mine(token_level_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,6 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ import torch
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.algos import (
     apply_kl_penalty,
+    call_with,
     get_adv_estimator_fn,
     get_kl_controller,
     keep_mixed_groups,
@@ -127,13 +127,6 @@ class Roles:
     reward: RewardScorer
     reference: Reference | None = None
     critic: Critic | None = None
-
-
-def call_with(fn: Callable[..., Any], **available: Any) -> Any:
-    """Calls fn with the arguments it names, from those available (estimators differ
-    in what they need: values for gae, the group index for grpo/rloo, ...)."""
-    params = inspect.signature(fn).parameters
-    return fn(**{name: value for name, value in available.items() if name in params})
 
 
 class Timer:
