@@ -8,8 +8,23 @@ import torch
 
 from rlkube_trainer.algos.masked import masked_mean
 
+__all__ = [
+    "KL_PENALTIES",
+    "AdaptiveKLController",
+    "FixedKLController",
+    "KLController",
+    "apply_kl_penalty",
+    "get_kl_controller",
+    "kl_penalty",
+    "kl_penalty_forward",
+]
 
-def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+_BASE_KL_PENALTIES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# Every estimator, and its straight-through "+" variant.
+KL_PENALTIES: tuple[str, ...] = _BASE_KL_PENALTIES + tuple(f"{name}+" for name in _BASE_KL_PENALTIES)
+
+
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """Per-token KL estimate: kl/k1 ``lp-ref``, abs, mse/k2 ``0.5(lp-ref)^2``, low_var_kl/k3 (clamped)."""
     if kl_penalty in ("kl", "k1"):
         return logprob - ref_logprob
@@ -21,7 +36,19 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         # Both clamps keep a single far-off token from exploding the estimate (exp overflow, huge grads).
         kl = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(kl) - kl - 1, min=-10.0, max=10.0)
-    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; choose one of: kl, k1, abs, mse, k2, low_var_kl, k3")
+    raise ValueError(f"unknown kl_penalty {kl_penalty!r}; choose one of: {', '.join(KL_PENALTIES)}")
+
+
+def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """``kl_penalty_forward``; with a ``+`` suffix (``k1+``, ``k3+``, ...) verl's straight-through
+    variant: the named estimator's value with the gradient of k2, whose expected gradient is the
+    true KL's (k1's and k3's are not, though their expected values are)."""
+    base = kl_penalty.removesuffix("+")
+    forward = kl_penalty_forward(logprob, ref_logprob, base)
+    if base == kl_penalty:
+        return forward
+    k2 = 0.5 * (logprob - ref_logprob).square()
+    return k2 - k2.detach() + forward.detach()
 
 
 class KLController(Protocol):

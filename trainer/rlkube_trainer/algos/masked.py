@@ -13,6 +13,18 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+__all__ = [
+    "IndexLike",
+    "group_ids",
+    "group_onehot",
+    "group_stats",
+    "keep_mixed_groups",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]
+
 IndexLike = Sequence[Hashable] | npt.NDArray[Any] | torch.Tensor
 
 

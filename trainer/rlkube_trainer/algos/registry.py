@@ -12,6 +12,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+__all__ = ["call_with", "lookup", "register"]
+
 _FnT = TypeVar("_FnT", bound=Callable[..., Any])
 
 
