@@ -289,7 +289,7 @@ def compute_gpg_outcome_advantage(
     del epsilon  # accepted for verl signature compatibility
     with torch.no_grad():
         scores = _outcome_scores(token_level_rewards, response_mask)
-        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1)
+        alpha = scores.shape[0] / torch.count_nonzero(scores).clamp(min=1).to(scores.dtype)
         count, mean, _ = group_stats(scores, index)
         mean = torch.where(count == 1, torch.zeros_like(mean), mean)
         advantages = _broadcast(alpha * (scores - mean) / f_norm, response_mask)
