@@ -446,11 +446,19 @@ KL_REF = [-2.0, -0.5, 0.0, -30.0]
 def test_kl_penalty_types(names: tuple[str, ...], expected: list[float]) -> None:
     for name in names:
         close(kl_penalty(t(KL_LP), t(KL_REF), name), expected)
+        # verl's straight-through variant: the same value, and k2's gradient lp - ref
+        lp = t(KL_LP).requires_grad_(True)
+        value = kl_penalty(lp, t(KL_REF), name + "+")
+        close(value, expected)
+        (grad,) = torch.autograd.grad(value.sum(), lp)
+        close(grad, [1.0, -1.5, -30.0, 30.0])
 
 
 def test_kl_penalty_unknown() -> None:
     with pytest.raises(ValueError, match="low_var_kl"):
         kl_penalty(t(KL_LP), t(KL_REF), "full")
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(t(KL_LP), t(KL_REF), "full+")
 
 
 def test_fixed_kl_controller() -> None:
@@ -545,7 +553,7 @@ def test_adv_estimator_registry() -> None:
     assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn("rloo") is compute_rloo_outcome_advantage
     assert get_adv_estimator_fn("reinforce_plus_plus") is compute_reinforce_plus_plus_outcome_advantage
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*gae, grpo"):
+    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*gae, gdpo, gpg, grpo"):
         get_adv_estimator_fn("ppo")
 
 
