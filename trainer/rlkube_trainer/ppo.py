@@ -387,7 +387,7 @@ class PPOTrainer:
 
     def step_metrics(self, batch: TrainBatch, metrics: Metrics, timer: Timer, synced: int) -> Metrics:
         """A step's metrics beyond its phases': data, timings, throughput (verl's names)."""
-        metrics.update(compute_data_metrics(batch))
+        metrics.update(compute_data_metrics(batch, self.config.data.max_prompt_length))
         metrics.update(timer.seconds)
         metrics.update(compute_throughput_metrics(batch, timer.seconds["timing_s/step"], self.num_gpus))
         if synced and timer.seconds["timing_s/update_weights"] > 0:
