@@ -35,8 +35,6 @@ AdvEstimator = Literal[
 ]
 UNSUPPORTED_ESTIMATORS: dict[str, str] = {
     "remax": "it needs the reward of a greedy baseline rollout per prompt, which rlkube does not generate yet",
-    "gdpo": "it needs per-component rewards (verl's algorithm.gdpo_reward_keys), which rlkube does not pass "
-    "to the estimator yet",
     "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
     "actor.calculate_sum_pi_squared), which rlkube does not compute yet",
     "tir_optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
@@ -333,24 +331,48 @@ class AlgorithmConfig(ApiModel):
     """Advantage estimation and KL-in-reward."""
 
     # Refused, not accepted and ignored: the estimator would run without its inputs.
-    cel_rules = tuple(
+    cel_rules = (
+        *(
+            CelRule(
+                f"!has(self.advEstimator) || self.advEstimator != '{name}'",
+                f"advEstimator {name} is not supported: {reason}",
+                ".advEstimator",
+            )
+            for name, reason in UNSUPPORTED_ESTIMATORS.items()
+        ),
         CelRule(
-            f"!has(self.advEstimator) || self.advEstimator != '{name}'",
-            f"advEstimator {name} is not supported: {reason}",
-            ".advEstimator",
-        )
-        for name, reason in UNSUPPORTED_ESTIMATORS.items()
+            "!has(self.advEstimator) || self.advEstimator != 'gdpo' || "
+            "(has(self.gdpoRewardKeys) && size(self.gdpoRewardKeys) > 0)",
+            "advEstimator gdpo needs gdpoRewardKeys: the reward components (keys of the reward function's "
+            "dict) it normalises one by one",
+            ".gdpoRewardKeys",
+        ),
+        CelRule(
+            "!has(self.gdpoRewardWeights) || !has(self.gdpoRewardKeys) || "
+            "size(self.gdpoRewardWeights) == size(self.gdpoRewardKeys)",
+            "gdpoRewardWeights needs one weight per key of gdpoRewardKeys",
+            ".gdpoRewardWeights",
+        ),
     )
 
     adv_estimator: AdvEstimator = Field(
         "grpo",
         description="Advantage estimator (verl's names): gae (PPO with critic), grpo, rloo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg. remax, gdpo, optimal_token_baseline and "
+        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gdpo (gdpoRewardKeys). remax, optimal_token_baseline and "
         "tir_optimal_token_baseline are refused: their inputs are not produced yet.",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = Field(True, description="GRPO: divide by the group's std (false gives Dr.GRPO).")
+    gdpo_reward_keys: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="gdpo: keys of the reward function's dict whose numbers are normalised one by one "
+        "within their group before being summed.",
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        None, max_length=32, description="gdpo: a weight per key of gdpoRewardKeys (default 1 each)."
+    )
     use_kl_in_reward: bool = Field(False, description="Subtract beta*KL(actor||reference) from the reward.")
     kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="KL coefficient control.")

@@ -121,7 +121,16 @@ INVALID = [
         _set("spec.algorithm.advEstimator", "optimal_token_baseline"),
         ("spec.algorithm.advEstimator",),
     ),
-    Case("adv-estimator-gdpo-refused", _set("spec.algorithm.advEstimator", "gdpo"), ("spec.algorithm.advEstimator",)),
+    Case("gdpo-needs-reward-keys", _set("spec.algorithm.advEstimator", "gdpo"), ("spec.algorithm.gdpoRewardKeys",)),
+    Case(
+        "gdpo-weight-per-key",
+        _all(
+            _set("spec.algorithm.advEstimator", "gdpo"),
+            _set("spec.algorithm.gdpoRewardKeys", ["format", "acc"]),
+            _set("spec.algorithm.gdpoRewardWeights", [1.0]),
+        ),
+        ("spec.algorithm.gdpoRewardWeights",),
+    ),
     Case("policy-loss-dro-needs-beta", _set("spec.actor.policyLoss", "dro"), ("spec.actor.droBeta",)),
     Case("loss-scale-factor-zero", _set("spec.actor.lossScaleFactor", 0), ("spec.actor.lossScaleFactor",)),
     Case("grpo-needs-n-above-1", _set("spec.rollout.samplesPerPrompt", 1), ("spec.rollout.samplesPerPrompt",)),
@@ -478,6 +487,15 @@ VALID = [
     ),
     Case("image-without-tag", _set("spec.image", "ghcr.io/rlkube/trainer"), ()),
     Case("adv-estimator-opo", _set("spec.algorithm.advEstimator", "opo"), ()),
+    Case(
+        "gdpo-with-keys-and-weights",
+        _all(
+            _set("spec.algorithm.advEstimator", "gdpo"),
+            _set("spec.algorithm.gdpoRewardKeys", ["format", "acc"]),
+            _set("spec.algorithm.gdpoRewardWeights", [1.0, 2.0]),
+        ),
+        (),
+    ),
     Case(
         "policy-loss-dro-with-beta",
         _all(_set("spec.actor.policyLoss", "dro"), _set("spec.actor.droBeta", 0.1)),

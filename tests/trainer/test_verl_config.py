@@ -101,7 +101,6 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
                 },
                 "actor_rollout_ref.actor.calculate_sum_pi_squared": False,
                 "critic.loss_scale_factor": 2048,
-                "algorithm.gdpo_reward_keys": None,
             }
         )
     ).config
@@ -116,6 +115,20 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
     assert (actor.clip_cov_ratio, actor.clip_cov_lb, actor.clip_cov_ub) == (0.001, 0.5, 4.0)
     assert (actor.kl_cov_ratio, actor.ppo_kl_coef, actor.dro_beta) == (0.002, 0.2, 0.3)
     assert config.critic.loss_scale_factor == 2048
+    gdpo = convert(
+        variant(
+            **{
+                "algorithm.adv_estimator": "gdpo",
+                "algorithm.gdpo_reward_keys": ["format", "acc"],
+                "algorithm.gdpo_reward_weights": [1.0, 0.5],
+            }
+        )
+    ).config.algorithm
+    assert (gdpo.adv_estimator, gdpo.gdpo_reward_keys, gdpo.gdpo_reward_weights) == (
+        "gdpo",
+        ["format", "acc"],
+        [1.0, 0.5],
+    )
 
 
 def test_fsdp_settings_arrive_for_each_role() -> None:
@@ -159,7 +172,7 @@ REFUSED = [
     ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
     ("remax-needs-a-greedy-rollout", {"algorithm.adv_estimator": "remax"}, "greedy baseline rollout"),
     ("sum-pi-squared", {"actor_rollout_ref.actor.calculate_sum_pi_squared": True}, "actor_rollout_ref.actor.calculate_sum_pi_squared: calculate_sum_pi_squared is not supported"),
-    ("gdpo-keys", {"algorithm.gdpo_reward_keys": ["format", "acc"]}, "algorithm.gdpo_reward_keys: gdpo_reward_keys is not supported"),
+    ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
 ]  # fmt: skip
 
 

@@ -39,6 +39,9 @@ class TrainBatch:
     token_level_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    # The reward function's other per-sample numbers by key (verl's reward_extra_info): GDPO's
+    # reward components. Indexed with the samples like every tensor field.
+    reward_extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -52,6 +55,8 @@ class TrainBatch:
         fields = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: v[index] for k, v in value.items()}
             fields[f.name] = value[index] if isinstance(value, torch.Tensor) else value
         return type(self)(**fields)
 
@@ -62,6 +67,8 @@ class TrainBatch:
         fields = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: v.to(device) for k, v in value.items()}
             fields[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
         return type(self)(**fields)
 

@@ -156,6 +156,19 @@ def rollout_probs_diff(batch: TrainBatch) -> Metrics:
     }
 
 
+def reward_components(batch: TrainBatch, keys: list[str]) -> list[torch.Tensor]:
+    """The per-sample reward components named by algorithm.gdpo_reward_keys (GDPO), from the
+    numbers the reward function returned beside its score."""
+    missing = [k for k in keys if k not in batch.reward_extra]
+    if missing:
+        known = ", ".join(sorted(batch.reward_extra)) or "none"
+        raise ValueError(
+            f"algorithm.gdpo_reward_keys {missing} are not among the reward function's per-sample "
+            f"numbers ({known}); its compute_score must return a dict with these keys"
+        )
+    return [batch.reward_extra[k] for k in keys]
+
+
 def on_policy(config: TrainerConfig, samples: int) -> bool:
     """Whether the actor update is one optimizer step over the whole batch (one PPO epoch,
     one mini-batch) with nothing reading the old log-probs before it (no KL in the reward, no
@@ -302,6 +315,7 @@ class PPOTrainer:
         batch = build_batch(kept_prompts, RolloutBatch(kept_samples, rollout.n), self.pad_token_id)
         scored = Scored.concat(kept_scored)
         batch.token_level_scores = token_level_scores(scored.scores, batch.response_mask)
+        batch.reward_extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in scored.extra.items()}
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
         if filter_groups.enable:
             metrics["train/num_gen_batches"] = float(rounds)
@@ -376,6 +390,8 @@ class PPOTrainer:
                 gamma=algo.gamma,
                 lam=algo.lam,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                reward_components=reward_components(batch, algo.gdpo_reward_keys),
+                reward_weights=algo.gdpo_reward_weights,
             )
 
         if roles.critic is not None:

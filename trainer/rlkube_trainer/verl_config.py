@@ -384,10 +384,8 @@ RULES: dict[str, Rule] = {
             "rollout_is_batch_normalize",
         )
     },
-    "algorithm.gdpo_reward_keys": Ignored(
-        "only gdpo reads it", _falsy, "gdpo_reward_keys is not supported (nor adv_estimator gdpo, which needs it)"
-    ),
-    "algorithm.gdpo_reward_weights": Ignored("only read with gdpo_reward_keys"),
+    "algorithm.gdpo_reward_keys": To("algorithm.gdpo_reward_keys", lambda v: [] if v is None else list(v)),
+    "algorithm.gdpo_reward_weights": To("algorithm.gdpo_reward_weights", lambda v: None if v is None else list(v)),
     "algorithm.use_pf_ppo": Ignored("no preference feedback", _falsy, "use_pf_ppo is not supported"),
     "algorithm.pf_ppo": Ignored("only read with use_pf_ppo"),
     "algorithm.filter_groups": Ignored(
