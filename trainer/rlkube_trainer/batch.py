@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import torch
 
@@ -52,7 +52,7 @@ class TrainBatch:
 
     def select(self, index: torch.Tensor | slice) -> Self:
         """The samples at `index` (every per-sample tensor indexed alike)."""
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, dict):
@@ -64,7 +64,7 @@ class TrainBatch:
         return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
 
     def to(self, device: torch.device | str) -> Self:
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if isinstance(value, dict):
