@@ -64,7 +64,7 @@ Logger = Literal["console", "tensorboard", "mlflow", "wandb"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # Estimators that compare samples of the same prompt need more than one sample each.
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "gdpo")
 
 # Token budgets of dynamic micro-batches (verl's *_max_token_len_per_gpu), bounded for the same reason.
 MAX_TOKEN_BUDGET = 1 << 30
@@ -1013,8 +1013,9 @@ class TrainerConfig(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.samplesPerPrompt > 1",
-            "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators (grpo, rloo)",
+            f"!(self.algorithm.advEstimator in {list(GROUP_ESTIMATORS)}) || self.rollout.samplesPerPrompt > 1",
+            "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators "
+            f"({', '.join(GROUP_ESTIMATORS)})",
             ".rollout.samplesPerPrompt",
         ),
         CelRule(

@@ -133,6 +133,11 @@ INVALID = [
     ),
     Case("policy-loss-dro-needs-beta", _set("spec.actor.policyLoss", "dro"), ("spec.actor.droBeta",)),
     Case("loss-scale-factor-zero", _set("spec.actor.lossScaleFactor", 0), ("spec.actor.lossScaleFactor",)),
+    Case(
+        "grpo-passk-needs-n-above-1",
+        _all(_set("spec.algorithm.advEstimator", "grpo_passk"), _set("spec.rollout.samplesPerPrompt", 1)),
+        ("spec.rollout.samplesPerPrompt",),
+    ),
     Case("grpo-needs-n-above-1", _set("spec.rollout.samplesPerPrompt", 1), ("spec.rollout.samplesPerPrompt",)),
     Case("gae-needs-critic", _set("spec.algorithm.advEstimator", "gae"), ("spec.roles", "critic")),
     Case("clip-ratio-c-at-most-1", _set("spec.actor.clipRatioC", 1.0), ("spec.actor.clipRatioC",)),
