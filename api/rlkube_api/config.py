@@ -1019,6 +1019,14 @@ class TrainerConfig(ApiModel):
             ".rollout.samplesPerPrompt",
         ),
         CelRule(
+            "!has(self.algorithm.rolloutCorrection) || !has(self.algorithm.rolloutCorrection.bypassMode) || "
+            "!self.algorithm.rolloutCorrection.bypassMode || !has(self.actor) || !has(self.actor.policyLoss) || "
+            "self.actor.policyLoss == 'vanilla'",
+            "algorithm.rolloutCorrection.bypassMode replaces the policy loss with its own (ppo_clip or "
+            "reinforce, rolloutCorrection.lossType): actor.policyLoss must be vanilla",
+            ".actor.policyLoss",
+        ),
+        CelRule(
             "self.algorithm.advEstimator != 'gae' || has(self.roles.critic)",
             "roles.critic is required when algorithm.advEstimator is gae",
             ".roles",

@@ -138,6 +138,14 @@ INVALID = [
         _all(_set("spec.algorithm.advEstimator", "grpo_passk"), _set("spec.rollout.samplesPerPrompt", 1)),
         ("spec.rollout.samplesPerPrompt",),
     ),
+    Case(
+        "bypass-mode-replaces-the-policy-loss",
+        _all(
+            _set("spec.algorithm.rolloutCorrection", {"bypassMode": True}),
+            _set("spec.actor.policyLoss", "cispo"),
+        ),
+        ("spec.actor.policyLoss",),
+    ),
     Case("grpo-needs-n-above-1", _set("spec.rollout.samplesPerPrompt", 1), ("spec.rollout.samplesPerPrompt",)),
     Case("gae-needs-critic", _set("spec.algorithm.advEstimator", "gae"), ("spec.roles", "critic")),
     Case("clip-ratio-c-at-most-1", _set("spec.actor.clipRatioC", 1.0), ("spec.actor.clipRatioC",)),

@@ -65,6 +65,7 @@ def actor_loss(
             config.clip_ratio_high,
             config.clip_ratio_c,
             config.loss_agg_mode,
+            config.loss_scale_factor,
         )
     else:
         # Each loss takes the settings it declares (sapo its taus, dro its beta, ...).
