@@ -17,7 +17,7 @@ from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.kube_syntax import CONFIG_MAP_KEY_PATTERN, LONG_NAME
 from rlkube_api.roles import Roles
 
-# verl 0.9.1's registered estimators (the vectorized copies of grpo/rloo aside). Those whose
+# verl 0.9.1's registered estimators. Those whose
 # inputs the trainer does not produce yet are refused by AlgorithmConfig (UNSUPPORTED_ESTIMATORS).
 AdvEstimator = Literal[
     "gae",
@@ -32,6 +32,8 @@ AdvEstimator = Literal[
     "gdpo",
     "optimal_token_baseline",
     "tir_optimal_token_baseline",
+    "grpo_vectorized",
+    "rloo_vectorized",
 ]
 UNSUPPORTED_ESTIMATORS: dict[str, str] = {
     "remax": "it needs the reward of a greedy baseline rollout per prompt, which rlkube does not generate yet",
@@ -64,7 +66,17 @@ Logger = Literal["console", "tensorboard", "mlflow", "wandb"]
 LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # Estimators that compare samples of the same prompt need more than one sample each.
-GROUP_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg", "gdpo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "rloo",
+    "rloo_vectorized",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "gdpo",
+)
 
 # Token budgets of dynamic micro-batches (verl's *_max_token_len_per_gpu), bounded for the same reason.
 MAX_TOKEN_BUDGET = 1 << 30
@@ -358,7 +370,8 @@ class AlgorithmConfig(ApiModel):
     adv_estimator: AdvEstimator = Field(
         "grpo",
         description="Advantage estimator (verl's names): gae (PPO with critic), grpo, rloo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gdpo (gdpoRewardKeys). remax, optimal_token_baseline and "
+        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gdpo (gdpoRewardKeys), grpo_vectorized (grpo), "
+        "rloo_vectorized (rloo, a lone sample 0). remax, optimal_token_baseline and "
         "tir_optimal_token_baseline are refused: their inputs are not produced yet.",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")

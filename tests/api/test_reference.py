@@ -81,7 +81,8 @@ def test_constraints_enums_and_requiredness() -> None:
     estimator = rows["spec.algorithm.advEstimator"]
     assert estimator.constraints[0] == (
         "one of `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `opo`, "
-        "`grpo_passk`, `gpg`, `gdpo`, `optimal_token_baseline`, `tir_optimal_token_baseline`"
+        "`grpo_passk`, `gpg`, `gdpo`, `optimal_token_baseline`, `tir_optimal_token_baseline`, `grpo_vectorized`, "
+        "`rloo_vectorized`"
     )
     assert estimator.default == "`grpo`"
     assert rows["spec.data.trainFiles"].required

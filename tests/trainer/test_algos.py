@@ -553,7 +553,9 @@ def test_adv_estimator_registry() -> None:
     assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn("rloo") is compute_rloo_outcome_advantage
     assert get_adv_estimator_fn("reinforce_plus_plus") is compute_reinforce_plus_plus_outcome_advantage
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*gae, gdpo, gpg, grpo"):
+    with pytest.raises(
+        ValueError, match=r"unknown advantage estimator 'ppo'.*gae, gdpo, gpg, grpo, grpo_passk, grpo_vectorized"
+    ):
         get_adv_estimator_fn("ppo")
 
 

@@ -18,12 +18,14 @@ from rlkube_trainer.algos import (
     AdvantageEstimator,
     compute_gdpo_outcome_advantage,
     compute_gpg_outcome_advantage,
+    compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_multi_turn_optimal_token_baseline_advantage,
     compute_opo_outcome_advantage,
     compute_optimal_token_baseline_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_remax_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
     get_adv_estimator_fn,
     register_adv_est,
 )
@@ -159,6 +161,15 @@ def test_tir_optimal_token_baseline_counts_model_tokens_only() -> None:
     close(ret, [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]])
 
 
+def test_rloo_vectorized_gives_a_lone_sample_zero() -> None:
+    # group a: 1, 3 -> leave-one-out: 1 - 3 = -2, 3 - 1 = 2; group b (alone): 0 (rloo would keep 5)
+    rewards = t([[1.0, 0.0], [0.0, 3.0], [5.0, 0.0]])
+    mask = t([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    adv, ret = compute_rloo_vectorized_outcome_advantage(rewards, mask, ["a", "a", "b"])
+    close(adv, [[-2.0, -2.0], [2.0, 2.0], [0.0, 0.0]])
+    close(ret, adv)
+
+
 def test_registry_takes_verls_enum_or_the_name(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(advantage_module, "ADV_ESTIMATOR_REGISTRY", dict(advantage_module.ADV_ESTIMATOR_REGISTRY))
     for member, fn in [
@@ -170,6 +181,8 @@ def test_registry_takes_verls_enum_or_the_name(monkeypatch: pytest.MonkeyPatch) 
         (AdvantageEstimator.GDPO, compute_gdpo_outcome_advantage),
         (AdvantageEstimator.OPTIMAL_TOKEN_BASELINE, compute_optimal_token_baseline_advantage),
         (AdvantageEstimator.TIR_OPTIMAL_TOKEN_BASELINE, compute_multi_turn_optimal_token_baseline_advantage),
+        (AdvantageEstimator.GRPO_VECTORIZED, compute_grpo_outcome_advantage),  # grpo is vectorized
+        (AdvantageEstimator.RLOO_VECTORIZED, compute_rloo_vectorized_outcome_advantage),
     ]:
         assert get_adv_estimator_fn(member) is fn
         assert get_adv_estimator_fn(member.value) is fn

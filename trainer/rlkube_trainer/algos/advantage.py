@@ -32,6 +32,7 @@ __all__ = [
     "compute_reinforce_plus_plus_outcome_advantage",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
     "get_adv_estimator_fn",
     "register_adv_est",
 ]
@@ -44,8 +45,7 @@ ADV_ESTIMATOR_REGISTRY: dict[str, AdvEstimatorFn] = {}
 
 class AdvantageEstimator(StrEnum):
     """verl's enum of its estimators' names; register_adv_est and get_adv_estimator_fn take a
-    member or the plain name. grpo_vectorized and rloo_vectorized are members (verl has them)
-    but not registered here: grpo and rloo are already vectorized."""
+    member or the plain name."""
 
     GAE = "gae"
     GRPO = "grpo"
@@ -124,6 +124,8 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
+# grpo is vectorized already (one-hot matmuls), so verl's vectorized copy is the same function.
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED)
 @register_adv_est(AdvantageEstimator.GRPO)
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -166,6 +168,26 @@ def compute_rloo_outcome_advantage(
         loo = scores * n / (n - 1) - mean * n / (n - 1)
         scores = torch.where(multi, loo, scores)
         advantages = scores.unsqueeze(-1) * response_mask.to(scores.dtype)
+    return advantages, advantages
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED)
+def compute_rloo_vectorized_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: IndexLike,
+    epsilon: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's rloo_vectorized: rloo's leave-one-out baseline, except that a lone sample gets 0
+    (rloo keeps its score)."""
+    del epsilon  # accepted for verl signature compatibility
+    with torch.no_grad():
+        scores = _outcome_scores(token_level_rewards, response_mask)
+        count, mean, _ = group_stats(scores, index)
+        multi = count > 1
+        n = torch.where(multi, count, torch.full_like(count, 2.0))
+        scores = torch.where(multi, (scores - mean) * n / (n - 1), torch.zeros_like(scores))
+        advantages = _broadcast(scores, response_mask)
     return advantages, advantages
 
 
