@@ -85,6 +85,7 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
         variant(
             **{
                 "algorithm.adv_estimator": "reinforce_plus_plus_baseline",
+                "actor_rollout_ref.rollout.n": 4,  # a group estimator
                 "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
                 "actor_rollout_ref.actor.loss_scale_factor": 4096,
                 "actor_rollout_ref.actor.kl_loss_type": "k3+",
@@ -119,6 +120,7 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
         variant(
             **{
                 "algorithm.adv_estimator": "gdpo",
+                "actor_rollout_ref.rollout.n": 4,
                 "algorithm.gdpo_reward_keys": ["format", "acc"],
                 "algorithm.gdpo_reward_weights": [1.0, 0.5],
             }
