@@ -17,13 +17,66 @@ from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.kube_syntax import CONFIG_MAP_KEY_PATTERN, LONG_NAME
 from rlkube_api.roles import Roles
 
-AdvEstimator = Literal["gae", "grpo", "rloo", "reinforce_plus_plus"]
-KLPenalty = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"]
+# verl 0.9.1's registered estimators. Those whose
+# inputs the trainer does not produce yet are refused by AlgorithmConfig (UNSUPPORTED_ESTIMATORS).
+AdvEstimator = Literal[
+    "gae",
+    "grpo",
+    "rloo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "gdpo",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+    "grpo_vectorized",
+    "rloo_vectorized",
+]
+UNSUPPORTED_ESTIMATORS: dict[str, str] = {
+    "remax": "it needs the reward of a greedy baseline rollout per prompt, which rlkube does not generate yet",
+    "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
+    "actor.calculate_sum_pi_squared), which rlkube does not compute yet",
+    "tir_optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
+    "actor.calculate_sum_pi_squared), which rlkube does not compute yet",
+}
+# Each estimator, and verl's straight-through "+" variant (its value, k2's gradient).
+KLPenalty = Literal[
+    "kl",
+    "k1",
+    "abs",
+    "mse",
+    "k2",
+    "low_var_kl",
+    "k3",
+    "kl+",
+    "k1+",
+    "abs+",
+    "mse+",
+    "k2+",
+    "low_var_kl+",
+    "k3+",
+]
+PolicyLoss = Literal[
+    "vanilla", "dppo_tv", "dppo_kl", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "dro", "cispo"
+]
 Logger = Literal["console", "tensorboard", "mlflow", "wandb"]
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 # Estimators that compare samples of the same prompt need more than one sample each.
-GROUP_ESTIMATORS = ("grpo", "rloo")
+GROUP_ESTIMATORS = (
+    "grpo",
+    "grpo_vectorized",
+    "rloo",
+    "rloo_vectorized",
+    "reinforce_plus_plus_baseline",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "gdpo",
+)
 
 # Token budgets of dynamic micro-batches (verl's *_max_token_len_per_gpu), bounded for the same reason.
 MAX_TOKEN_BUDGET = 1 << 30
@@ -289,12 +342,50 @@ class RolloutCorrectionConfig(ApiModel):
 class AlgorithmConfig(ApiModel):
     """Advantage estimation and KL-in-reward."""
 
+    # Refused, not accepted and ignored: the estimator would run without its inputs.
+    cel_rules = (
+        *(
+            CelRule(
+                f"!has(self.advEstimator) || self.advEstimator != '{name}'",
+                f"advEstimator {name} is not supported: {reason}",
+                ".advEstimator",
+            )
+            for name, reason in UNSUPPORTED_ESTIMATORS.items()
+        ),
+        CelRule(
+            "!has(self.advEstimator) || self.advEstimator != 'gdpo' || "
+            "(has(self.gdpoRewardKeys) && size(self.gdpoRewardKeys) > 0)",
+            "advEstimator gdpo needs gdpoRewardKeys: the reward components (keys of the reward function's "
+            "dict) it normalises one by one",
+            ".gdpoRewardKeys",
+        ),
+        CelRule(
+            "!has(self.gdpoRewardWeights) || !has(self.gdpoRewardKeys) || "
+            "size(self.gdpoRewardWeights) == size(self.gdpoRewardKeys)",
+            "gdpoRewardWeights needs one weight per key of gdpoRewardKeys",
+            ".gdpoRewardWeights",
+        ),
+    )
+
     adv_estimator: AdvEstimator = Field(
-        "grpo", description="Advantage estimator: gae (PPO with critic), grpo, rloo, reinforce_plus_plus."
+        "grpo",
+        description="Advantage estimator (verl's names): gae (PPO with critic), grpo, rloo, reinforce_plus_plus, "
+        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gdpo (gdpoRewardKeys), grpo_vectorized (grpo), "
+        "rloo_vectorized (rloo, a lone sample 0). remax, optimal_token_baseline and "
+        "tir_optimal_token_baseline are refused: their inputs are not produced yet.",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
     norm_adv_by_std_in_grpo: bool = Field(True, description="GRPO: divide by the group's std (false gives Dr.GRPO).")
+    gdpo_reward_keys: list[Annotated[str, Field(min_length=1, max_length=256)]] = Field(
+        default_factory=list,
+        max_length=32,
+        description="gdpo: keys of the reward function's dict whose numbers are normalised one by one "
+        "within their group before being summed.",
+    )
+    gdpo_reward_weights: list[float] | None = Field(
+        None, max_length=32, description="gdpo: a weight per key of gdpoRewardKeys (default 1 each)."
+    )
     use_kl_in_reward: bool = Field(False, description="Subtract beta*KL(actor||reference) from the reward.")
     kl_penalty: KLPenalty = Field("kl", description="KL estimator used in the reward.")
     kl_ctrl: KLControlConfig = Field(default_factory=KLControlConfig, description="KL coefficient control.")
@@ -383,6 +474,11 @@ class ActorConfig(ApiModel):
             "clipRatioLow must be below 1",
             ".clipRatioLow",
         ),
+        CelRule(
+            "!has(self.policyLoss) || self.policyLoss != 'dro' || has(self.droBeta)",
+            "policyLoss dro needs droBeta",
+            ".droBeta",
+        ),
     )
 
     optim: OptimConfig = Field(default_factory=OptimConfig, description="Optimizer of the actor.")
@@ -422,15 +518,33 @@ class ActorConfig(ApiModel):
     )
     clip_ratio_c: float = Field(3.0, gt=1, description="Dual-clip bound for negative advantages (> 1).")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
+    loss_scale_factor: int | None = Field(
+        None,
+        gt=0,
+        description="seq-mean-token-sum-norm: the constant the sequence mean is divided by "
+        "(default the batch's response length).",
+    )
     entropy_coeff: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     use_kl_loss: bool = Field(False, description="Add KL(actor||reference) to the loss (the GRPO way).")
     kl_loss_coef: float = Field(0.001, ge=0, description="Coefficient of the KL loss.")
     kl_loss_type: KLPenalty = Field("low_var_kl", description="KL estimator of the KL loss.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
-    policy_loss: Literal["vanilla", "gspo"] = Field(
+    policy_loss: PolicyLoss = Field(
         "vanilla",
-        description="Registered policy-loss function: vanilla (token-level PPO ratio) or gspo (GSPO's "
-        "sequence-level ratio, aggregated seq-mean-token-mean; use small clip ratios such as 3e-4/4e-4).",
+        description="Registered policy-loss function (verl's policy_loss.loss_mode): vanilla (token-level "
+        "PPO ratio), gspo (sequence-level ratio; use small clip ratios such as 3e-4/4e-4), dppo_tv, dppo_kl "
+        "(clip ratios are divergence thresholds), sapo (tauPos/tauNeg), gpg, clip_cov, kl_cov, geo_mean, "
+        "dro (droBeta), cispo.",
+    )
+    tau_pos: float = Field(1.0, gt=0, description="sapo: gate temperature for positive advantages.")
+    tau_neg: float = Field(1.05, gt=0, description="sapo: gate temperature for other advantages.")
+    clip_cov_ratio: float = Field(0.0002, gt=0, le=1, description="clip_cov: share of tokens whose gradient is cut.")
+    clip_cov_lb: float = Field(1.0, description="clip_cov: lower bound of the covariance of the tokens cut.")
+    clip_cov_ub: float = Field(5.0, description="clip_cov: upper bound of the covariance of the tokens cut.")
+    kl_cov_ratio: float = Field(0.0002, gt=0, le=1, description="kl_cov: share of tokens given the KL penalty.")
+    ppo_kl_coef: float = Field(0.1, ge=0, description="kl_cov: coefficient of the |log ratio| penalty.")
+    dro_beta: float | None = Field(
+        None, gt=0, description="dro: coefficient of the quadratic log-ratio penalty (required for dro)."
     )
     strategy: Strategy = Field(
         "auto", description="Data parallelism across the actor's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
@@ -462,6 +576,12 @@ class CriticConfig(ApiModel):
     )
     cliprange_value: float = Field(0.5, gt=0, description="Value clipping range.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="How token losses aggregate.")
+    loss_scale_factor: int | None = Field(
+        None,
+        gt=0,
+        description="seq-mean-token-sum-norm: the constant the sequence mean is divided by "
+        "(default the batch's response length).",
+    )
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping.")
     strategy: Strategy = Field(
         "auto", description="Data parallelism across the critic's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
@@ -906,9 +1026,18 @@ class TrainerConfig(ApiModel):
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            "!(self.algorithm.advEstimator in ['grpo', 'rloo']) || self.rollout.samplesPerPrompt > 1",
-            "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators (grpo, rloo)",
+            f"!(self.algorithm.advEstimator in {list(GROUP_ESTIMATORS)}) || self.rollout.samplesPerPrompt > 1",
+            "rollout.samplesPerPrompt (verl: rollout.n) must be at least 2 for group estimators "
+            f"({', '.join(GROUP_ESTIMATORS)})",
             ".rollout.samplesPerPrompt",
+        ),
+        CelRule(
+            "!has(self.algorithm.rolloutCorrection) || !has(self.algorithm.rolloutCorrection.bypassMode) || "
+            "!self.algorithm.rolloutCorrection.bypassMode || !has(self.actor) || !has(self.actor.policyLoss) || "
+            "self.actor.policyLoss == 'vanilla'",
+            "algorithm.rolloutCorrection.bypassMode replaces the policy loss with its own (ppo_clip or "
+            "reinforce, rolloutCorrection.lossType): actor.policyLoss must be vanilla",
+            ".actor.policyLoss",
         ),
         CelRule(
             "self.algorithm.advEstimator != 'gae' || has(self.roles.critic)",

@@ -115,6 +115,37 @@ INVALID = [
     Case("name-too-long", _set("metadata.name", "a" * 42), ("metadata.name",)),
     Case("name-not-dns-label", _set("metadata.name", "9-grpo"), ("metadata.name",)),
     Case("adv-estimator-unknown", _set("spec.algorithm.advEstimator", "ppo2"), ("spec.algorithm.advEstimator",)),
+    Case("adv-estimator-remax-refused", _set("spec.algorithm.advEstimator", "remax"), ("spec.algorithm.advEstimator",)),
+    Case(
+        "adv-estimator-optimal-token-baseline-refused",
+        _set("spec.algorithm.advEstimator", "optimal_token_baseline"),
+        ("spec.algorithm.advEstimator",),
+    ),
+    Case("gdpo-needs-reward-keys", _set("spec.algorithm.advEstimator", "gdpo"), ("spec.algorithm.gdpoRewardKeys",)),
+    Case(
+        "gdpo-weight-per-key",
+        _all(
+            _set("spec.algorithm.advEstimator", "gdpo"),
+            _set("spec.algorithm.gdpoRewardKeys", ["format", "acc"]),
+            _set("spec.algorithm.gdpoRewardWeights", [1.0]),
+        ),
+        ("spec.algorithm.gdpoRewardWeights",),
+    ),
+    Case("policy-loss-dro-needs-beta", _set("spec.actor.policyLoss", "dro"), ("spec.actor.droBeta",)),
+    Case("loss-scale-factor-zero", _set("spec.actor.lossScaleFactor", 0), ("spec.actor.lossScaleFactor",)),
+    Case(
+        "grpo-passk-needs-n-above-1",
+        _all(_set("spec.algorithm.advEstimator", "grpo_passk"), _set("spec.rollout.samplesPerPrompt", 1)),
+        ("spec.rollout.samplesPerPrompt",),
+    ),
+    Case(
+        "bypass-mode-replaces-the-policy-loss",
+        _all(
+            _set("spec.algorithm.rolloutCorrection", {"bypassMode": True}),
+            _set("spec.actor.policyLoss", "cispo"),
+        ),
+        ("spec.actor.policyLoss",),
+    ),
     Case("grpo-needs-n-above-1", _set("spec.rollout.samplesPerPrompt", 1), ("spec.rollout.samplesPerPrompt",)),
     Case("gae-needs-critic", _set("spec.algorithm.advEstimator", "gae"), ("spec.roles", "critic")),
     Case("clip-ratio-c-at-most-1", _set("spec.actor.clipRatioC", 1.0), ("spec.actor.clipRatioC",)),
@@ -468,6 +499,26 @@ VALID = [
         (),
     ),
     Case("image-without-tag", _set("spec.image", "ghcr.io/rlkube/trainer"), ()),
+    Case("adv-estimator-opo", _set("spec.algorithm.advEstimator", "opo"), ()),
+    Case(
+        "gdpo-with-keys-and-weights",
+        _all(
+            _set("spec.algorithm.advEstimator", "gdpo"),
+            _set("spec.algorithm.gdpoRewardKeys", ["format", "acc"]),
+            _set("spec.algorithm.gdpoRewardWeights", [1.0, 2.0]),
+        ),
+        (),
+    ),
+    Case(
+        "policy-loss-dro-with-beta",
+        _all(_set("spec.actor.policyLoss", "dro"), _set("spec.actor.droBeta", 0.1)),
+        (),
+    ),
+    Case(
+        "token-sum-and-straight-through-kl",
+        _all(_set("spec.actor.lossAggMode", "token-sum"), _set("spec.actor.klLossType", "k3+")),
+        (),
+    ),
     Case(
         "gae-with-a-colocated-critic",
         _all(_set("spec.algorithm.advEstimator", "gae"), _set("spec.roles.critic", {"colocateWith": "actor"})),

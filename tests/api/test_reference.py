@@ -79,7 +79,11 @@ def test_paths_use_wire_names() -> None:
 def test_constraints_enums_and_requiredness() -> None:
     rows = _rows()
     estimator = rows["spec.algorithm.advEstimator"]
-    assert estimator.constraints == ["one of `gae`, `grpo`, `rloo`, `reinforce_plus_plus`"]
+    assert estimator.constraints[0] == (
+        "one of `gae`, `grpo`, `rloo`, `reinforce_plus_plus`, `reinforce_plus_plus_baseline`, `remax`, `opo`, "
+        "`grpo_passk`, `gpg`, `gdpo`, `optimal_token_baseline`, `tir_optimal_token_baseline`, `grpo_vectorized`, "
+        "`rloo_vectorized`"
+    )
     assert estimator.default == "`grpo`"
     assert rows["spec.data.trainFiles"].required
     assert rows["spec.data.trainFiles"].constraints == ["1–256 items"]

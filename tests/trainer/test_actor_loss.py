@@ -77,3 +77,32 @@ def test_the_loss_carries_gradients_to_the_log_probs() -> None:
     # Clipped and padded tokens get no gradient; the unclipped ones get -A * ratio / 3.
     expected = torch.tensor([[-math.exp(0.1) / 3, -math.exp(0.1) / 3], [0.0, 0.0]])
     assert torch.allclose(log_prob.grad, expected, atol=1e-6)
+
+
+def test_each_loss_gets_its_own_settings_from_the_config() -> None:
+    # dro: -(lp*A - beta/2 (lp - old)^2) per token, token-mean over the three response tokens;
+    # the log ratios are 0.1, 0.1 (A = +1) and -0.5 (A = -1).
+    config = ActorConfig(policy_loss="dro", dro_beta=0.4)
+    loss, metrics = actor_loss(config, get_policy_loss_fn("dro"), micro_batch(), LOG_PROB, None)
+    tokens = [-(-0.9 - 0.2 * 0.01), -(-0.9 - 0.2 * 0.01), -(1.5 - 0.2 * 0.25)]
+    assert loss.item() == pytest.approx(sum(tokens) / 3, rel=1e-6)
+    assert metrics["actor/pg_clipfrac"] == 0.0
+
+    # sapo: the taus come from actor.tau_pos / tau_neg (a gate of slope 1 at ratio 1 either way)
+    def gate(r: float, tau: float) -> float:
+        return 1 / (1 + math.exp(-tau * (r - 1))) * 4 / tau
+
+    config = ActorConfig(policy_loss="sapo", tau_pos=2.0, tau_neg=3.0)
+    loss, _ = actor_loss(config, get_policy_loss_fn("sapo"), micro_batch(), LOG_PROB, None)
+    row_1 = -gate(math.exp(0.1), 2.0)  # both tokens alike
+    row_2 = gate(math.exp(-0.5), 3.0)  # one token
+    assert loss.item() == pytest.approx((row_1 + row_2) / 2, rel=1e-6)  # always seq-mean-token-mean
+
+
+def test_seq_mean_token_sum_norm_divides_by_the_configured_factor() -> None:
+    # vanilla, per-token losses -e^0.1, -e^0.1 and 0.8: sequence sums -2e^0.1 and 0.8, mean over
+    # the 2 sequences, divided by loss_scale_factor 10 (default: the response length 2)
+    for factor, divisor in ((10, 10.0), (None, 2.0)):
+        config = ActorConfig(loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=factor)
+        loss, _ = actor_loss(config, get_policy_loss_fn("vanilla"), micro_batch(), LOG_PROB, None)
+        assert loss.item() == pytest.approx((-2 * math.exp(0.1) + 0.8) / 2 / divisor, rel=1e-6)

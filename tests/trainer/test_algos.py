@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from rlkube_trainer import algos
 from rlkube_trainer.algos import (
     AdaptiveKLController,
     FixedKLController,
+    advantage,
     agg_loss,
     apply_kl_penalty,
     compute_entropy_loss,
@@ -37,6 +37,7 @@ from rlkube_trainer.algos import (
     masked_sum,
     masked_var,
     masked_whiten,
+    policy_loss,
     register_adv_est,
     register_policy_loss,
 )
@@ -232,7 +233,9 @@ LOSS_M = [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
         ("token-mean", (1 + 2 + 3 + 4) / 4),
         ("seq-mean-token-sum", (6 + 4) / 2),
         ("seq-mean-token-mean", (2 + 4) / 2),
-        ("seq-mean-token-sum-norm", (6 + 4) / 3),  # divided by the response length 3
+        ("token-sum", 1 + 2 + 3 + 4),
+        # verl 0.9.1: the mean over sequences of their sums, divided by the response length 3
+        ("seq-mean-token-sum-norm", (6 + 4) / 2 / 3),
     ],
 )
 def test_agg_loss_modes(mode: str, expected: float) -> None:
@@ -245,7 +248,13 @@ def test_agg_loss_modes(mode: str, expected: float) -> None:
 
 def test_agg_loss_unknown_mode() -> None:
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
-        agg_loss(t(LOSS), t(LOSS_M), "token-sum")
+        agg_loss(t(LOSS), t(LOSS_M), "sum")
+
+
+def test_agg_loss_scale_factor() -> None:
+    # seq-mean-token-sum-norm with a constant: (6 + 4) / 2 / 10; other modes ignore it
+    close(agg_loss(t(LOSS), t(LOSS_M), "seq-mean-token-sum-norm", loss_scale_factor=10), 0.5)
+    close(agg_loss(t(LOSS), t(LOSS_M), "token-mean", loss_scale_factor=10), 2.5)
 
 
 # --------------------------------------------------------------------------- policy loss
@@ -325,29 +334,34 @@ def test_policy_loss_checks_arguments() -> None:
 #  seq 1: token ratios 2, 0.5, 1 -> s = (2*0.5*1)^(1/3) = 1; A=+1: every token -1 (inside the clip)
 #  seq 2: token ratios 1.21, 1 (a padded token with log-ratio 50 masked out) -> s = 1.21^(1/2) = 1.1;
 #         A=+1, clip 0.05: l1 = -1.1, l2 = -1.05 -> -1.05 on both tokens, clipped
-# seq-mean-token-mean: ((-1-1-1)/3 + (-1.05-1.05)/2) / 2 = -1.025, whatever loss_agg_mode says.
+# seq-mean-token-mean: ((-1-1-1)/3 + (-1.05-1.05)/2) / 2 = -1.025; token-mean (verl 0.9.1 honours
+# loss_agg_mode): (-1-1-1-1.05-1.05) / 5 = -1.02.
 # The vanilla loss would instead clip seq 1's tokens with ratios 2 and 0.5 one by one.
 GSPO_LOG_RATIO = [[math.log(2.0), math.log(0.5), 0.0], [math.log(1.21), 0.0, 50.0]]
 GSPO_M = [[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]]
 GSPO_ADV = [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
-def test_gspo_sequence_level_ratio(mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "expected", "token_weight"),
+    [("seq-mean-token-mean", ((-1 - 1 - 1) / 3 + (-1.05 - 1.05) / 2) / 2, 1 / 6), ("token-mean", -5.1 / 5, 1 / 5)],
+)
+def test_gspo_sequence_level_ratio(mode: str, expected: float, token_weight: float) -> None:
     old = torch.zeros(2, 3, dtype=torch.float64)
     new = t(GSPO_LOG_RATIO).requires_grad_(True)
     pg_loss, clipfrac, ppo_kl, lower = compute_policy_loss_gspo(
         old, new, t(GSPO_ADV), t(GSPO_M), cliprange=0.05, loss_agg_mode=mode
     )
-    close(pg_loss, ((-1 - 1 - 1) / 3 + (-1.05 - 1.05) / 2) / 2)
+    close(pg_loss, expected)
     close(clipfrac, 2 / 5)  # seq 2's two tokens
     close(lower, 0.0)  # no dual clip in GSPO
     # ppo_kl is the token-level masked mean of old - new: -(log2 + log.5 + log1.21) / 5
     close(ppo_kl, -math.log(1.21) / 5)
     # Gradient: each token of an unclipped sequence gets -A * s_i times its weight in the
-    # seq-mean-token-mean (1/3 of 1/2); clipped and padded tokens get none.
+    # aggregation (seq-mean-token-mean: 1/3 of 1/2; token-mean: 1/5); clipped and padded tokens get none.
     (grad,) = torch.autograd.grad(pg_loss, new)
-    close(grad, [[-1 / 6, -1 / 6, -1 / 6], [0.0, 0.0, 0.0]])
+    w = -token_weight
+    close(grad, [[w, w, w], [0.0, 0.0, 0.0]])
 
 
 def test_gspo_clip_higher_and_checks() -> None:
@@ -432,11 +446,19 @@ KL_REF = [-2.0, -0.5, 0.0, -30.0]
 def test_kl_penalty_types(names: tuple[str, ...], expected: list[float]) -> None:
     for name in names:
         close(kl_penalty(t(KL_LP), t(KL_REF), name), expected)
+        # verl's straight-through variant: the same value, and k2's gradient lp - ref
+        lp = t(KL_LP).requires_grad_(True)
+        value = kl_penalty(lp, t(KL_REF), name + "+")
+        close(value, expected)
+        (grad,) = torch.autograd.grad(value.sum(), lp)
+        close(grad, [1.0, -1.5, -30.0, 30.0])
 
 
 def test_kl_penalty_unknown() -> None:
     with pytest.raises(ValueError, match="low_var_kl"):
         kl_penalty(t(KL_LP), t(KL_REF), "full")
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(t(KL_LP), t(KL_REF), "full+")
 
 
 def test_fixed_kl_controller() -> None:
@@ -531,20 +553,22 @@ def test_adv_estimator_registry() -> None:
     assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
     assert get_adv_estimator_fn("rloo") is compute_rloo_outcome_advantage
     assert get_adv_estimator_fn("reinforce_plus_plus") is compute_reinforce_plus_plus_outcome_advantage
-    with pytest.raises(ValueError, match=r"unknown advantage estimator 'ppo'.*gae, grpo"):
+    with pytest.raises(
+        ValueError, match=r"unknown advantage estimator 'ppo'.*gae, gdpo, gpg, grpo, grpo_passk, grpo_vectorized"
+    ):
         get_adv_estimator_fn("ppo")
 
 
 def test_policy_loss_registry() -> None:
     assert get_policy_loss_fn("vanilla") is compute_policy_loss
     assert get_policy_loss_fn("gspo") is compute_policy_loss_gspo
-    with pytest.raises(ValueError, match=r"unknown policy loss 'gpg'.*gspo, vanilla"):
-        get_policy_loss_fn("gpg")
+    with pytest.raises(ValueError, match=r"unknown policy loss 'ppo'.*gspo.*vanilla"):
+        get_policy_loss_fn("ppo")
 
 
 def test_registering_new_entries(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(algos, "ADV_ESTIMATOR_REGISTRY", dict(algos.ADV_ESTIMATOR_REGISTRY))
-    monkeypatch.setattr(algos, "POLICY_LOSS_REGISTRY", dict(algos.POLICY_LOSS_REGISTRY))
+    monkeypatch.setattr(advantage, "ADV_ESTIMATOR_REGISTRY", dict(advantage.ADV_ESTIMATOR_REGISTRY))
+    monkeypatch.setattr(policy_loss, "POLICY_LOSS_REGISTRY", dict(policy_loss.POLICY_LOSS_REGISTRY))
 
     @register_adv_est("mine")
     def mine(token_level_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

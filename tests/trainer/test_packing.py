@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from rlkube_api.config import RewardConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import models, packing
-from rlkube_trainer.algos import agg_loss
+from rlkube_trainer.algos import LOSS_AGG_MODES, agg_loss
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
@@ -179,7 +179,7 @@ def test_token_bins_fit_the_budget_and_cover_every_sample() -> None:
         token_bins(lengths, 8, "actor.ppo_max_token_len_per_gpu")
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_loss_scale_weights_sum_a_mini_batch_back_together(mode: str) -> None:
     batch = make_batch()
     batch.response_mask[1] = 0  # a sequence without response tokens counts in no mean
@@ -232,7 +232,7 @@ VARIANTS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_actor_gradients_are_the_whole_mini_batchs_however_it_is_cut(
     model_dir: Path, tmp_path: Path, mode: str
 ) -> None:
@@ -250,9 +250,10 @@ def test_actor_gradients_are_the_whole_mini_batchs_however_it_is_cut(
         assert_same_grads(captured_gradients(actor, batch), expected)
 
 
-def test_gspo_weighs_its_own_aggregation(model_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("policy_loss", ["sapo", "geo_mean"])
+def test_a_loss_with_its_own_aggregation_weighs_it(model_dir: Path, tmp_path: Path, policy_loss: str) -> None:
     batch = make_batch()
-    common = {"policy_loss": "gspo", "loss_agg_mode": "token-mean", "use_kl_loss": True, "kl_loss_coef": 0.5}
+    common = {"policy_loss": policy_loss, "loss_agg_mode": "token-mean", "use_kl_loss": True, "kl_loss_coef": 0.5}
     whole = Actor(
         role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
     )

@@ -80,6 +80,59 @@ def test_grpo_dapo_reinforce_and_reward_model_settings_arrive() -> None:
     assert rm.reward.function is None and rm.roles.reward is not None
 
 
+def test_verl_091_loss_and_estimator_keys_arrive() -> None:
+    config = convert(
+        variant(
+            **{
+                "algorithm.adv_estimator": "reinforce_plus_plus_baseline",
+                "actor_rollout_ref.rollout.n": 4,  # a group estimator
+                "actor_rollout_ref.actor.loss_agg_mode": "seq-mean-token-sum-norm",
+                "actor_rollout_ref.actor.loss_scale_factor": 4096,
+                "actor_rollout_ref.actor.kl_loss_type": "k3+",
+                "actor_rollout_ref.actor.tau_pos": 1.2,
+                "actor_rollout_ref.actor.tau_neg": 1.5,
+                "actor_rollout_ref.actor.policy_loss": {
+                    "loss_mode": "clip_cov",
+                    "clip_cov_ratio": 0.001,
+                    "clip_cov_lb": 0.5,
+                    "clip_cov_ub": 4.0,
+                    "kl_cov_ratio": 0.002,
+                    "ppo_kl_coef": 0.2,
+                    "dro_beta": 0.3,
+                },
+                "actor_rollout_ref.actor.calculate_sum_pi_squared": False,
+                "critic.loss_scale_factor": 2048,
+            }
+        )
+    ).config
+    actor = config.actor
+    assert config.algorithm.adv_estimator == "reinforce_plus_plus_baseline"
+    assert (actor.loss_agg_mode, actor.loss_scale_factor, actor.kl_loss_type) == (
+        "seq-mean-token-sum-norm",
+        4096,
+        "k3+",
+    )
+    assert (actor.tau_pos, actor.tau_neg, actor.policy_loss) == (1.2, 1.5, "clip_cov")
+    assert (actor.clip_cov_ratio, actor.clip_cov_lb, actor.clip_cov_ub) == (0.001, 0.5, 4.0)
+    assert (actor.kl_cov_ratio, actor.ppo_kl_coef, actor.dro_beta) == (0.002, 0.2, 0.3)
+    assert config.critic.loss_scale_factor == 2048
+    gdpo = convert(
+        variant(
+            **{
+                "algorithm.adv_estimator": "gdpo",
+                "actor_rollout_ref.rollout.n": 4,
+                "algorithm.gdpo_reward_keys": ["format", "acc"],
+                "algorithm.gdpo_reward_weights": [1.0, 0.5],
+            }
+        )
+    ).config.algorithm
+    assert (gdpo.adv_estimator, gdpo.gdpo_reward_keys, gdpo.gdpo_reward_weights) == (
+        "gdpo",
+        ["format", "acc"],
+        [1.0, 0.5],
+    )
+
+
 def test_fsdp_settings_arrive_for_each_role() -> None:
     config = convert(
         variant(
@@ -118,7 +171,10 @@ REFUSED = [
     ("no-reward", {"custom_reward_function.path": None}, "custom_reward_function.path: required"),
     ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: ${actor_rollout_ref.actor.nope} names no key"),
     ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
-    ("unknown-estimator", {"algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator"),
+    ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
+    ("remax-needs-a-greedy-rollout", {"algorithm.adv_estimator": "remax"}, "greedy baseline rollout"),
+    ("sum-pi-squared", {"actor_rollout_ref.actor.calculate_sum_pi_squared": True}, "actor_rollout_ref.actor.calculate_sum_pi_squared: calculate_sum_pi_squared is not supported"),
+    ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
 ]  # fmt: skip
 
 

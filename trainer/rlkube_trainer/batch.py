@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Self
+from typing import Any, Self
 
 import torch
 
@@ -39,6 +39,9 @@ class TrainBatch:
     token_level_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    # The reward function's other per-sample numbers by key (verl's reward_extra_info): GDPO's
+    # reward components. Indexed with the samples like every tensor field.
+    reward_extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -49,9 +52,11 @@ class TrainBatch:
 
     def select(self, index: torch.Tensor | slice) -> Self:
         """The samples at `index` (every per-sample tensor indexed alike)."""
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: v[index] for k, v in value.items()}
             fields[f.name] = value[index] if isinstance(value, torch.Tensor) else value
         return type(self)(**fields)
 
@@ -59,9 +64,11 @@ class TrainBatch:
         return [self.select(slice(i, i + size)) for i in range(0, len(self), size)]
 
     def to(self, device: torch.device | str) -> Self:
-        fields = {}
+        fields: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: v.to(device) for k, v in value.items()}
             fields[f.name] = value.to(device) if isinstance(value, torch.Tensor) else value
         return type(self)(**fields)
 

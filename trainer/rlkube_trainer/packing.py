@@ -246,9 +246,10 @@ class LossScale:
     `agg_loss` over the whole mini-batch, across the group's ranks (whose gradients are averaged,
     hence the factor `ranks`): the micro-batch's denominator over the mini-batch's.
 
-    token-mean divides by tokens, the seq-mean modes by sequences that have tokens (as
-    `algos.agg_loss` counts them), seq-mean-token-sum-norm by the response length, which every
-    micro-batch shares."""
+    token-mean divides by tokens, the seq-mean modes (seq-mean-token-sum-norm too, which then
+    divides by a constant) by sequences that have tokens (as `algos.agg_loss` counts them);
+    token-sum divides by nothing, so only the ranks' averaging is undone. As verl 0.9.1's
+    `agg_loss` with the global batch's token and sequence counts."""
 
     tokens: float  # response tokens of the mini-batch, all ranks
     sequences: float  # its sequences with at least one response token, all ranks
@@ -268,9 +269,9 @@ class LossScale:
     def weight(self, mode: LossAggMode | str, micro_mask: torch.Tensor) -> float:
         if mode == "token-mean":
             share, total = float(micro_mask.sum()), self.tokens
-        elif mode == "seq-mean-token-sum-norm":
+        elif mode == "token-sum":
             share, total = 1.0, 1.0
-        elif mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        elif mode in ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
             share, total = float((micro_mask.sum(-1) > 0).sum()), self.sequences
         else:
             raise ValueError(f"unknown loss_agg_mode {mode!r}")

@@ -11,7 +11,6 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ import torch
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.algos import (
     apply_kl_penalty,
+    call_with,
     get_adv_estimator_fn,
     get_kl_controller,
     keep_mixed_groups,
@@ -129,13 +129,6 @@ class Roles:
     critic: Critic | None = None
 
 
-def call_with(fn: Callable[..., Any], **available: Any) -> Any:
-    """Calls fn with the arguments it names, from those available (estimators differ
-    in what they need: values for gae, the group index for grpo/rloo, ...)."""
-    params = inspect.signature(fn).parameters
-    return fn(**{name: value for name, value in available.items() if name in params})
-
-
 class Timer:
     """timing_s/<name> for each phase of a step."""
 
@@ -161,6 +154,19 @@ def rollout_probs_diff(batch: TrainBatch) -> Metrics:
         "training/rollout_probs_diff_mean": masked_mean(diff, batch.response_mask).item(),
         "training/rollout_probs_diff_max": picked.max().item() if picked.numel() else 0.0,
     }
+
+
+def reward_components(batch: TrainBatch, keys: list[str]) -> list[torch.Tensor]:
+    """The per-sample reward components named by algorithm.gdpo_reward_keys (GDPO), from the
+    numbers the reward function returned beside its score."""
+    missing = [k for k in keys if k not in batch.reward_extra]
+    if missing:
+        known = ", ".join(sorted(batch.reward_extra)) or "none"
+        raise ValueError(
+            f"algorithm.gdpo_reward_keys {missing} are not among the reward function's per-sample "
+            f"numbers ({known}); its compute_score must return a dict with these keys"
+        )
+    return [batch.reward_extra[k] for k in keys]
 
 
 def on_policy(config: TrainerConfig, samples: int) -> bool:
@@ -309,6 +315,7 @@ class PPOTrainer:
         batch = build_batch(kept_prompts, RolloutBatch(kept_samples, rollout.n), self.pad_token_id)
         scored = Scored.concat(kept_scored)
         batch.token_level_scores = token_level_scores(scored.scores, batch.response_mask)
+        batch.reward_extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in scored.extra.items()}
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
         if filter_groups.enable:
             metrics["train/num_gen_batches"] = float(rounds)
@@ -383,6 +390,8 @@ class PPOTrainer:
                 gamma=algo.gamma,
                 lam=algo.lam,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                reward_components=reward_components(batch, algo.gdpo_reward_keys),
+                reward_weights=algo.gdpo_reward_weights,
             )
 
         if roles.critic is not None:
@@ -394,7 +403,7 @@ class PPOTrainer:
 
     def step_metrics(self, batch: TrainBatch, metrics: Metrics, timer: Timer, synced: int) -> Metrics:
         """A step's metrics beyond its phases': data, timings, throughput (verl's names)."""
-        metrics.update(compute_data_metrics(batch))
+        metrics.update(compute_data_metrics(batch, self.config.data.max_prompt_length))
         metrics.update(timer.seconds)
         metrics.update(compute_throughput_metrics(batch, timer.seconds["timing_s/step"], self.num_gpus))
         if synced and timer.seconds["timing_s/update_weights"] > 0:

@@ -269,13 +269,14 @@ def compute_policy_loss_reinforce(
     response_mask: torch.Tensor,
     loss_agg_mode: str = "seq-mean-token-sum",
     rollout_is_weights: torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """verl's REINFORCE loss of bypass mode: -A * log pi (* the detached weight), unclipped.
     Returns (pg_loss, ppo_kl), ppo_kl being KL(rollout || current) by the direct estimator."""
     pg_losses = -advantages * log_prob
     if rollout_is_weights is not None:
         pg_losses = pg_losses * rollout_is_weights
-    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
+    pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode, loss_scale_factor)
     return pg_loss, masked_mean(rollout_log_prob - log_prob, response_mask).detach()
 
 
@@ -290,6 +291,7 @@ def bypass_policy_loss(
     cliprange_high: float | None,
     clip_ratio_c: float,
     loss_agg_mode: str,
+    loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Metrics]:
     """verl's bypass_mode policy loss: weights and rejection mask of the current policy against
     the engine's, then ppo_clip (the ratio to the engine's policy, clipped; no weights: the ratio
@@ -301,7 +303,7 @@ def bypass_policy_loss(
         )
     if config.loss_type == "reinforce":
         pg_loss, ppo_kl = compute_policy_loss_reinforce(
-            rollout_log_prob, log_prob, advantages, mask, loss_agg_mode, weights
+            rollout_log_prob, log_prob, advantages, mask, loss_agg_mode, weights, loss_scale_factor
         )
         zero = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
         return pg_loss, zero, ppo_kl, zero, metrics
@@ -315,5 +317,6 @@ def bypass_policy_loss(
         cliprange_high,
         clip_ratio_c,
         loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
     )
     return pg_loss, clipfrac, ppo_kl, clipfrac_lower, metrics

@@ -218,14 +218,27 @@ RULES: dict[str, Rule] = {
             "clip_ratio_high",
             "clip_ratio_c",
             "loss_agg_mode",
+            "loss_scale_factor",
             "entropy_coeff",
             "use_kl_loss",
             "kl_loss_coef",
             "kl_loss_type",
             "grad_clip",
+            "tau_pos",
+            "tau_neg",
         )
     },
     f"{_ACTOR}.policy_loss.loss_mode": To("actor.policy_loss"),
+    # The settings of particular losses sit beside actor.policy_loss in rlkube.
+    **{
+        f"{_ACTOR}.policy_loss.{k}": To(f"actor.{k}")
+        for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
+    },
+    f"{_ACTOR}.calculate_sum_pi_squared": Ignored(
+        "only the optimal token baseline reads it",
+        _falsy,
+        "calculate_sum_pi_squared is not supported (nor optimal_token_baseline, which needs it)",
+    ),
     f"{_ACTOR}.fsdp_config.fsdp_size": To("roles.actor.fsdp_size", _none_if_negative),
     **_micro_batch(_ACTOR),
     **_optim(f"{_ACTOR}.optim", "actor.optim"),
@@ -309,6 +322,7 @@ RULES: dict[str, Rule] = {
             "ppo_epochs",
             "cliprange_value",
             "loss_agg_mode",
+            "loss_scale_factor",
             "grad_clip",
         )
     },
@@ -370,6 +384,8 @@ RULES: dict[str, Rule] = {
             "rollout_is_batch_normalize",
         )
     },
+    "algorithm.gdpo_reward_keys": To("algorithm.gdpo_reward_keys", lambda v: [] if v is None else list(v)),
+    "algorithm.gdpo_reward_weights": To("algorithm.gdpo_reward_weights", lambda v: None if v is None else list(v)),
     "algorithm.use_pf_ppo": Ignored("no preference feedback", _falsy, "use_pf_ppo is not supported"),
     "algorithm.pf_ppo": Ignored("only read with use_pf_ppo"),
     "algorithm.filter_groups": Ignored(

@@ -13,6 +13,7 @@ from rlkube_trainer.algos import (
     FIXED_LOSS_AGG_MODES,
     PolicyLossFn,
     agg_loss,
+    call_with,
     compute_entropy_loss,
     get_policy_loss_fn,
     kl_penalty,
@@ -40,7 +41,7 @@ def actor_loss(
     `use_kl_loss`; with verl's actor/* metrics. Without old log-probs (an on-policy update,
     see ppo.on_policy) the policy's own, detached, are the old ones. With `scale`, each term is
     weighed by the micro-batch's share of its mini-batch under the term's aggregation (the
-    policy loss's may be its own, as GSPO's). With `correction` in bypass mode, verl's bypass loss
+    policy loss's may be its own, as SAPO's). With `correction` in bypass mode, verl's bypass loss
     replaces the policy loss (rollout_correction.bypass_policy_loss)."""
     assert micro.advantages is not None
     old_log_probs = micro.old_log_probs if micro.old_log_probs is not None else log_prob.detach()
@@ -64,19 +65,31 @@ def actor_loss(
             config.clip_ratio_high,
             config.clip_ratio_c,
             config.loss_agg_mode,
+            config.loss_scale_factor,
         )
     else:
-        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = policy_loss(
-            old_log_probs,
-            log_prob,
-            micro.advantages,
-            mask,
+        # Each loss takes the settings it declares (sapo its taus, dro its beta, ...).
+        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = call_with(
+            policy_loss,
+            old_log_prob=old_log_probs,
+            log_prob=log_prob,
+            advantages=micro.advantages,
+            response_mask=mask,
             cliprange=config.clip_ratio,
             cliprange_low=config.clip_ratio_low,
             cliprange_high=config.clip_ratio_high,
             clip_ratio_c=config.clip_ratio_c,
             loss_agg_mode=config.loss_agg_mode,
+            loss_scale_factor=config.loss_scale_factor,
             rollout_is_weights=micro.rollout_is_weights,
+            tau_pos=config.tau_pos,
+            tau_neg=config.tau_neg,
+            clip_cov_ratio=config.clip_cov_ratio,
+            clip_cov_lb=config.clip_cov_lb,
+            clip_cov_ub=config.clip_cov_ub,
+            kl_cov_ratio=config.kl_cov_ratio,
+            ppo_kl_coef=config.ppo_kl_coef,
+            dro_beta=config.dro_beta,
         )
     metrics |= {
         "actor/pg_loss": pg_loss.item(),
@@ -86,12 +99,17 @@ def actor_loss(
     }
     loss = pg_loss * weight(FIXED_LOSS_AGG_MODES.get(config.policy_loss, config.loss_agg_mode))
     if entropy is not None:
-        entropy_loss = compute_entropy_loss(entropy, mask, config.loss_agg_mode)
+        entropy_loss = compute_entropy_loss(entropy, mask, config.loss_agg_mode, config.loss_scale_factor)
         loss = loss - config.entropy_coeff * weight(config.loss_agg_mode) * entropy_loss
         metrics["actor/entropy"] = entropy_loss.item()
     if config.use_kl_loss:
         assert micro.ref_log_probs is not None
-        kl_loss = agg_loss(kl_penalty(log_prob, micro.ref_log_probs, config.kl_loss_type), mask, config.loss_agg_mode)
+        kl_loss = agg_loss(
+            kl_penalty(log_prob, micro.ref_log_probs, config.kl_loss_type),
+            mask,
+            config.loss_agg_mode,
+            config.loss_scale_factor,
+        )
         loss = loss + config.kl_loss_coef * weight(config.loss_agg_mode) * kl_loss
         metrics["actor/kl_loss"] = kl_loss.item()
         metrics["actor/kl_coef"] = config.kl_loss_coef

@@ -81,6 +81,7 @@ class Critic(Trainable):
             micro.response_mask,
             self.config.cliprange_value,
             self.config.loss_agg_mode,
+            self.config.loss_scale_factor,
         )
         metrics = {
             "critic/vf_loss": vf_loss.item(),
