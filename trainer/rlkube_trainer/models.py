@@ -118,7 +118,7 @@ def apply_liger(model: nn.Module) -> None:
     rotary patch replaces the function of the model's transformers module, for every model of that
     type in the process."""
     try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance  # type: ignore[import-not-found]  # noqa: PLC0415
     except ImportError as exc:
         raise RuntimeError("model.useLiger needs the liger-kernel package in the trainer's image") from exc
     _apply_liger_kernel_to_instance(
