@@ -11,7 +11,7 @@
 #   bash bench/gpu/issue34_s12.sh pair            # GRPO on vLLM 0.24, then on vLLM 0.26
 #   bash bench/gpu/issue34_s12.sh verl-start      # verl alone, in the background (setsid), with a sampled profile
 #   WAIT_S=560 bash bench/gpu/issue34_s12.sh verl-wait   # wait for it; FINAL=1 stops it; copies what it has to $OUT
-#   bash bench/gpu/issue34_s12.sh liger           # GRPO with model.use_liger=true (+ the plain run again: PLAIN=1)
+#   bash bench/gpu/issue34_s12.sh liger           # model.use_liger: logits check, actor update plain vs liger (liger_bench.py)
 #
 # Outputs go to $OUT (the device tool's folder; emptied before each call): at most 8 files.
 set -euo pipefail
@@ -39,7 +39,7 @@ grpo() {  # grpo NAME PYTHONPATH [--set k=v ...]: GRPO steps at the benchmark sh
   shift 2
   elapsed "GRPO $name (PYTHONPATH=$path $*)"
   PYTHONPATH="$path" timeout "${RUN_TIMEOUT:-260}" python3 "$here/grpo_bench.py" rlkube --out "$out/$name.json" \
-    --steps "${STEPS:-5}" --budget 600 \
+    --steps "${STEPS:-4}" --budget 600 \
     --skip weight_sync,rollout_variants,profile_actor,profile_rollout,ppo,actor_update_variants,grpo_kl "$@" \
     >"$state/$name.full.log" 2>&1 || echo "GRPO $name exited with $?"
   grep -vE "^(INFO|WARNING|\(EngineCore)|Capturing|Loading|Writing" "$state/$name.full.log" | cut -c1-600 |
@@ -179,8 +179,10 @@ print("norm forward:", layer.input_layernorm.forward.__qualname__, "| mlp forwar
       "| rotary:", sys.modules[type(model).__module__].apply_rotary_pos_emb.__name__)
 print(f"liger logits vs plain: max abs diff {(liger - plain).abs().max().item():.3e}, plain max {plain.abs().max().item():.2f}")
 PY
-    grpo grpo-liger /tmp/liger-site:$site --set model.use_liger=true
-    if [ -n "${PLAIN:-}" ]; then grpo grpo-plain-again $site; fi
+    # The actor update alone, plain then liger, the trainer's Actor on a synthetic GRPO batch.
+    PYTHONPATH=/tmp/liger-site:$site timeout "${LIGER_TIMEOUT:-200}" python3 "$here/liger_bench.py" \
+      --out "$out/liger.json" 2>&1 | grep -E "^\[|Error|error" | grep -v Loading | cut -c1-600 | tail -8 || true
+    if [ -n "${GRPO_LIGER:-}" ]; then grpo grpo-liger /tmp/liger-site:$site --set model.use_liger=true; fi
     ;;
   *)
     echo "unknown phase $1" >&2
