@@ -114,6 +114,12 @@ class ModelConfig(ApiModel):
         "concatenated into one row without padding and attend only within themselves (FlexAttention with a "
         "document mask on GPU), so no compute goes to padding. The same numbers as padded batches.",
     )
+    use_liger: bool = Field(
+        False,
+        description="liger-kernel's Triton kernels for RMSNorm, the SwiGLU MLP and rotary embeddings in the actor "
+        "and reference models (verl's model.use_liger; the trainer image must hold the liger-kernel package). The "
+        "log-probs still come from the trainer's chunked LM head.",
+    )
 
 
 class DataConfig(ApiModel):

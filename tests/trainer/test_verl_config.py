@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import copy
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from torch import nn
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.validation import load_trainer_config, parse_rljob
 from rlkube_trainer.cli import main
+from rlkube_trainer.models import apply_liger
 from rlkube_trainer.verl_config import RULES, To, VerlConfigError, convert
 from tests.trainer.verl_examples import DAPO, EXAMPLES, GRPO, PPO_GSM8K, REINFORCE, REWARD_MODEL, variant
 
@@ -290,3 +293,12 @@ def test_trainer_v1_keys_arrive_and_what_is_not_supported_is_refused_by_name() -
     verl["trainer"]["v1"]["trainer_mode"] = "separate_async"  # the example's rollout is colocated
     with pytest.raises(Exception, match="separate_async needs separate rollout pods"):
         convert(verl)
+
+
+def test_use_liger_arrives_and_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    conversion = convert(variant(**{"actor_rollout_ref.model.use_liger": True}))
+    assert conversion.config.model.use_liger
+    assert ("actor_rollout_ref.model.use_liger", "model.use_liger") in conversion.mapped
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not importable
+    with pytest.raises(RuntimeError, match="liger-kernel"):
+        apply_liger(nn.Linear(2, 2))

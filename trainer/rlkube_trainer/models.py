@@ -111,6 +111,21 @@ class CriticModel(nn.Module):
         return values
 
 
+def apply_liger(model: nn.Module) -> None:
+    """model.use_liger (verl's key): liger-kernel's Triton RMSNorm, SwiGLU MLP and rotary embedding
+    on this model instance, as verl's use_liger applies them. liger's fused linear cross-entropy and
+    its cross-entropy are not used: the log-probs come from `chunked_scores` either way. liger's
+    rotary patch replaces the function of the model's transformers module, for every model of that
+    type in the process."""
+    try:
+        from liger_kernel.transformers import _apply_liger_kernel_to_instance  # type: ignore[import-not-found]  # noqa: PLC0415
+    except ImportError as exc:
+        raise RuntimeError("model.useLiger needs the liger-kernel package in the trainer's image") from exc
+    _apply_liger_kernel_to_instance(
+        model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
+    )
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """0, 1, 2, ... over the real tokens, whatever side the padding is on."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

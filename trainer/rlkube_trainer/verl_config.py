@@ -190,7 +190,7 @@ RULES: dict[str, Rule] = {
     f"{_MODEL}.override_config": Ignored("model config is used as saved", _falsy, "override_config is not supported"),
     f"{_MODEL}.use_remove_padding": To("model.use_remove_padding"),
     f"{_MODEL}.use_fused_kernels": Ignored(PERF),
-    f"{_MODEL}.use_liger": Ignored(PERF),
+    f"{_MODEL}.use_liger": To("model.use_liger"),
     f"{_MODEL}.enable_activation_offload": Ignored(NO_OFFLOAD, _falsy, "activation offload is not supported"),
     f"{_MODEL}.use_shm": Ignored("models are read from a mounted volume"),
     f"{_MODEL}.lora_rank": Ignored("full fine-tuning", _is(0, None), "LoRA is not supported"),

@@ -20,7 +20,7 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
-from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
@@ -149,6 +149,8 @@ class Actor(Trainable):
         def prepare(model: nn.Module) -> None:
             if config.model.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable()  # type: ignore[operator]
+            if config.model.use_liger:
+                apply_liger(model)
             if self.packed:
                 enable_packed_attention(model)
 

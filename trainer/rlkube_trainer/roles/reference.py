@@ -7,7 +7,7 @@ from torch import nn
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.models import causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import enable_packed_attention
 from rlkube_trainer.roles.actor import actor_batching
 from rlkube_trainer.roles.training import MicroBatching, autocast, load_distributed
@@ -23,6 +23,7 @@ class Reference:
         if config.actor.use_dynamic_bsz and budget is not None:
             self.batching = MicroBatching(self.batching.size, budget, "ref.log_prob_max_token_len_per_gpu")
         self.packed = config.model.use_remove_padding
+        self.liger = config.model.use_liger
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         path, remote = config.model.path, config.model.trust_remote_code
@@ -40,6 +41,8 @@ class Reference:
 
     def _prepare(self, model: nn.Module) -> None:
         model.eval().requires_grad_(False)
+        if self.liger:
+            apply_liger(model)
         if self.packed:
             enable_packed_attention(model)
 

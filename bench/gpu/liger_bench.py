@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""The actor update with and without model.use_liger (issue 34): the trainer's own Actor at
+grpo_bench's shape (random Qwen2.5-0.5B, 512 samples of 256 + 512 tokens, one mini-batch,
+micro-batch 16, bf16 under FSDP2 on one GPU), on a synthetic GRPO batch. Plain first: liger's
+patches replace functions of transformers' Qwen2 module for the whole process.
+
+  python3 bench/gpu/liger_bench.py --out OUT/liger.json [--repeats 2] [--tiny]
+
+Per variant: the log-probs of the first 32 samples before any update (the two variants must
+agree up to bf16 rounding), one warm-up update on 32 samples, then `repeats` timed updates on the
+whole batch (seconds, model TFLOP/s, share of the measured bf16 matmul rate, peak memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpo_bench as gb  # noqa: E402
+
+
+def synthetic_batch(shape: dict[str, int], vocab: int) -> object:
+    from rlkube_trainer.batch import TrainBatch
+
+    g = torch.Generator().manual_seed(0)
+    samples = shape["prompts"] * shape["n"]
+    seq = shape["prompt_len"] + shape["response_len"]
+    ids = torch.randint(3, vocab, (samples, seq), generator=g)
+    adv = torch.randn(samples, 1, generator=g).expand(samples, shape["response_len"]).contiguous()
+    return TrainBatch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        responses=ids[:, shape["prompt_len"] :].clone(),
+        response_mask=torch.ones(samples, shape["response_len"], dtype=torch.long),
+        group_index=torch.arange(samples) // shape["n"],
+        prompt_lengths=torch.full((samples,), shape["prompt_len"]),
+        advantages=adv,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/liger.json"))
+    parser.add_argument("--workdir", default="/tmp/rlkube-bench")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--variants", default="plain,liger")
+    parser.add_argument("--tiny", action="store_true", help="tiny model and shape on CPU (a check of this script)")
+    args = parser.parse_args()
+
+    from rlkube_trainer.roles.actor import Actor
+
+    arch, shape = (gb.TINY, gb.TINY_SHAPE) if args.tiny else (gb.QWEN25_05B, gb.FULL_SHAPE)
+    device = torch.device("cpu" if args.tiny else "cuda")
+    workdir = Path(args.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    res = gb.Results(args.out)
+    res.put("env", gb.environment())
+    res.put("ceilings", gb.matmul_tflops())
+    rate = res["ceilings"].get("bf16_matmul_tflops", 0.0) * 1e12
+    model_dir = gb.ensure_model(workdir / ("model-tiny" if args.tiny else "model-qwen2.5-0.5b"), arch)
+    batch = synthetic_batch(shape, arch["vocab_size"])
+    seq = shape["prompt_len"] + shape["response_len"]
+    first: torch.Tensor | None = None
+    for name in args.variants.split(","):
+        overrides = ["model.use_liger=true"] if name == "liger" else []
+        cfg = gb.trainer_config(workdir, model_dir, shape, "grpo", device=device.type, micro=4 if args.tiny else 16, overrides=overrides)
+        actor = Actor(cfg, device, 100)
+        layer = actor.model.model.layers[0]
+        kernels = f"norm {layer.input_layernorm.forward.__qualname__}, mlp {layer.mlp.forward.__qualname__}"
+        log_probs = actor.compute_log_prob(batch.select(slice(0, 32)))
+        diff = (log_probs - first).abs().max().item() if first is not None else 0.0
+        first = log_probs if first is None else first
+        actor.update(batch.select(slice(0, 32)))  # warm-up: kernels compiled, allocator grown
+        times, peak = [], 0.0
+        for _ in range(args.repeats):
+            dt, metrics = gb.timed(lambda: actor.update(batch))  # noqa: B023  # called at once
+            times.append(dt)
+            peak = max(peak, metrics.get("perf/max_memory_allocated_gb", 0.0))
+        flops = gb.train_flops(gb.matmul_params(actor.model), arch, len(batch), seq)
+        best = min(times)
+        row = {
+            "kernels": kernels,
+            "update_s": times,
+            "model_tflops": flops / best / 1e12,
+            "mfu": flops / best / rate if rate else None,
+            "peak_allocated_gb": peak,
+            "log_prob_max_abs_diff_vs_first": diff,
+        }
+        res.put(name, row)
+        gb.log(f"{name}: {json.dumps(row)}")
+        del actor
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
