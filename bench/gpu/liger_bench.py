@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import grpo_bench as gb  # noqa: E402
+import grpo_bench as gb
 
 
 def synthetic_batch(shape: dict[str, int], vocab: int) -> object:
-    from rlkube_trainer.batch import TrainBatch
+    from rlkube_trainer.batch import TrainBatch  # noqa: PLC0415  (after sys.path is set)
 
     g = torch.Generator().manual_seed(0)
     samples = shape["prompts"] * shape["n"]
@@ -52,7 +52,7 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape on CPU (a check of this script)")
     args = parser.parse_args()
 
-    from rlkube_trainer.roles.actor import Actor
+    from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415  (after sys.path is set)
 
     arch, shape = (gb.TINY, gb.TINY_SHAPE) if args.tiny else (gb.QWEN25_05B, gb.FULL_SHAPE)
     device = torch.device("cpu" if args.tiny else "cuda")
@@ -68,7 +68,9 @@ def main() -> int:
     first: torch.Tensor | None = None
     for name in args.variants.split(","):
         overrides = ["model.use_liger=true"] if name == "liger" else []
-        cfg = gb.trainer_config(workdir, model_dir, shape, "grpo", device=device.type, micro=4 if args.tiny else 16, overrides=overrides)
+        cfg = gb.trainer_config(
+            workdir, model_dir, shape, "grpo", device=device.type, micro=4 if args.tiny else 16, overrides=overrides
+        )
         actor = Actor(cfg, device, 100)
         layer = actor.model.model.layers[0]
         kernels = f"norm {layer.input_layernorm.forward.__qualname__}, mlp {layer.mlp.forward.__qualname__}"
@@ -78,7 +80,7 @@ def main() -> int:
         actor.update(batch.select(slice(0, 32)))  # warm-up: kernels compiled, allocator grown
         times, peak = [], 0.0
         for _ in range(args.repeats):
-            dt, metrics = gb.timed(lambda: actor.update(batch))  # noqa: B023  # called at once
+            dt, metrics = gb.timed(lambda actor=actor: actor.update(batch))
             times.append(dt)
             peak = max(peak, metrics.get("perf/max_memory_allocated_gb", 0.0))
         flops = gb.train_flops(gb.matmul_params(actor.model), arch, len(batch), seq)

@@ -138,3 +138,15 @@ def test_the_cli_exits_with_the_config_code_before_starting_ray(task: Path, tmp_
     assert result.returncode == ExitCode.CONFIG
     assert "error: model.path (RLJob spec.model.path) '/no/such/model': does not exist" in result.stderr
     assert "Traceback" not in result.stderr and "Ray" not in result.stderr
+
+
+def test_use_liger_without_liger_kernel_is_refused_naming_the_field(task: Path, tmp_path: Path) -> None:
+    """The CPU environment (the venv and the CPU image) has no liger-kernel: model.use_liger is
+    refused before training, not an import error in the actor once the gang runs."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("liger_kernel") is not None:
+        pytest.skip("liger-kernel is installed here")
+    error = failure(config_with(task, tmp_path, model__use_liger=True))
+    assert error.key == "model.use_liger"
+    assert "spec.model.useLiger" in str(error) and "liger-kernel" in str(error)

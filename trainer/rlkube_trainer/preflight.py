@@ -12,6 +12,7 @@ driver exits with the same code for it.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import re
@@ -213,6 +214,16 @@ def check_driver(config: TrainerConfig) -> None:
         check_data_file(f"data.val_files[{i}]", path, config)
     check_reward_function(config)
     check_checkpoint_dir(config.checkpoint.dir)
+    check_packages(config)
+
+
+def check_packages(config: TrainerConfig) -> None:
+    """The optional packages the config asks for are in this image (every pod of a job runs
+    the same one): refused now, not as an import error in the actor after the gang started."""
+    if config.model.use_liger and importlib.util.find_spec("liger_kernel") is None:
+        raise PreflightError(
+            "model.use_liger", None, "needs the liger-kernel package, which this trainer image does not hold"
+        )
 
 
 def check_group(config: TrainerConfig, group: str) -> None:
