@@ -70,7 +70,7 @@ case "${1:?phase}" in
           *liger*) python3 -m pip install -q --no-index --no-deps --target /tmp/liger-site "$w" ;;
         esac
       done
-      ls /tmp/tools-site/bin /tmp/liger-site 2>&1 | tr '\n' ' '
+      find /tmp/tools-site/bin /tmp/liger-site -maxdepth 1 2>&1 | tr '\n' ' '
       echo
     fi
     if [ -f /tmp/vllm-next-wheels/manifest-batches.txt ] && [ ! -d $next_site/vllm ]; then
@@ -124,6 +124,8 @@ case "${1:?phase}" in
       done
     ) &
     sampler=$!
+    # VERL_ARGS is several words on purpose.
+    # shellcheck disable=SC2086
     PYTHONPATH=$site timeout "${VERL_TIMEOUT:-1000}" python3 "$here/verl_bench.py" run --steps "${VERL_STEPS:-6}" \
       --out "$vout/verl.json" ${VERL_ARGS:-} >"$vout/verl-console.log" 2>&1
     echo "verl_bench exited with $?" >>"$vout/verl-run.log"
