@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import kopf
 
+from rlkube_api.event_message import fit_event_message
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
@@ -230,7 +231,11 @@ async def _job_loop(
             tracked.remember_written(result.written)
         for event in result.events:
             kopf.event(
-                kopf.Body(cast(kopf.RawBody, tracked.body)), type=event.type, reason=event.reason, message=event.message
+                kopf.Body(cast(kopf.RawBody, tracked.body)),
+                type=event.type,
+                reason=event.reason,
+                # A longer message is refused and the Event lost (a pod's log tail is long).
+                message=fit_event_message(event.message),
             )
         if result.state:
             was, tracked.state = tracked.state, result.state

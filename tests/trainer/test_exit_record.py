@@ -16,6 +16,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
+from rlkube_api.event_message import EVENT_MESSAGE_LIMIT
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env
 from rlkube_e2e.testing import ClusterInfo, Kubectl
@@ -23,7 +24,7 @@ from rlkube_operator.children.rbac import rbac_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.observed import departed_pod, view_pod
 from rlkube_trainer import cli, exit_record
-from rlkube_trainer.exit_record import EVENT_MESSAGE_LIMIT, exit_event, record_exit
+from rlkube_trainer.exit_record import exit_event, record_exit
 from tests.operator.helpers import CPU, load_job
 from tests.trainer.test_reporting import create_pod, fake_service_account_dir
 
@@ -55,10 +56,10 @@ def test_the_event_names_the_pod_its_exit_code_and_message() -> None:
     )
 
 
-def test_a_long_message_keeps_its_end() -> None:
+def test_a_long_message_keeps_its_start_and_end_within_the_api_servers_limit() -> None:
     message = exit_event(1, "Traceback\n" + "x" * 5000 + "\nValueError: the cause", POD, "u", "ns", WHEN)["message"]
-    assert len(message) == EVENT_MESSAGE_LIMIT
-    assert message.startswith("…") and message.endswith("ValueError: the cause")
+    assert len(message.encode()) <= EVENT_MESSAGE_LIMIT
+    assert message.startswith("Traceback") and message.endswith("ValueError: the cause")
 
 
 @pytest.mark.parametrize("missing", [Env.POD_NAME, Env.POD_UID, Env.NAMESPACE])

@@ -54,7 +54,15 @@ def _fail(code: ExitCode, message: str) -> int:
     return int(code)
 
 
+SIGTERM_MESSAGE = "stopped by SIGTERM: the pod was deleted, preempted or drained from its node"
+
+
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415  (imported by _in_pod already)
+
+    # The pod's termination message says why it ended, instead of the log's last lines (the
+    # operator puts it into the job's condition and Event).
+    write_termination_message(SIGTERM_MESSAGE)
     # SystemExit, not an Exception: no handler of the trainer's takes it for an error, and
     # `finally` blocks (the Ray worker a role pod started, the health server) still run.
     raise SystemExit(128 + signum)
@@ -68,6 +76,8 @@ def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     killed only at the end of the grace period."""
 
     def run(args: argparse.Namespace) -> int:
+        import rlkube_trainer.preflight  # noqa: F401, PLC0415  (loaded before a signal needs it)
+
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return handler(args)

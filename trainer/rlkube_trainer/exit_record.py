@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rlkube_api.event_message import fit_event_message
 from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env
 from rlkube_trainer.progress import SERVICE_ACCOUNT_DIR, in_cluster_api
 
@@ -33,9 +34,6 @@ log = logging.getLogger("rlkube.trainer.exit")
 
 # The Event's reportingComponent and source: what `kubectl describe pod` shows as "From".
 COMPONENT = "rlkube-trainer"
-# The most of the message an Event carries: its end, where the error is (events.k8s.io's
-# limit for a note; the operator keeps as much in a condition).
-EVENT_MESSAGE_LIMIT = 1024
 # Seconds for the one request (connect and read): the container is on its way out.
 REQUEST_TIMEOUT = 5.0
 
@@ -55,7 +53,7 @@ def exit_event(code: int, message: str, pod: str, pod_uid: str, namespace: str, 
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace, "uid": pod_uid},
         "type": "Warning",
         "reason": EVENT_TRAINER_EXITED,
-        "message": message if len(message) <= EVENT_MESSAGE_LIMIT else "…" + message[1 - EVENT_MESSAGE_LIMIT :],
+        "message": fit_event_message(message),
         "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT,
         "reportingInstance": pod,
