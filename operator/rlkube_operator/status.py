@@ -32,6 +32,7 @@ A terminal job never gets pods again; its children go after ttlSecondsAfterFinis
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -504,6 +505,20 @@ def pods_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[PodV
     ]
 
 
+_MOUNT_FAILED = re.compile(r'for volume "([^"]+)"')
+
+
+def name_volume_source(job: RLJob, cause: str) -> str:
+    """The kubelet's mount error names the pod's volume, not what the user wrote ("configmap
+    references non-existent config key" says nothing of which ConfigMap): the volume's
+    source is added from the job's pods."""
+    mount = _MOUNT_FAILED.search(cause)
+    if mount is None:
+        return cause
+    sources = [f"{ref.kind} {ref.name}" for ref in job_references(job) if ref.use == f"volume {mount[1]}"]
+    return f"{cause} (volume {mount[1]}: {', '.join(sources)})" if sources else cause
+
+
 def stuck_before_start(p: _Pass) -> Fate | None:
     """A scheduled pod whose containers never start (a ConfigMap, Secret or claim that cannot
     be mounted, say) ends the job after pendingTimeoutSeconds with the kubelet's message. A pod
@@ -519,6 +534,7 @@ def stuck_before_start(p: _Pass) -> Fate | None:
         if not cause:
             p.requeue.append(STARTING_RECHECK_SECONDS)
             continue
+        cause = name_volume_source(p.job, cause)
         return p.finish(
             State.FAILED,
             ConditionType.FAILED,

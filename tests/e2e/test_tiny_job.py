@@ -246,6 +246,6 @@ def test_a_pod_whose_volume_cannot_be_mounted_ends_the_job_with_the_reason(
         raise AssertionError(f"{error}\n{_failure_context(job, kubectl, namespace, operator_process)}") from error
     failed = next(c for c in final["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "ContainersNotStarted", failed
-    # The kubelet's own words ("couldn't find key ... in ConfigMap ..."); what matters is that
-    # the key and its ConfigMap are named.
+    # The kubelet's words name the key and the pod's volume ("configmap references non-existent
+    # config key"); the operator adds the volume's ConfigMap. Both must be named.
     assert reward["key"] in failed["message"] and reward["name"] in failed["message"], failed

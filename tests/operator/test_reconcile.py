@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.conditions import State
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
-from rlkube_operator.status import REFERENCE_RECHECK_SECONDS
+from rlkube_operator.status import REFERENCE_RECHECK_SECONDS, name_volume_source
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
 JOB = load_job(CPU)
@@ -356,6 +356,18 @@ def test_a_pod_whose_containers_never_start_fails_the_job_with_the_kubelets_even
     condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "ContainersNotStarted"
     assert "pod tiny-cpu-actor-1 (role actor)" in condition["message"] and MOUNT_FAILED in condition["message"]
+
+
+def test_a_mount_error_names_the_volumes_configmap() -> None:
+    """A kubelet's FailedMount names the pod's volume and the missing key, not the ConfigMap
+    the user wrote: the condition adds it."""
+    job = load_job(CPU)
+    kubelet = 'FailedMount: MountVolume.SetUp failed for volume "reward" : configmap references non-existent config key: reward.py'
+    named = name_volume_source(job, kubelet)
+    reward = job.spec.reward.function
+    assert reward is not None and reward.config_map is not None
+    assert named == f"{kubelet} (volume reward: ConfigMap {reward.config_map.name})"
+    assert name_volume_source(job, "ErrImagePull: not found") == "ErrImagePull: not found"
 
 
 NO_SERVICE_ACCOUNT = (
