@@ -151,6 +151,9 @@ def _driver(args: argparse.Namespace) -> int:
 
     try:
         ray_cluster.start_ray_head()
+        # ray.init put its own SIGTERM handler in place of _in_pod's (it exits with 15 and
+        # leaves no termination message): ours again.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
         ray_cluster.wait_for_nodes(placement_of(config), NODES_TIMEOUT)
         return _finish(driver.run_distributed(config, reporter_from_env(), None, False))
     except Exception as exc:
