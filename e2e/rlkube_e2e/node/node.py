@@ -326,12 +326,13 @@ class RealNode:
     # -- cgroups ---------------------------------------------------------------------------
 
     def _hierarchies(self) -> list[Path]:
-        # cgroup v1 controllers (and named hierarchies) as mounted here; the unified one
-        # holds no controllers on these machines.
+        # cgroup v1 controllers (and named hierarchies) as mounted here, and the unified one
+        # of a hybrid host: it holds no controllers, but runc makes each container's cgroup
+        # there too, so a stop must remove (and leftovers() see) those as well.
         if not CGROUP_MOUNTS.is_dir():
             return []
         return sorted(
-            p for p in CGROUP_MOUNTS.iterdir() if p.is_dir() and p.name != "unified" and (p / "tasks").exists()
+            p for p in CGROUP_MOUNTS.iterdir() if p.is_dir() and ((p / "tasks").exists() or p.name == "unified")
         )
 
     def _cgroup_dirs(self) -> list[Path]:
