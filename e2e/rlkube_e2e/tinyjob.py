@@ -113,6 +113,25 @@ def from_image(job: TinyJob, image_ref: str) -> None:
         os.chown(path, TRAINER_UID, TRAINER_UID)
 
 
+def host_path_volume(
+    name: str, path: Path, namespace: str, claim: str, modes: tuple[str, ...] = ("ReadWriteMany",)
+) -> dict[str, Any]:
+    """A PersistentVolume over a folder of this machine, bound ahead to `namespace/claim`
+    (the local cluster has no storage provisioner; its nodes share this machine's disk)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": {"storage": "1Ti"},
+            "accessModes": list(modes),
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+
+
 def claim_workdir(kubectl: Kubectl, namespace: str, job: TinyJob) -> str:
     """Put the job's work folder behind a PersistentVolumeClaim instead of a hostPath volume,
     which the restricted Pod Security Standard refuses in pods: a hostPath PersistentVolume
@@ -121,18 +140,7 @@ def claim_workdir(kubectl: Kubectl, namespace: str, job: TinyJob) -> str:
     claim = f"{job.name}-work"
     volume_name = f"{namespace}-{claim}"
     job.workdir.mkdir(parents=True, exist_ok=True)
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": volume_name},
-        "spec": {
-            "capacity": {"storage": "1Ti"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "hostPath": {"path": str(job.workdir), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
+    pv = host_path_volume(volume_name, job.workdir, namespace, claim)
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",

@@ -162,18 +162,7 @@ def volumes(real_kubectl: Kubectl, tmp_path: Path) -> Iterator[Volumes]:
         path.chmod(0o777)
         name = f"first-run-{claim}-{os.getpid()}"
         names.append(name)
-        pv = {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "capacity": {"storage": "1Ti"},
-                "accessModes": ["ReadWriteMany", "ReadOnlyMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(path), "type": "Directory"},
-                "claimRef": {"namespace": NAMESPACE, "name": claim},
-            },
-        }
+        pv = tinyjob.host_path_volume(name, path, NAMESPACE, claim, ("ReadWriteMany", "ReadOnlyMany"))
         kubectl("apply", "-f", "-", input=yaml.safe_dump(pv))
     try:
         yield Volumes(paths)
