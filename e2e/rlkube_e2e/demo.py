@@ -65,11 +65,12 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
         return 1
     _step("images: base, operator, trainer-cpu (built here when their inputs changed)")
     try:
-        operator_image, trainer_image = ensure_image("operator"), ensure_image("trainer-cpu")
+        base_image, operator_image, trainer_image = (ensure_image(n) for n in ("base", "operator", "trainer-cpu"))
     except ImageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    cluster.node_images = (operator_image.path, trainer_image.path)
+    # The tests' node images too (base is the trainer's first layer): one image store serves both.
+    cluster.node_images = (base_image.path, operator_image.path, trainer_image.path)
     _step(f"local control plane and a real node ({state_dir})")
     if not cluster.up():
         # A node of an earlier demo: it gets the current images (an import of a present one is quick).

@@ -1,7 +1,8 @@
 """The end-to-end tests' cluster: a private control plane with two real nodes (kubelet,
-containerd, runc, CNI, kube-proxy) holding the base, operator and trainer images built here.
-Importing the 3.7 GB trainer image takes minutes and about 11 GB of disk per node, so every
-test of this package shares one; each test's objects stay in a namespace of its own. It is
+containerd, runc, CNI, kube-proxy) holding the base, operator and trainer images built here
+(from the node image store: imported once, then cached). Starting real nodes still takes a
+minute and pods on them really run, so every test of this package shares one cluster; each
+test's objects stay in a namespace of its own. It is
 not the session's shared cluster (tests/conftest.py): a real node there would take the pods
 of other tests that name no pool, and really mount their volumes."""
 

@@ -20,6 +20,8 @@ from rlkube_e2e.cluster import REPO_ROOT, LocalCluster
 from rlkube_e2e.images import ensure_image
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
+from rlkube_e2e.node.containerd import containerd_paths
+from rlkube_e2e.node.image_store import stores_dir
 from rlkube_e2e.node.network import cluster_link
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster, wait_phase
@@ -29,6 +31,17 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="needs root and iproute2"),
 ]
+
+
+def test_the_nodes_hold_their_images_as_links_into_one_image_store(real_cluster: RealCluster) -> None:
+    """No node imported the trainer image: its largest layer blob is one file of the store's."""
+    roots = [containerd_paths(node.state_dir).root for node in real_cluster.nodes]
+    blobs = roots[0] / "io.containerd.content.v1.content" / "blobs" / "sha256"
+    largest = max(blobs.iterdir(), key=lambda blob: blob.stat().st_size)
+    assert largest.stat().st_size > 1e9, largest  # the trainer image's dependency layer
+    inodes = {(root / largest.relative_to(roots[0])).stat().st_ino for root in roots}
+    in_store = [p for p in stores_dir().glob(f"*/root/{largest.relative_to(roots[0])}") if p.stat().st_ino in inodes]
+    assert len(inodes) == 1 and in_store, (inodes, in_store)
 
 
 def test_a_pod_from_an_image_built_here_runs_and_its_logs_reach_the_api(

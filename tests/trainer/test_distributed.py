@@ -1,13 +1,19 @@
 """The distributed trainer on CPU: a local Ray, gloo, 2 actor ranks + a critic +
 a separate vLLM rollout worker — the same code path as in pods.
 
-- the tiny task still learns;
+- the tiny task still learns (FSDP2 actor, weights broadcast to the separate engine,
+  validated through that engine);
 - a rank killed mid-run fails the driver fast, naming the role and rank, and a
   rerun resumes from the last checkpoint with the same data order and metrics;
 - colocated and separate rollout give the same greedy generations after the
-  same update.
+  same update;
+- FSDP2 follows full replicas, validates through the colocated engines and resumes from its
+  sharded checkpoint.
 
-Runs `rlkube-trainer run` in subprocesses, as users do. Asserts behaviour, not time.
+Each `rlkube-trainer run` costs about 40 s of two cores before its first step (Ray, torch and
+vLLM in every rank), so runs are shared: the learning run is also the killed run's reference
+and the separate placement's validation. Runs `rlkube-trainer run` in subprocesses, as users
+do. Asserts behaviour, not time.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -34,13 +40,22 @@ TOPOLOGY = {
 }
 
 
-def _config(workdir: Path, steps: int, save_freq: int, **trainer: Any) -> Path:
+# The learning run validates before training and every 30 steps through the separate engine.
+VALIDATION = {"test_freq": 30, "val_before_train": True, "log_val_generations": 2}
+CORE_VAL = "val-core/tiny_first_digit/reward/mean@1"
+
+
+def _config(workdir: Path, steps: int, save_freq: int) -> Path:
+    """GAE over TOPOLOGY with an FSDP2 actor: the learning run and the killed run alike, so that
+    their first steps agree."""
     path = init(workdir, "gae", steps)
     raw = yaml.safe_load(path.read_text())
     raw["roles"] = TOPOLOGY
+    raw["actor"]["strategy"] = "fsdp2"
+    raw["actor"]["fsdp_config"] = {"mixed_precision": {"param_dtype": "fp32"}}
     # 16 prompts × 4 samples per mini-batch over 2 actor ranks: 32 each, one micro-batch.
     raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32
-    raw["trainer"].update({"save_freq": save_freq, **trainer})
+    raw["trainer"].update({"save_freq": save_freq, **VALIDATION})
     path.write_text(yaml.safe_dump(raw))
     return path
 
@@ -60,31 +75,60 @@ def _metrics(workdir: Path) -> list[dict[str, float]]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _trained(workdir: Path) -> list[dict[str, float]]:
+    """The rows of training steps (validation before training writes a row of step 0)."""
+    return [row for row in _metrics(workdir) if row["step"] >= 1]
+
+
+@dataclass(frozen=True)
+class Run:
+    workdir: Path
+    result: subprocess.CompletedProcess[str]
+
+    @property
+    def metrics(self) -> list[dict[str, float]]:
+        return _metrics(self.workdir)
+
+
+@pytest.fixture(scope="module")
+def learning_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """90 GAE steps over 2 FSDP2 actor ranks, a critic and a separate rollout pod."""
+    workdir = tmp_path_factory.mktemp("learning")
+    return Run(workdir, _run(_config(workdir, steps=90, save_freq=30)))
+
+
 @pytest.mark.trainer
 @pytest.mark.slow
-def test_two_actor_ranks_critic_and_separate_rollout_learn(tmp_path: Path) -> None:
-    config = _config(tmp_path, steps=90, save_freq=30)
-    result = _run(config)
+def test_two_actor_ranks_critic_and_separate_rollout_learn(learning_run: Run) -> None:
+    result = learning_run.result
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ready: actor rank 1" in result.stderr
     assert "weight-sync group: rank 1 of 2" in result.stderr  # the rollout worker joined the broadcast
-    scores = [r["critic/score/mean"] for r in _metrics(tmp_path)]
+    rows = learning_run.metrics
+    scores = [r["critic/score/mean"] for r in rows if r["step"] >= 1]
     assert scores[0] < 0.3
     # A constant answer scores 0.1. GAE's critic learns alongside the policy, so the curve is
     # noisier than GRPO's (seen: 0.09 -> 0.78 over the last 10 steps): judged on a 10-step mean.
     final = sum(scores[-10:]) / 10
     assert final >= 0.7, f"mean reward of the last 10 steps {final:.3f} < 0.7; curve {scores}"
-    assert (tmp_path / "checkpoints" / "hf" / "config.json").exists()
+    assert (learning_run.workdir / "checkpoints" / "hf" / "config.json").exists()
+    # Validated through the separate pod's engine: before training, every 30 steps, and the
+    # greedy policy scores higher at the end than at the start.
+    validated = {int(r["step"]): r[CORE_VAL] for r in rows if CORE_VAL in r}
+    assert sorted(validated) == [0, 30, 60, 90]
+    assert validated[90] > validated[0]
+    generations = (learning_run.workdir / "checkpoints" / "validation_generations.jsonl").read_text()
+    assert len(generations.splitlines()) == 4 * 2
 
 
 @pytest.mark.trainer
 @pytest.mark.slow
-def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
+def test_killed_rank_fails_fast_and_the_rerun_resumes(learning_run: Run, tmp_path: Path) -> None:
     steps, save_freq = 8, 2
-    straight = tmp_path / "straight"
-    result = _run(_config(straight, steps, save_freq))
-    assert result.returncode == 0, result.stderr[-4000:]
-    expected = {r["step"]: r for r in _metrics(straight)}
+    assert learning_run.result.returncode == 0, "the learning run (the reference) failed"
+    # The learning run's first steps are what an unbroken run of these settings trains: the same
+    # seed, data and constant learning rate; only its length and save frequency differ.
+    expected = {int(r["step"]): r for r in learning_run.metrics if r["step"] <= steps}
 
     killed = tmp_path / "killed"
     config = _config(killed, steps, save_freq)
@@ -103,7 +147,7 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
         match = re.search(r"ready: actor rank 1 on .* pid (\d+)", line)
         if match:
             victim = int(match.group(1))
-        if victim and len(_metrics(killed)) >= 3:
+        if victim and len(_trained(killed)) >= 3:
             break
     assert victim is not None, "".join(log_lines[-50:])
     killed_at = time.monotonic()
@@ -115,15 +159,14 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes(tmp_path: Path) -> None:
     assert re.search(r"error: role actor rank 1 failed", stderr), stderr[-4000:]
     # Bounded: no hang in a collective waiting for the dead rank.
     assert failed_after < 120, f"the driver took {failed_after:.0f} s to notice"
-    done_before = len(_metrics(killed))
+    done_before = len(_trained(killed))
     assert done_before < steps
 
     resumed = _run(config)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert re.search(r"resumed from .*step_0000(0[2-9])", resumed.stderr), resumed.stderr[-3000:]
-    rows = _metrics(killed)
     by_step: dict[int, dict[str, float]] = {}
-    for row in rows:
+    for row in _trained(killed):
         by_step[int(row["step"])] = row  # the resumed run's rows replace the interrupted ones
     assert sorted(by_step) == list(range(1, steps + 1))
     for step, row in by_step.items():
@@ -186,36 +229,38 @@ def test_placements_and_tensor_parallel_sizes_agree_after_the_same_update(tmp_pa
             assert flat_got == pytest.approx(flat_want, abs=1e-4), (run, when)
 
 
-def _fsdp_config(workdir: Path, steps: int, strategy: str, placement: str) -> Path:
+def _fsdp_config(workdir: Path, steps: int, strategy: str) -> Path:
+    """GRPO over 2 colocated actor ranks, validated before training and after every step."""
     path = init(workdir, "grpo", steps)
     raw = yaml.safe_load(path.read_text())
     raw["roles"] = {"actor": {"replicas": 2, "gpus_per_replica": 0}}
-    if placement == "separate":
-        raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
     raw["actor"]["strategy"] = strategy
     # fp32 compute, as the replicas: mixed precision is test_fsdp.py's business.
     raw["actor"]["fsdp_config"] = {"mixed_precision": {"param_dtype": "fp32"}}
-    raw["trainer"].update({"save_freq": 2})
+    raw["trainer"].update({"save_freq": 2, "test_freq": 1, "val_before_train": True, "log_val_generations": 2})
     path.write_text(yaml.safe_dump(raw))
     return path
 
 
 @pytest.mark.trainer
 @pytest.mark.slow
-@pytest.mark.parametrize("placement", ["colocated", "separate"])
-def test_fsdp2_actor_matches_replicas_and_resumes_from_its_sharded_checkpoint(tmp_path: Path, placement: str) -> None:
+def test_fsdp2_actor_matches_replicas_validates_and_resumes_from_its_sharded_checkpoint(
+    learning_run: Run, tmp_path: Path
+) -> None:
     """FSDP2 over 2 gloo ranks (what the GPU path runs over NCCL): the same trajectory as full
-    replicas with averaged gradients; weights reach the rollout engines (each rank's own when
-    colocated, broadcast when separate); a sharded checkpoint (torch.distributed.checkpoint)
-    is written and a longer rerun resumes from it."""
+    replicas with averaged gradients; weights reach each rank's colocated engine (the
+    broadcast to a separate engine is the learning run's); validation runs through those
+    engines before training and after every step, and the initial policy scores there what it
+    scores on the learning run's separate engine; a sharded checkpoint
+    (torch.distributed.checkpoint) is written and a longer rerun resumes from it."""
     steps = 3
     runs = {}
     for strategy in ("replicate", "fsdp2"):
         workdir = tmp_path / strategy
-        result = _run(_fsdp_config(workdir, steps, strategy, placement))
+        result = _run(_fsdp_config(workdir, steps, strategy))
         assert result.returncode == 0, result.stderr[-4000:]
         runs[strategy] = {int(r["step"]): r for r in _metrics(workdir)}
-    assert sorted(runs["fsdp2"]) == list(range(1, steps + 1))
+    assert sorted(runs["fsdp2"]) == list(range(0, steps + 1))
     first_replicate, first_fsdp = runs["replicate"][1], runs["fsdp2"][1]
     # Step 1 starts from the same weights and samples: identical up to float summation order.
     assert first_fsdp["critic/score/mean"] == first_replicate["critic/score/mean"]
@@ -225,38 +270,18 @@ def test_fsdp2_actor_matches_replicas_and_resumes_from_its_sharded_checkpoint(tm
         # Later steps sample from weights that differ by rounding only.
         want, got = runs["replicate"][step], runs["fsdp2"][step]
         assert got["critic/score/mean"] == pytest.approx(want["critic/score/mean"], abs=0.15), f"step {step}"
+    assert all(CORE_VAL in runs["fsdp2"][step] for step in range(0, steps + 1))
+    generations = (tmp_path / "fsdp2" / "checkpoints" / "validation_generations.jsonl").read_text()
+    assert len(generations.splitlines()) == (steps + 1) * 2
+    # The same initial greedy policy, validated on 2 colocated engines and on 1 separate one.
+    assert learning_run.result.returncode == 0, "the learning run failed"
+    separate = next(r[CORE_VAL] for r in learning_run.metrics if r["step"] == 0)
+    assert runs["fsdp2"][0][CORE_VAL] == separate
     sharded = tmp_path / "fsdp2" / "checkpoints" / "step_000002" / "actor"
     assert (sharded / "sharded" / ".metadata").is_file(), sorted(p.name for p in sharded.rglob("*"))
 
-    longer = _fsdp_config(tmp_path / "fsdp2", steps + 2, "fsdp2", placement)
+    longer = _fsdp_config(tmp_path / "fsdp2", steps + 2, "fsdp2")
     resumed = _run(longer)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert re.search(r"resumed from .*step_000003", resumed.stderr), resumed.stderr[-3000:]
-    assert sorted({int(r["step"]) for r in _metrics(tmp_path / "fsdp2")}) == list(range(1, steps + 3))
-
-
-@pytest.mark.trainer
-@pytest.mark.slow
-def test_validation_runs_on_the_training_engines_in_both_placements(tmp_path: Path) -> None:
-    """Ray ranks, vLLM: validation before training, every step and at the end, through the
-    colocated engine and through the separate rollout pod's; the same greedy policy scores
-    the same on both."""
-    core = "val-core/tiny_first_digit/reward/mean@1"
-    scores = {}
-    for placement in ("colocated", "separate"):
-        workdir = tmp_path / placement
-        path = init(workdir, "grpo", steps=2)
-        raw = yaml.safe_load(path.read_text())
-        raw["roles"] = {"actor": {"replicas": 1, "gpus_per_replica": 0}}
-        if placement == "separate":
-            raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
-        raw["trainer"].update({"test_freq": 1, "val_before_train": True, "log_val_generations": 2})
-        path.write_text(yaml.safe_dump(raw))
-        result = _run(path)
-        assert result.returncode == 0, result.stderr[-4000:]
-        rows = _metrics(workdir)
-        assert [int(r["step"]) for r in rows if core in r] == [0, 1, 2]
-        scores[placement] = rows[0][core]
-        generations = (workdir / "checkpoints" / "validation_generations.jsonl").read_text().splitlines()
-        assert len(generations) == 3 * 2
-    assert scores["colocated"] == scores["separate"]
+    assert sorted({int(r["step"]) for r in _metrics(tmp_path / "fsdp2")}) == list(range(0, steps + 3))

@@ -10,7 +10,6 @@ sit under a root of its own (`/rlkube/<netns>` in each hierarchy), removed at st
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import json
 import os
@@ -30,6 +29,7 @@ from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
 from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.node import mountns, netns
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
+from rlkube_e2e.node.image_store import K8S_NAMESPACE, ensure_store, seed_root
 from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
 from rlkube_e2e.node.kubelet import KubeletInputs, cgroup_root, kubelet_args, write_kubelet_config
 from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
@@ -38,8 +38,6 @@ from rlkube_e2e.pki import Pki, issue_client_cert, issue_node_client_cert, self_
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 PAUSE_IMAGE = f"localhost/rlkube/pause:{K8S_VERSION}"
-# containerd's CRI plugin keeps the kubelet's images in this namespace.
-K8S_NAMESPACE = "k8s.io"
 
 
 class NodeError(ClusterError):
@@ -98,8 +96,8 @@ class RealNode:
     """Node `index` of the cluster on link `link_index`, registered as `name`.
 
     `server` is the apiserver's URL on the link's host address, `pki` the cluster's;
-    `images` are OCI archives imported into the node's containerd before the kubelet starts
-    (the pause image always is: there is no registry to pull one from).
+    `images` are OCI archives the node's containerd holds before the kubelet starts (the
+    pause image always: there is no registry to pull one from), from the shared image store.
     """
 
     def __init__(
@@ -153,13 +151,12 @@ class RealNode:
     def start(self, timeout: float = 120.0) -> None:
         start_nodes([self], timeout)
 
-    # start_nodes() runs these three phases. Processes are spawned from the calling thread
-    # only: PR_SET_PDEATHSIG (processes.spawn's die_with_parent) fires when the *thread* that
-    # forked a child exits, so a node started from a pool thread was SIGKILLed as soon as
-    # that thread ended. Only the image imports (plain `ctr` runs) go to threads.
+    # start_nodes() runs these phases from the calling thread: PR_SET_PDEATHSIG
+    # (processes.spawn's die_with_parent) fires when the *thread* that forked a child exits,
+    # so a node started from a pool thread was SIGKILLed as soon as that thread ended.
 
-    def _start_runtime(self, timeout: float) -> list[str]:
-        """Namespaces, holder and containerd; returns the `ctr` command line for imports."""
+    def _start_runtime(self, timeout: float, store_root: Path) -> None:
+        """Namespaces, holder, and containerd on a root seeded from the image store."""
         binaries = find_node_binaries()
         deadline = time.monotonic() + timeout
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -172,6 +169,7 @@ class RealNode:
         self._wait(deadline, lambda: self._in_own_mount_ns(holder.pid), "the node's namespaces")
         paths = containerd_paths(self.state_dir)
         paths.config.parent.mkdir(parents=True, exist_ok=True)
+        seed_root(store_root, paths.root)
         paths.config.write_text(containerd_config(paths, PAUSE_IMAGE, CNI_BIN_DIR))
         paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
         (paths.cni_conf_dir / "10-rlkube.conflist").write_text(cni_conflist(self.net))
@@ -179,7 +177,6 @@ class RealNode:
         self._spawn("containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"])
         ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
         self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
-        return ctr
 
     def _start_kubelet(self, timeout: float) -> None:
         """The kubelet and kube-proxy, then wait for the Node to be Ready."""
@@ -466,20 +463,17 @@ class RealNode:
 
 
 def start_nodes(nodes: list[RealNode], timeout: float = 120.0) -> None:
-    """Start nodes: runtimes one after another, image imports side by side (minutes for a
-    trainer image; two imports share the cores better than one after the other), then the
-    kubelets. On any error every node is stopped and the first error raised."""
+    """Start nodes: the image store for their images (imported once, minutes for a trainer
+    image, then cached), each node's runtime on a root seeded from it, then the kubelets. On
+    any error every node is stopped and the first error raised."""
     try:
-        ctrs = [node._start_runtime(timeout) for node in nodes]
-        pause = find_node_binaries().pause_archive
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
-            futures = [
-                pool.submit(node._import, ctr, archive)
-                for node, ctr in zip(nodes, ctrs, strict=True)
-                for archive in (pause, *node.images)
-            ]
-        for future in futures:
-            future.result()
+        binaries = find_node_binaries()
+        stores: dict[tuple[Path, ...], Path] = {}
+        for node in nodes:
+            wanted = (binaries.pause_archive, *node.images)
+            if wanted not in stores:
+                stores[wanted] = ensure_store(wanted, binaries.containerd, binaries.ctr, node._log)
+            node._start_runtime(timeout, stores[wanted])
         for node in nodes:
             node._start_kubelet(timeout)
     except BaseException:
