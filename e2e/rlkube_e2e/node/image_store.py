@@ -137,17 +137,7 @@ def _build(store: Path, archives: tuple[Path, ...], containerd: Path, ctr: Path,
     try:
         _wait_serving(enter, handle, work)
         for archive in archives:
-            started = time.monotonic()
-            result = subprocess.run(
-                [*enter, "-n", K8S_NAMESPACE, "images", "import", str(archive)],
-                capture_output=True,
-                text=True,
-                check=False,
-                timeout=1800,
-            )
-            if result.returncode != 0:
-                raise ImageStoreError(f"importing {archive} into the node image store failed: {result.stderr[-400:]}")
-            log(f"  imported {archive.name} in {time.monotonic() - started:.1f} s")
+            log(f"  imported {archive.name} in {import_archive(enter, archive):.1f} s")
     finally:
         processes.stop(handle.pid, str(containerd), handle, timeout=30)
     shutil.rmtree(work / "state")
@@ -155,6 +145,22 @@ def _build(store: Path, archives: tuple[Path, ...], containerd: Path, ctr: Path,
     (work / _ARCHIVES).write_text("".join(f"{a}\n" for a in archives))
     shutil.rmtree(store, ignore_errors=True)
     work.rename(store)
+
+
+def import_archive(ctr: list[str], archive: Path) -> float:
+    """`ctr images import` of an OCI archive into namespace k8s.io through the command line
+    `ctr` (which says how to reach that containerd); returns the seconds it took."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [*ctr, "-n", K8S_NAMESPACE, "images", "import", str(archive)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if result.returncode != 0:
+        raise ImageStoreError(f"importing {archive} failed: {result.stderr.strip()[-400:]}")
+    return time.monotonic() - started
 
 
 def _wait_serving(enter: list[str], handle: subprocess.Popen[bytes], work: Path, timeout: float = 60.0) -> None:

@@ -29,7 +29,7 @@ from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
 from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.node import mountns, netns
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths
-from rlkube_e2e.node.image_store import K8S_NAMESPACE, ensure_store, seed_root
+from rlkube_e2e.node.image_store import ImageStoreError, ensure_store, import_archive, seed_root
 from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
 from rlkube_e2e.node.kubelet import KubeletInputs, cgroup_root, kubelet_args, write_kubelet_config
 from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
@@ -294,17 +294,11 @@ class RealNode:
         return subprocess.run([*ctr, "version"], capture_output=True, check=False, timeout=10).returncode == 0
 
     def _import(self, ctr: list[str], archive: Path) -> None:
-        started = time.monotonic()
-        result = subprocess.run(
-            [*ctr, "-n", K8S_NAMESPACE, "images", "import", str(archive)],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=900,
-        )
-        if result.returncode != 0:
-            raise NodeError(f"node {self.name}: importing {archive} failed: {result.stderr.strip()[-400:]}")
-        self._log(f"  {self.name} imported {archive.name} in {time.monotonic() - started:.1f} s")
+        try:
+            seconds = import_archive(ctr, archive)
+        except ImageStoreError as error:
+            raise NodeError(f"node {self.name}: {error}") from None
+        self._log(f"  {self.name} imported {archive.name} in {seconds:.1f} s")
 
     def api(self) -> KubeApi:
         pki = self.pki
