@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,10 @@ def load_sharded(directory: Path, state: dict[str, Any]) -> None:
 
     if not (directory / ".metadata").is_file():
         raise CheckpointError(f"{directory} holds no sharded checkpoint (no .metadata)")
-    load(state, checkpoint_id=str(directory))
+    with warnings.catch_warnings():
+        # One rank without a process group (CPU) reads the shards into a whole model: meant.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        load(state, checkpoint_id=str(directory))
 
 
 def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
@@ -135,20 +139,37 @@ def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: in
     return written
 
 
+def rank_file(checkpoint: Path, part: str, rank: int) -> Path:
+    """The per-rank file rank `rank` resumes `part` from: its own, or rank 0's where the run that
+    saved had fewer ranks (resumed on more GPUs). Every rank of a role holds the same scheduler,
+    mini-batch generator and (full replicas) model and optimizer, so rank 0's serve any rank."""
+    own = checkpoint / part / f"rank_{rank}.pt"
+    if own.is_file() or rank == 0:
+        return own
+    return checkpoint / part / "rank_0.pt"
+
+
 def load_rank_state(checkpoint: Path, trainables: Mapping[str, Trainable], rank: int) -> None:
-    """What `save_rank_state` wrote, back into the same roles."""
+    """What `save_rank_state` wrote, back into the same roles, on any number of ranks and either
+    layout: a sharded checkpoint is resharded by torch.distributed.checkpoint (into shards or a
+    whole model), full replicas are loaded whole or cut into this run's shards. A rank the saving
+    run did not have keeps its own RNG states (seeded per rank, as a fresh run's are)."""
     for part, trainable in trainables.items():
-        path = checkpoint / part / f"rank_{rank}.pt"
+        path = rank_file(checkpoint, part, rank)
         state = load_torch(path)
-        if trainable.sharded:
-            if "local" not in state:
-                raise CheckpointError(f"{path}: written by unsharded ranks; this run shards {part} (strategy)")
+        if "local" in state:
             sharded = trainable.sharded_state_dict()
             load_sharded(checkpoint / part / "sharded", sharded)
             trainable.load_sharded_state_dict(sharded)
             trainable.load_local_state_dict(state["local"])
+        elif "state" in state:
+            if trainable.sharded:
+                trainable.load_full_state_dict(state["state"])
+            else:
+                trainable.load_state_dict(state["state"])
         else:
-            if "state" not in state:
-                raise CheckpointError(f"{path}: written by sharded ranks; this run does not shard {part}")
-            trainable.load_state_dict(state["state"])
-        restore_rng(state["rng"])
+            raise CheckpointError(f"{path}: neither a sharded nor a full {part} state")
+        if path.name == f"rank_{rank}.pt":
+            restore_rng(state["rng"])
+        else:
+            log.info("%s rank %d: resuming from %s (the checkpoint had fewer ranks)", part, rank, path)
