@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlkube_trainer.checkpoint import store
 from rlkube_trainer.checkpoint.export import export_hf
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import (
@@ -22,6 +23,7 @@ from rlkube_trainer.checkpoint.store import (
     Checkpoint,
     CheckpointError,
     CheckpointManager,
+    Retention,
 )
 
 
@@ -271,3 +273,57 @@ def test_export_hf_round_trip(tmp_path: Path) -> None:
     ids = torch.tensor([[2, 4, 5, 13]])
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def test_retention_per_part_keeps_the_largest_limit_of_the_parts_a_checkpoint_holds() -> None:
+    retention = Retention(3, {"actor": 1, "critic": 5})
+    assert retention.kept({"actor", "driver.pt"}) == 1
+    assert retention.kept({"actor", "critic", "driver.pt"}) == 5
+    assert retention.kept({"driver.pt"}) == 3  # no part with a limit of its own: max_to_keep
+    assert Retention(2, {"actor": None}).kept({"actor"}) == 2  # unset: max_to_keep
+    with pytest.raises(ValueError, match="actor"):
+        Retention(3, {"actor": 0})
+
+
+def test_max_actor_ckpt_to_keep_prunes_older_checkpoints(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, Retention(5, {"actor": 2}))
+    for step in (10, 20, 30, 40):
+        save_step(manager, step)
+    assert [c.step for c in manager.checkpoints()] == [30, 40]
+
+
+def test_the_only_complete_checkpoint_is_never_deleted(tmp_path: Path) -> None:
+    """A part of the new checkpoint lost between the rename and the pruning (a volume that is
+    not shared, a cleaner): the older checkpoints are all there is to resume from and stay."""
+    manager = CheckpointManager(tmp_path, Retention(1, {"actor": 1}))
+    save_step(manager, 10)
+    staging = manager.staging(20)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    real_replace = store.replace_dir
+
+    def lose_a_part(src: Path, dst: Path) -> None:
+        real_replace(src, dst)
+        (dst / "actor" / "rank_0.pt").unlink()
+
+    store.replace_dir = lose_a_part  # type: ignore[assignment]
+    try:
+        manager.commit(20)
+    finally:
+        store.replace_dir = real_replace  # type: ignore[assignment]
+    assert [c.step for c in manager.checkpoints()] == [10]
+    assert manager.latest() == Checkpoint(10, tmp_path / "step_000010")
+
+
+def test_resume_from_seeds_a_run_until_it_has_checkpoints_of_its_own(tmp_path: Path) -> None:
+    other = CheckpointManager(tmp_path / "other", max_to_keep=3)
+    for step in (10, 20):
+        save_step(other, step)
+    mine = CheckpointManager(tmp_path / "mine", max_to_keep=3)
+    seed_root, seed_step = str(tmp_path / "other"), str(tmp_path / "other" / "step_000010")
+    assert mine.resolve("auto", seed_root) == Checkpoint(20, tmp_path / "other" / "step_000020")  # the root's latest
+    assert mine.resolve("auto", seed_step) == Checkpoint(10, tmp_path / "other" / "step_000010")
+    assert mine.resolve("auto") is None
+    with pytest.raises(CheckpointError, match=r"resumeFrom path .*no such directory"):
+        mine.resolve("auto", str(tmp_path / "nothing"))
+    save_step(mine, 30)  # this run's own first checkpoint: restarts resume from it, not the seed
+    assert mine.resolve("auto", seed_step) == Checkpoint(30, tmp_path / "mine" / "step_000030")

@@ -34,7 +34,7 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
-from rlkube_trainer.checkpoint.store import CheckpointManager
+from rlkube_trainer.checkpoint.store import CheckpointManager, Retention
 from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.dispatch import (
     ColocatedRollout,
@@ -182,6 +182,12 @@ class GroupState:
         self.actor.call_all("export_hf", str(path))
 
 
+def retention_of(config: TrainerConfig) -> Retention:
+    checkpoint = config.checkpoint
+    per_part = {Role.ACTOR: checkpoint.max_actor_ckpt_to_keep, Role.CRITIC: checkpoint.max_critic_ckpt_to_keep}
+    return Retention(checkpoint.max_to_keep, {str(part): limit for part, limit in per_part.items()})
+
+
 def validates_at(config: TrainerConfig, step: int, total_steps: int) -> bool:
     """verl's schedule: every test_freq steps, and after the last."""
     freq = config.trainer.test_freq
@@ -231,7 +237,7 @@ class TrainingRun:
         self.reporter = reporter or NullReporter()
         self.metrics = metrics
         self.validation = validation
-        self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), config.checkpoint.max_to_keep)
+        self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), retention_of(config))
         self.total_steps = total_steps_of(config, loader)
         self.step = 0
         # When this attempt's steps began, and from which step: its pace gives the ETA.
@@ -242,7 +248,7 @@ class TrainingRun:
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
-        found = self.checkpoints.resolve(self.config.checkpoint.resume)
+        found = self.checkpoints.resolve(self.config.checkpoint.resume, self.config.checkpoint.resume_from)
         if found is None:
             return
         self.state.load(found.path)

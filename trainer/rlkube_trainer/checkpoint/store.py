@@ -23,7 +23,8 @@ The protocol, with one coordinator (the driver) and any number of writers:
 3. once all writers are done the coordinator calls `commit(step, manifest)`: manifest.json (with
    every file's size) and COMPLETE go into the staging dir, everything is fsynced, the dir is
    renamed to `step_N/` and only then the `latest` marker is replaced; old checkpoints beyond
-   `max_to_keep` and stale staging dirs are deleted last.
+   the retention (`Retention`) and stale staging dirs are deleted last, and only once the new
+   checkpoint checks complete: the only complete checkpoint is never deleted.
 
 A crash anywhere before the rename leaves only a `.tmp-*` dir, which nothing resumes from; a
 crash between the rename and the marker leaves the marker at the previous checkpoint, which is
@@ -45,8 +46,8 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -213,14 +214,32 @@ def _is_complete(path: Path) -> Checkpoint | None:
         return None
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How many complete checkpoints to keep: `max_to_keep`, or per part (verl's
+    max_actor_ckpt_to_keep / max_critic_ckpt_to_keep) where set. One checkpoint holds every
+    part and is resumed whole, so the number kept is the largest limit of the parts it holds:
+    no part loses a checkpoint its own limit keeps."""
+
+    max_to_keep: int
+    per_part: Mapping[str, int | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, limit in {"max_to_keep": self.max_to_keep, **self.per_part}.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"checkpoints to keep ({name}) must be at least 1, got {limit}")
+
+    def kept(self, parts: Iterable[str]) -> int:
+        limits = [self.per_part.get(part) or self.max_to_keep for part in parts if part in self.per_part]
+        return max(limits, default=self.max_to_keep)
+
+
 class CheckpointManager:
     """Writes, finds and prunes the checkpoints under one root directory."""
 
-    def __init__(self, root: Path, max_to_keep: int) -> None:
-        if max_to_keep < 1:
-            raise ValueError(f"max_to_keep must be at least 1, got {max_to_keep}")
+    def __init__(self, root: Path, max_to_keep: int | Retention) -> None:
         self.root = Path(root)
-        self.max_to_keep = max_to_keep
+        self.retention = max_to_keep if isinstance(max_to_keep, Retention) else Retention(max_to_keep)
 
     # -- writing --
 
@@ -287,15 +306,24 @@ class CheckpointManager:
         return final
 
     def _prune(self, keep: Path, step: int) -> None:
-        """Delete complete checkpoints beyond max_to_keep and stale staging/trash dirs.
+        """Delete complete checkpoints beyond the retention and stale staging/trash dirs.
 
-        The one just written always stays; dirs of newer steps (left by a run that was resumed
-        from an older checkpoint) are not "oldest" and are left alone.
+        The one just written always stays, and nothing is deleted unless it checks complete (a
+        part lost since the rename): older checkpoints are then all there is to resume from.
+        Dirs of newer steps (left by a run that was resumed from an older checkpoint) are not
+        "oldest" and are left alone.
         """
+        try:
+            manifest = check_complete(keep).manifest()
+        except CheckpointError as error:
+            log.error("not deleting older checkpoints: the new one is not complete: %s", error)
+            return
+        parts = {relative.split("/")[0] for relative in manifest.get("files", {})}
+        kept = self.retention.kept(parts)
         complete = [c for c in self._step_dirs() if c.step <= step and c.path != keep]
         complete.sort(key=lambda c: c.step, reverse=True)
-        for old in complete[self.max_to_keep - 1 :]:
-            log.info("deleting checkpoint %s (max_to_keep=%d)", old.path, self.max_to_keep)
+        for old in complete[kept - 1 :]:
+            log.info("deleting checkpoint %s (keeping %d)", old.path, kept)
             shutil.rmtree(old.path, ignore_errors=True)
         for entry in self._entries():
             match = _STAGING_DIR.match(entry.name)
@@ -339,24 +367,34 @@ class CheckpointManager:
         complete = self.checkpoints()
         return complete[-1] if complete else None
 
-    def resolve(self, resume: str) -> Checkpoint | None:
+    def resolve(self, resume: str, resume_from: str | None = None) -> Checkpoint | None:
         """The checkpoint `checkpoint.resume` asks for: None to start fresh.
 
-        "disable" never resumes, "auto" resumes from latest() if there is one, and an absolute
-        path must be a complete checkpoint (an explicit request that cannot be honoured is an
-        error, not a silent fresh start).
+        "disable" never resumes, "auto" resumes from latest() if there is one, else from
+        `resume_from` (another run's checkpoint, or its root's latest) if given; an absolute path
+        must be a complete checkpoint (an explicit request that cannot be honoured is an error,
+        not a silent fresh start).
         """
         if resume == "disable":
             return None
         if resume == "auto":
-            return self.latest()
+            own = self.latest()
+            if own is not None or resume_from is None:
+                return own
+            # A checkpoint root: its latest complete checkpoint (a step dir holds no step dirs).
+            seed = CheckpointManager(Path(resume_from), self.retention).latest()
+            return seed if seed is not None else self._explicit(resume_from, "resumeFrom")
+        return self._explicit(resume, "resume")
+
+    @staticmethod
+    def _explicit(resume: str, key: str) -> Checkpoint:
         path = Path(resume)
         if not path.is_absolute():
-            raise CheckpointError(f"resume {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
+            raise CheckpointError(f"{key} {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
         try:
             return check_complete(path)
         except CheckpointError as error:
             hint = ""
             if (path / LATEST).exists() or any(_STEP_DIR.match(p.name) for p in path.glob("step_*")):
                 hint = f" (it looks like a checkpoint root; name one of its step_* dirs, e.g. {path}/step_000100)"
-            raise CheckpointError(f"resume path {path} is not a complete checkpoint: {error}{hint}") from error
+            raise CheckpointError(f"{key} path {path} is not a complete checkpoint: {error}{hint}") from error
