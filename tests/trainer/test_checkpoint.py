@@ -327,3 +327,46 @@ def test_resume_from_seeds_a_run_until_it_has_checkpoints_of_its_own(tmp_path: P
         mine.resolve("auto", str(tmp_path / "nothing"))
     save_step(mine, 30)  # this run's own first checkpoint: restarts resume from it, not the seed
     assert mine.resolve("auto", seed_step) == Checkpoint(30, tmp_path / "mine" / "step_000030")
+
+
+def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tmp_path: Path) -> None:
+    """Rank 1's pod mounts no shared volume: it wrote into its own file system and reported the
+    file; the driver's commit fails naming the rank and the file, and the previous checkpoint
+    stays the one resumed from."""
+    manager = CheckpointManager(tmp_path / "shared", max_to_keep=3)
+    save_step(manager, 10)
+    staging = manager.staging(20)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    expected = store.written(staging, ["actor/rank_0.pt"], "actor rank 0")
+    own = tmp_path / "rank-1-pod" / staging.name  # the same path, in another pod's file system
+    save_torch(own / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    expected |= store.written(own, ["actor/rank_1.pt"], "actor rank 1")
+    with pytest.raises(
+        CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt, which is not there.*checkpoint\.volume"
+    ):
+        manager.commit(20, expected=expected)
+    assert manager.latest() == Checkpoint(10, tmp_path / "shared" / "step_000010")
+    assert not (tmp_path / "shared" / "step_000020").exists()
+    # A file cut short (a copy still going on, a full disk) fails the same way.
+    save_torch(staging / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    with open(staging / "actor" / "rank_1.pt", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt with \d+ bytes, 10 are there"):
+        manager.commit(20, expected=expected)
+    assert manager.latest() == Checkpoint(10, tmp_path / "shared" / "step_000010")
+    # All there: committed, with the writers' checksums in the manifest.
+    save_torch(staging / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    expected |= store.written(staging, ["actor/rank_1.pt"], "actor rank 1")
+    committed = manager.commit(20, expected=expected)
+    manifest = json.loads((committed / MANIFEST).read_text())
+    assert manifest["sha256"] == {name: record.sha256 for name, record in expected.items()}
+
+
+def test_the_manifest_records_each_parts_ranks_and_layout() -> None:
+    from rlkube_trainer.driver import layout_of  # noqa: PLC0415
+
+    files = ["actor/rank_0.pt", "actor/rank_1.pt", "actor/sharded/__0_0.distcp", "critic/rank_0.pt", "driver.pt"]
+    assert layout_of(files) == {
+        "actor": {"world_size": 2, "sharded": True},
+        "critic": {"world_size": 1, "sharded": False},
+    }

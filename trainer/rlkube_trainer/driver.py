@@ -17,7 +17,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
-from rlkube_trainer.checkpoint.store import CheckpointManager, Retention
+from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
 from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.dispatch import (
     ColocatedRollout,
@@ -169,10 +169,14 @@ class GroupState:
         self.trainable = [groups[g.name] for g in placement.groups if g.hosts & trainable]
         self.actor = groups[Role.ACTOR]
 
-    def save(self, staging: Path) -> list[str]:
-        return [
-            file for group in self.trainable for written in group.call_all("save", str(staging)) for file in written
-        ]
+    def save(self, staging: Path) -> dict[str, Written]:
+        """Every rank's parts; what each rank says it wrote (the driver checks it is there)."""
+        return {
+            relative: record
+            for group in self.trainable
+            for files in group.call_all("save", str(staging))
+            for relative, record in files.items()
+        }
 
     def load(self, checkpoint: Path) -> None:
         for group in self.trainable:
@@ -180,6 +184,19 @@ class GroupState:
 
     def export_hf(self, path: Path) -> None:
         self.actor.call_all("export_hf", str(path))
+
+
+def layout_of(files: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per trainable part: how many ranks wrote it and whether as shards (torch distributed
+    checkpoint), for whoever resumes it on another number of ranks."""
+    layout: dict[str, dict[str, Any]] = {}
+    for relative in files:
+        part, _, rest = relative.partition("/")
+        if rest.startswith("rank_") or rest.startswith("sharded/"):
+            entry = layout.setdefault(part, {"world_size": 0, "sharded": False})
+            entry["world_size"] += rest.startswith("rank_")
+            entry["sharded"] |= rest.startswith("sharded/")
+    return layout
 
 
 def retention_of(config: TrainerConfig) -> Retention:
@@ -277,9 +294,12 @@ class TrainingRun:
                 "validation": self.last_validation,
             },
         )
+        files |= written(staging, ["driver.pt"], "the driver")
         if self.config.checkpoint.export_hf == "every_save":
             self.state.export_hf(staging / "hf")
-        path = self.checkpoints.commit(self.step, {"parts": sorted({f.split("/")[0] for f in files})})
+        path = self.checkpoints.commit(
+            self.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
+        )
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s", path)
         return path

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlkube_trainer.checkpoint.store import CheckpointError, atomic_file
+from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, written
 
 if TYPE_CHECKING:
     from rlkube_trainer.roles.training import Trainable
@@ -121,22 +121,27 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 # --- a rank's trainable roles -------------------------------------------------------------------
 
 
-def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> list[str]:
+def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> dict[str, Written]:
     """Each trainable role of a rank into `staging/<role>/`: a sharded model's parameters and
     optimizer state through torch.distributed.checkpoint (a collective over the role's group),
     the rest (or all of it, unsharded) in `rank_<rank>.pt` with this process's RNG states.
-    Returns the files written, relative to `staging`."""
-    written = []
+    Returns the files this rank wrote (relative to `staging`), for the driver to check."""
+    files = []
     for part, trainable in trainables.items():
         path = staging / part / f"rank_{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)  # ranks create their role's folder concurrently
         if trainable.sharded:
-            save_sharded(staging / part / "sharded", trainable.sharded_state_dict())
+            sharded = staging / part / "sharded"
+            save_sharded(sharded, trainable.sharded_state_dict())
             save_torch(path, {"local": trainable.local_state_dict(), "rng": capture_rng()})
+            # torch.distributed.checkpoint's file system writer: `__<rank>_<n>.distcp` per rank of
+            # the group, `.metadata` by its coordinator (rank 0).
+            mine = sorted(sharded.glob(f"__{rank}_*.distcp")) + ([sharded / ".metadata"] if rank == 0 else [])
+            files += [str(f.relative_to(staging)) for f in mine]
         else:
             save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
-        written.append(str(path.relative_to(staging)))
-    return written
+        files.append(str(path.relative_to(staging)))
+    return written(staging, files, f"{'/'.join(trainables)} rank {rank}")
 
 
 def rank_file(checkpoint: Path, part: str, rank: int) -> Path:

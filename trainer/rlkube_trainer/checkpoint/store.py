@@ -19,9 +19,13 @@ The protocol, with one coordinator (the driver) and any number of writers:
 1. the coordinator calls `staging(step)`, which creates an empty `.tmp-step_N/`, and hands its
    path to the writers (the path is the same in every pod);
 2. each writer saves its own file(s) with `save_torch` (each file atomic and fsynced) and
-   reports back;
-3. once all writers are done the coordinator calls `commit(step, manifest)`: manifest.json (with
-   every file's size) and COMPLETE go into the staging dir, everything is fsynced, the dir is
+   reports back what it wrote (`written`: each file's size and SHA-256);
+3. once all writers are done the coordinator calls `commit(step, manifest, expected)`: every file
+   a writer reported must be there with its size, seen from the coordinator (a writer whose pod
+   does not mount the same volume wrote into its own file system: the commit fails naming the
+   writer and the file, and the previous checkpoint stays the latest); then manifest.json (every
+   file's size, the writers' checksums) and COMPLETE go into the staging dir, everything is
+   fsynced, the dir is
    renamed to `step_N/` and only then the `latest` marker is replaced; old checkpoints beyond
    the retention (`Retention`) and stale staging dirs are deleted last, and only once the new
    checkpoint checks complete: the only complete checkpoint is never deleted.
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -61,7 +66,7 @@ FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _STAGING_DIR = re.compile(r"^\.tmp-step_(\d+)$")
 # Keys `commit` writes itself; a caller's manifest may not shadow them.
-_RESERVED = frozenset({"format", "step", "time", "unix_time", "files"})
+_RESERVED = frozenset({"format", "step", "time", "unix_time", "files", "sha256"})
 
 
 class CheckpointError(RuntimeError):
@@ -206,6 +211,47 @@ def check_complete(path: Path) -> Checkpoint:
     return Checkpoint(step=int(manifest["step"]), path=path)
 
 
+@dataclass(frozen=True)
+class Written:
+    """A file a writer wrote into the staging dir, as the writer saw it."""
+
+    size: int
+    sha256: str
+    writer: str  # who wrote it, for the error when the coordinator does not see it: "actor rank 1"
+
+
+def written(staging: Path, relative: Iterable[str], writer: str) -> dict[str, Written]:
+    """What a writer reports after saving `relative` (paths under `staging`)."""
+    out = {}
+    for name in relative:
+        path = staging / name
+        with open(path, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        out[name] = Written(path.stat().st_size, digest, writer)
+    return out
+
+
+def check_written(staging: Path, expected: Mapping[str, Written]) -> None:
+    """Every file the writers reported is in `staging` with the size they wrote, as seen here;
+    CheckpointError naming the first writer and file that are not (all of them, listed)."""
+    problems = []
+    for relative, record in sorted(expected.items()):
+        try:
+            size = (staging / relative).stat().st_size
+        except OSError:
+            problems.append(f"{record.writer} wrote {relative}, which is not there")
+            continue
+        if size != record.size:
+            problems.append(f"{record.writer} wrote {relative} with {record.size} bytes, {size} are there")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {staging} is not committed, the previous one stays the latest: "
+            + "; ".join(problems)
+            + ". Every pod that writes checkpoints must mount the same volume at checkpoint.dir "
+            "(set checkpoint.volume to a ReadWriteMany volume)"
+        )
+
+
 def _is_complete(path: Path) -> Checkpoint | None:
     try:
         return check_complete(path)
@@ -261,16 +307,21 @@ class CheckpointManager:
         path.mkdir(parents=True)
         return path
 
-    def commit(self, step: int, manifest: Mapping[str, Any] | None = None) -> Path:
+    def commit(
+        self, step: int, manifest: Mapping[str, Any] | None = None, expected: Mapping[str, Written] | None = None
+    ) -> Path:
         """Seal step `step`'s staging dir as a complete checkpoint and point `latest` at it.
 
         `manifest` is the caller's description (parts written, config, metrics), stored in
-        manifest.json next to the step, the time and each file's size. Call only after every
-        writer has finished.
+        manifest.json next to the step, the time and each file's size. `expected`: what the
+        writers reported (`written`), checked to be there first (`check_written`) and their
+        checksums kept in the manifest. Call only after every writer has finished.
         """
         staging = self.staging_path(step)
         if not staging.is_dir():
             raise CheckpointError(f"commit of step {step}: no staging dir {staging} (call staging() first)")
+        expected = expected or {}
+        check_written(staging, expected)
         extra = dict(manifest or {})
         shadowed = _RESERVED & extra.keys()
         if shadowed:
@@ -290,6 +341,7 @@ class CheckpointManager:
             "time": datetime.fromtimestamp(now, UTC).isoformat(),
             "unix_time": now,
             "files": files,
+            "sha256": {relative: record.sha256 for relative, record in sorted(expected.items())},
             **extra,
         }
         # Serialise before touching anything, so a non-JSON manifest fails without side effects.
