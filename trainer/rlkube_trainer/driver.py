@@ -52,6 +52,7 @@ from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env
 from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import LocalRankGroup, RankGroup
 from rlkube_trainer.reward import RewardScorer, build_reward_scorer
+from rlkube_trainer.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.tracking import Tracker
 from rlkube_trainer.validation import Validation, headline_score, validation_prompts
 
@@ -246,8 +247,10 @@ class TrainingRun:
         reporter: ProgressReporter | None = None,
         metrics: DriverMetrics | None = None,
         validation: Validation | None = None,
+        termination: Termination = TERMINATION,
     ) -> None:
         self.config = config
+        self.termination = termination
         self.ppo = ppo
         self.loader = loader
         self.state = state
@@ -303,6 +306,14 @@ class TrainingRun:
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s", path)
         return path
+
+    def stop(self, last_path: Path | None) -> None:
+        """SIGTERM (termination.py): this step's checkpoint unless it has one, then the exit."""
+        if self.last_checkpoint_step != self.step:
+            last_path = self.save()
+        assert self.termination.signum is not None
+        log.warning("stopping at step %d on signal %d, checkpoint %s", self.step, self.termination.signum, last_path)
+        raise Terminated(self.termination.signum, self.step, str(last_path) if last_path else None)
 
     def _batches(self) -> Iterator[list[Prompt]]:
         while True:
@@ -435,16 +446,20 @@ class TrainingRun:
                 return RunResult(self.step, tracker.history(), output_dir, tracker.plot(), None)
             batches = self._batches()
             sync = config.trainer.v1.trainer_mode == "sync"
-            for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
-                if self.validation is not None and validates_at(config, self.step, self.total_steps):
-                    metrics.update(self.validate())
-                # Logged before the checkpoint: a checkpoint's step always has its row.
-                tracker.log(self.step, metrics)
-                if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
-                    last_path = self.save()
-                self.publish(metrics, final=self.step == self.total_steps)
-                bar.update(1)
-                bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
+            # From here a SIGTERM stops the loop after the step in progress, with a checkpoint.
+            with self.termination.arm():
+                for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
+                    if self.validation is not None and validates_at(config, self.step, self.total_steps):
+                        metrics.update(self.validate())
+                    # Logged before the checkpoint: a checkpoint's step always has its row.
+                    tracker.log(self.step, metrics)
+                    if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
+                        last_path = self.save()
+                    self.publish(metrics, final=self.step == self.total_steps)
+                    bar.update(1)
+                    bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
+                    if self.termination.requested:
+                        self.stop(last_path)
             if config.checkpoint.export_hf != "never":
                 self.state.export_hf(output_dir / "hf")
             curves = tracker.plot()
