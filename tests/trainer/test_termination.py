@@ -21,7 +21,7 @@ from rlkube_trainer import cli
 from rlkube_trainer.checkpoint.store import CheckpointManager
 from rlkube_trainer.driver import GroupState, run_in_process
 from rlkube_trainer.rank import Rank
-from rlkube_trainer.termination import TERMINATION, Terminated
+from rlkube_trainer.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.tiny_task import init
 
 STEPS = 4
@@ -151,3 +151,23 @@ def _row(line: str) -> dict[str, float]:
     import json  # noqa: PLC0415
 
     return dict(json.loads(line))
+
+
+def test_sigterm_is_a_request_only_while_armed_and_worth_waiting() -> None:
+    termination = Termination()
+    assert not termination.take(signal.SIGTERM)  # before the loop: exit at once
+    with termination.arm(worth_waiting=lambda: False):  # a role pod whose driver is gone
+        assert not termination.take(signal.SIGTERM)
+    with termination.arm():
+        assert termination.take(signal.SIGTERM) and termination.requested
+    assert not termination.armed
+
+
+def test_the_cli_handler_exits_unless_the_loop_takes_the_signal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TERMINATION, "armed", False)
+    with pytest.raises(SystemExit) as exited:
+        cli._exit_on_sigterm(signal.SIGTERM, None)
+    assert exited.value.code == 128 + signal.SIGTERM
+    with TERMINATION.arm():
+        cli._exit_on_sigterm(signal.SIGTERM, None)  # returns: the loop stops at its next safe point
+        assert TERMINATION.requested

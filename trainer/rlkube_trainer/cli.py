@@ -208,8 +208,9 @@ def _join(args: argparse.Namespace, role: str) -> int:
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
     # A SIGTERM (the gang deleted for a restart or a suspend) keeps this pod's ranks up until
-    # the driver has saved the step in progress and ended, or the grace period ends.
-    with TERMINATION.arm():
+    # the driver has saved the step in progress and ended, or the grace period ends; with no
+    # head to serve (still joining, or gone) the pod exits at once.
+    with TERMINATION.arm(ray_cluster.head_reachable):
         code = ray_cluster.join_as_node(role, gpus)
     return 128 + TERMINATION.signum if TERMINATION.signum is not None else code
 

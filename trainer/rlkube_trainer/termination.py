@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 class Terminated(SystemExit):
@@ -35,10 +35,11 @@ class Termination:
     def __init__(self) -> None:
         self.armed = False
         self.signum: int | None = None
+        self.worth_waiting: Callable[[], bool] = lambda: True
 
     def take(self, signum: int) -> bool:
         """The signal handler's question: True when the loop will stop at its next safe point."""
-        if not self.armed:
+        if not self.armed or not self.worth_waiting():
             return False
         self.signum = signum
         return True
@@ -48,8 +49,10 @@ class Termination:
         return self.signum is not None
 
     @contextlib.contextmanager
-    def arm(self) -> Iterator[Termination]:
-        self.armed, self.signum = True, None
+    def arm(self, worth_waiting: Callable[[], bool] = lambda: True) -> Iterator[Termination]:
+        """Takes SIGTERM as a request while the block runs and `worth_waiting()` says so at the
+        signal (a role pod: while the driver it serves is there to save)."""
+        self.armed, self.signum, self.worth_waiting = True, None, worth_waiting
         try:
             yield self
         finally:
