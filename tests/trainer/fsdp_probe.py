@@ -123,12 +123,13 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
         config.actor.strategy = strategy
         actor = Actor(config, torch.device("cpu"), total_steps=10)
         checkpoint = Path(out, strategy)
+        reported: list[str] = []
         if plan == "save":
             step(actor, batch(1))
-            save_rank_state(checkpoint, {"actor": actor}, rank)
+            reported = sorted(save_rank_state(checkpoint, {"actor": actor}, rank))
         else:
             load_rank_state(Path(plan.removeprefix("load:"), strategy), {"actor": actor}, rank)
-        results[strategy] = {"sharded": actor.sharded, "metrics": []}
+        results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": reported}
         weights[strategy] = []
         for update in (2, 3):
             results[strategy]["metrics"].append(step(actor, batch(update)))

@@ -95,6 +95,16 @@ def test_two_ranks_resume_on_one(runs: dict[str, dict[str, Any]], strategy: str)
     assert runs["two"]["ranks"][0][strategy]["sharded"] == (strategy == "fsdp2")
     assert not runs["two-on-one"]["ranks"][0][strategy]["sharded"]  # one CPU rank: a whole model
     assert_continues(runs["two"], runs["two-on-one"], strategy)
+    # What each rank reported writing, for the driver to check before it commits: its own file
+    # and its torch distributed checkpoint shards (rank 0 the metadata too).
+    reported = [rank[strategy]["reported"] for rank in runs["two"]["ranks"]]
+    if strategy == "fsdp2":
+        assert reported == [
+            ["actor/rank_0.pt", "actor/sharded/.metadata", "actor/sharded/__0_0.distcp"],
+            ["actor/rank_1.pt", "actor/sharded/__1_0.distcp"],
+        ]
+    else:
+        assert reported == [["actor/rank_0.pt"], ["actor/rank_1.pt"]]
 
 
 @pytest.mark.trainer
