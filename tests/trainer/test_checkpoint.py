@@ -370,3 +370,17 @@ def test_the_manifest_records_each_parts_ranks_and_layout() -> None:
         "actor": {"world_size": 2, "sharded": True},
         "critic": {"world_size": 1, "sharded": False},
     }
+
+
+def test_a_part_changed_since_its_commit_is_refused_when_loaded(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, max_to_keep=3)
+    staging = manager.staging(10)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    committed = manager.commit(10, expected=store.written(staging, ["actor/rank_0.pt"], "actor rank 0"))
+    store.check_checksum(committed, "actor/rank_0.pt")  # as written
+    data = bytearray((committed / "actor" / "rank_0.pt").read_bytes())
+    data[-1] ^= 0xFF  # one bit flipped, the size kept: the size check cannot see it
+    (committed / "actor" / "rank_0.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"actor/rank_0\.pt is not what its writer wrote"):
+        store.check_checksum(committed, "actor/rank_0.pt")
+    store.check_checksum(committed, "driver.pt")  # no checksum recorded: not checked

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, written
+from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, check_checksum, written
 
 if TYPE_CHECKING:
     from rlkube_trainer.roles.training import Trainable
@@ -161,6 +161,7 @@ def load_rank_state(checkpoint: Path, trainables: Mapping[str, Trainable], rank:
     run did not have keeps its own RNG states (seeded per rank, as a fresh run's are)."""
     for part, trainable in trainables.items():
         path = rank_file(checkpoint, part, rank)
+        check_checksum(checkpoint, path.relative_to(checkpoint).as_posix())
         state = load_torch(path)
         if "local" in state:
             sharded = trainable.sharded_state_dict()
