@@ -866,13 +866,40 @@ class CheckpointConfig(ApiModel):
             "resume must be auto, disable or an absolute checkpoint path",
             ".resume",
         ),
+        CelRule(
+            "!has(self.resumeFrom) || (self.resume == 'auto' && self.resumeFrom.startsWith('/'))",
+            "resumeFrom must be an absolute path, and needs resume: auto (it seeds a run whose dir has no "
+            "checkpoint yet; an explicit resume path or disable would never read it)",
+            ".resumeFrom",
+        ),
     )
 
     dir: str = Field(
         "checkpoints", min_length=1, max_length=4096, description="Checkpoint folder (the mounted volume in pods)."
     )
     resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
+    resume_from: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="Seed a new run from another run's checkpoint (verl's resume_from_path): a complete "
+        "step_* dir or a checkpoint root (its latest), read while dir holds no complete checkpoint of its "
+        "own; later restarts resume from this run's own checkpoints. Any number of actor/critic ranks, "
+        "and another strategy or fsdpSize, may resume it. Needs resume: auto.",
+    )
     max_to_keep: int = Field(3, ge=1, description="Complete checkpoints kept; older ones are deleted.")
+    max_actor_ckpt_to_keep: int | None = Field(
+        None,
+        ge=1,
+        description="verl's name: checkpoints kept for the actor (default maxToKeep). A checkpoint holds "
+        "every role and is resumed whole, so the job keeps the larger of this and maxCriticCkptToKeep; "
+        "the newest complete checkpoint is never deleted.",
+    )
+    max_critic_ckpt_to_keep: int | None = Field(
+        None,
+        ge=1,
+        description="verl's name: checkpoints kept for the critic (default maxToKeep); see maxActorCkptToKeep.",
+    )
     adopt: bool = Field(
         False,
         description="In a cluster: continue the run another RLJob left in dir (the same name created "

@@ -166,6 +166,15 @@ class RunPolicy(ApiModel):
         description="How long a job waits for its pods to start: then a ConfigMap, Secret or claim they name still "
         "missing, a bad image or a volume that cannot be mounted fails it; no node that fits sets Unschedulable.",
     )
+    termination_grace_period_seconds: int = Field(
+        120,
+        ge=0,
+        le=86400,
+        description="Seconds every pod gets between SIGTERM and SIGKILL (its terminationGracePeriodSeconds; "
+        "the operator gives a restarted gang's running pods as much): the trainer finishes the step in "
+        "progress and saves a checkpoint of it in that time. Longer than a step plus a save, or the step "
+        "is lost (the previous checkpoint stays).",
+    )
     gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
     pod_failure_policy: PodFailurePolicy | None = Field(
         None, description="How pod failures are treated, by exit code or pod condition (before rlkube's defaults)."

@@ -72,7 +72,7 @@ class Cluster(Protocol):
 
     def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None: ...
     def create(self, manifest: dict[str, Any]) -> bool: ...
-    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None: ...
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
@@ -139,11 +139,14 @@ class Kube:
             raise
         return True
 
-    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
-        """Deletes (name, uid) pods. The UID precondition matters: a StatefulSet reuses a
-        pod's name at once, and only the object we saw may go, never its successor."""
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None:
+        """Deletes (name, uid) pods, giving each `grace_period_seconds` between SIGTERM and
+        SIGKILL. The UID precondition matters: a StatefulSet reuses a pod's name at once, and
+        only the object we saw may go, never its successor."""
         for name, uid in pods:
-            body = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=uid))
+            body = client.V1DeleteOptions(
+                grace_period_seconds=grace_period_seconds, preconditions=client.V1Preconditions(uid=uid)
+            )
             try:
                 self.core.delete_namespaced_pod(name, namespace, body=body)
             except ApiException as exc:

@@ -32,6 +32,9 @@ class DeletePods:
     a StatefulSet reuses a pod's name at once."""
 
     pods: tuple[tuple[str, str], ...]  # (name, uid)
+    # SIGTERM to SIGKILL: running pods get the job's grace period to save the step in progress;
+    # pods whose containers have ended have nothing to save and go at once.
+    grace_period_seconds: int = 0
 
 
 @dataclass(frozen=True)

@@ -133,8 +133,8 @@ class Reconciler:
                         # The plan's Created condition is out of date: stop before writing it;
                         # the next pass, at once, reports what was refused (or that all went in).
                         return ReconcileResult(requeue_after=REPLAN_SECONDS, replan=True)
-                case DeletePods(pods=stale):
-                    self.kube.delete_pods(namespace, stale)
+                case DeletePods(pods=stale, grace_period_seconds=grace):
+                    self.kube.delete_pods(namespace, stale, grace)
                 case ScaleToZero(stateful_sets=sets):
                     self.kube.scale_to_zero(namespace, sets)
                 case DeleteChildren():

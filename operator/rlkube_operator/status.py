@@ -702,7 +702,7 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     else:
         # For a restart: the new templates first (the attempt annotation), then the old gang goes.
         actions.append(ApplyChildren(status.restart_count, pods_wanted=fate not in (Fate.SUSPENDED, Fate.HELD)))
-    actions += _stale_pods(observed, status)
+    actions += _stale_pods(observed, status, job.spec.run_policy.termination_grace_period_seconds)
     return _with_write(p, actions, fate)
 
 
@@ -728,7 +728,9 @@ def _spec_fixed(p: _Pass) -> bool:
 
 def _finished(p: _Pass) -> Plan:
     """A terminal job: no children applied; they are deleted once the TTL elapses."""
-    actions: list[Action] = list(_stale_pods(p.observed, p.status))
+    actions: list[Action] = list(
+        _stale_pods(p.observed, p.status, p.job.spec.run_policy.termination_grace_period_seconds)
+    )
     ttl = p.job.spec.run_policy.ttl_seconds_after_finished
     done = parse_time(p.prev.completion_time)
     if ttl is not None and done is not None:
@@ -740,12 +742,18 @@ def _finished(p: _Pass) -> Plan:
     return _with_write(p, actions, None)
 
 
-def _stale_pods(observed: Observed, status: RLJobStatus) -> list[Action]:
-    """Pods of an earlier attempt still around (a restart's old gang)."""
-    stale = tuple(
-        (pod.name, pod.uid) for pod in observed.pods if pod.attempt < status.restart_count and not pod.deleting
-    )
-    return [DeletePods(stale)] if stale else []
+def _stale_pods(observed: Observed, status: RLJobStatus, grace_period_seconds: int) -> list[Action]:
+    """Pods of an earlier attempt still around (a restart's old gang): those whose containers
+    ended at once, the running ones with the grace period to save the step in progress."""
+    stale = [pod for pod in observed.pods if pod.attempt < status.restart_count and not pod.deleting]
+    ended = tuple((pod.name, pod.uid) for pod in stale if pod.failed or pod.succeeded)
+    running = tuple((pod.name, pod.uid) for pod in stale if not (pod.failed or pod.succeeded))
+    actions: list[Action] = []
+    if ended:
+        actions.append(DeletePods(ended))
+    if running:
+        actions.append(DeletePods(running, grace_period_seconds))
+    return actions
 
 
 def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:

@@ -204,3 +204,15 @@ def test_test_freq_without_val_files_is_refused_by_name() -> None:
         assert "testFreq" in str(exc), str(exc)
         return
     raise AssertionError("testFreq without valFiles was accepted")
+
+
+def test_resume_from_is_refused_by_name_where_it_would_never_be_read() -> None:
+    _refused("checkpoint.resumeFrom", "checkpoints/step_000010", "resumeFrom")
+    obj = example(GPU)
+    obj["spec"]["checkpoint"].update({"resume": "disable", "resumeFrom": "/ckpt/other"})
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "resumeFrom" in str(exc), str(exc)
+        return
+    raise AssertionError("resumeFrom with resume: disable was accepted")

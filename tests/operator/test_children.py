@@ -489,3 +489,11 @@ def test_every_pod_gets_the_jobs_ray_token_from_its_secret() -> None:
         assert env["RAY_AUTH_MODE"]["value"] == "token"
         ref = env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]
         assert (ref["name"], ref["key"]) == (secret["metadata"]["name"], "token")
+
+
+def test_every_pod_gets_the_jobs_grace_period_to_save_the_step_in_progress() -> None:
+    default, longer = load_job(CPU), load_job(CPU, set_path("spec.runPolicy.terminationGracePeriodSeconds", 600))
+    for role, sts in by_kind(children_of(default), "StatefulSet").items():
+        assert pod_spec(sts)["terminationGracePeriodSeconds"] == 120, role
+    for role, sts in by_kind(children_of(longer), "StatefulSet").items():
+        assert pod_spec(sts)["terminationGracePeriodSeconds"] == 600, role

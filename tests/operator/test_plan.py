@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
-from rlkube_api.rljob import RLJob
+from rlkube_api.rljob import RLJob, RunPolicy
 from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import view_pod
 from rlkube_operator.plan import (
@@ -30,6 +30,8 @@ from rlkube_operator.status import (
     pod_loss_breaks_gang,
 )
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
+
+GRACE = RunPolicy().termination_grace_period_seconds  # the default
 
 JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activeDeadlineSeconds 1800
 PODS = gang_pods(JOB)
@@ -139,12 +141,15 @@ def test_gang_failed_applies_the_new_attempt_then_deletes_the_old_gang() -> None
     pods = replace_pod(PODS, failed)
     p = plan(running(), pods, 100)
     assert p.status.restart_count == 1
-    assert kinds(p) == [ApplyChildren, DeletePods, WriteStatus, CountRestart]
+    assert kinds(p) == [ApplyChildren, DeletePods, DeletePods, WriteStatus, CountRestart]
     assert p.actions[0] == ApplyChildren(attempt=1, pods_wanted=True)
-    stale = p.actions[1]
-    assert isinstance(stale, DeletePods)
-    # Every pod of attempt 0, each by its UID.
-    assert sorted(stale.pods) == sorted((q["metadata"]["name"], q["metadata"]["uid"]) for q in pods)
+    ended, running_ = p.actions[1], p.actions[2]
+    assert isinstance(ended, DeletePods) and isinstance(running_, DeletePods)
+    # Every pod of attempt 0, each by its UID: the failed one at once, the running ones with the
+    # grace period to save the step in progress.
+    assert ended == DeletePods(((failed["metadata"]["name"], failed["metadata"]["uid"]),), 0)
+    assert running_.grace_period_seconds == GRACE
+    assert sorted(ended.pods + running_.pods) == sorted((q["metadata"]["name"], q["metadata"]["uid"]) for q in pods)
     assert p.restart_gang
 
 
@@ -154,7 +159,7 @@ def test_the_old_gang_is_deleted_until_it_is_gone_without_counting_again() -> No
     leftover = pod("tiny-cpu", "rollout", 0)  # attempt 0, still there
     deleting = pod("tiny-cpu", "controller", 0, deleting=True)  # attempt 0, on its way out
     p = plan(restarted, [leftover, deleting], 101)
-    assert DeletePods(((leftover["metadata"]["name"], leftover["metadata"]["uid"]),)) in p.actions
+    assert DeletePods(((leftover["metadata"]["name"], leftover["metadata"]["uid"]),), GRACE) in p.actions
     assert CountRestart() not in p.actions
     assert p.actions[0] == ApplyChildren(attempt=1, pods_wanted=True)
 

@@ -12,6 +12,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_api.conditions import State
+from rlkube_api.rljob import RunPolicy
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from rlkube_operator.status import REFERENCE_RECHECK_SECONDS, name_volume_source
@@ -72,8 +73,8 @@ class FakeKube:
         self.manifests[key] = manifest
         return True
 
-    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]]) -> None:
-        self.calls.append(("delete_pods", namespace, tuple(sorted(pods))))
+    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None:
+        self.calls.append(("delete_pods", namespace, tuple(sorted(pods)), grace_period_seconds))
 
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
         self.calls.append(("scale_to_zero", namespace, tuple(sorted(stateful_sets))))
@@ -205,11 +206,16 @@ def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:
     result = reconcile(kube, tracked, up.written, pods, 100)
 
     kinds = kube.kinds()
-    # The StatefulSets get the new attempt, then the old gang goes (each pod by its UID), then the status.
-    assert kinds == ["apply"] * kinds.count("apply") + ["delete_pods", "patch_status"]
+    # The StatefulSets get the new attempt, then the old gang goes (each pod by its UID: the
+    # failed one at once, the running ones with the grace period to save), then the status.
+    assert kinds == ["apply"] * kinds.count("apply") + ["delete_pods", "delete_pods", "patch_status"]
     assert {c[1] for c in kube.calls if c[0] == "apply"} >= {f"StatefulSet/{s}" for s in SETS}
-    deleted = next(c for c in kube.calls if c[0] == "delete_pods")
-    assert deleted[2] == tuple(sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods))
+    ended, running = (c for c in kube.calls if c[0] == "delete_pods")
+    assert (ended[2], ended[3]) == (((failed["metadata"]["name"], failed["metadata"]["uid"]),), 0)
+    assert running[3] == RunPolicy().termination_grace_period_seconds
+    assert tuple(sorted(ended[2] + running[2])) == tuple(
+        sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods)
+    )
     assert kube.written()["restartCount"] == 1
     assert result.state == State.RESTARTING
 

@@ -2,6 +2,13 @@
 actor's strategy, fsdpSize and compute dtype given on the command line; writes each
 rank's local parameter shapes, the update's metrics and (rank 0) the weights after it.
 
+With the plans `save` and `load:DIR` (test_world_size_resume, which runs one rank in its own
+process, without a process group as the trainer's one CPU rank does): `save` makes update 1
+with replicas and with FSDP2, checkpoints each, and makes updates 2 and 3; `load:DIR` resumes
+fresh actors from DIR's checkpoints (saved on another number of ranks) and makes updates 2 and
+3. Each writes the updates' metrics and (rank 0) the weights after each into OUT/<plan>/;
+`save+load:DIR` runs both, one process start for the two.
+
 With the plan `resume`, without and with optimizerOffload: two updates, a checkpoint between
 them, and the second update again by a fresh actor resumed from that checkpoint; the weights
 after each second update, and where the optimizer state was after each update and the resume.
@@ -33,8 +40,8 @@ from rlkube_trainer.roles.actor import Actor
 SAMPLES, PROMPT, RESPONSE = 16, 4, 3
 
 
-def global_batch(vocab: int) -> TrainBatch:
-    generator = torch.Generator().manual_seed(0)
+def global_batch(vocab: int, seed: int = 0) -> TrainBatch:
+    generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, vocab, (SAMPLES, PROMPT + RESPONSE), generator=generator)
     attention_mask = torch.ones_like(input_ids)
     attention_mask[::3, 0] = 0  # some left padding
@@ -100,9 +107,48 @@ def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
         torch.save(weights, Path(out, "weights.pt"))
 
 
+def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> None:
+    """`save` or `load:DIR` (see the module's doc), for each strategy, into OUT/<save|load>/."""
+    out = str(Path(out, plan.split(":", maxsplit=1)[0]))
+    Path(out).mkdir(parents=True, exist_ok=True)
+    vocab = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
+    shares = split(SAMPLES, world)[rank]
+
+    def batch(update: int) -> TrainBatch:
+        return global_batch(vocab, seed=update).select(torch.arange(SAMPLES)[shares])
+
+    results: dict[str, Any] = {}
+    weights: dict[str, list[dict[str, torch.Tensor]]] = {}
+    for strategy in ("replicate", "fsdp2"):
+        config.actor.strategy = strategy
+        actor = Actor(config, torch.device("cpu"), total_steps=10)
+        checkpoint = Path(out, strategy)
+        reported: list[str] = []
+        if plan == "save":
+            step(actor, batch(1))
+            reported = sorted(save_rank_state(checkpoint, {"actor": actor}, rank))
+        else:
+            load_rank_state(Path(plan.removeprefix("load:"), strategy), {"actor": actor}, rank)
+        results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": reported}
+        weights[strategy] = []
+        for update in (2, 3):
+            results[strategy]["metrics"].append(step(actor, batch(update)))
+            weights[strategy].append({name: t.clone() for name, t in actor.named_weights()})
+    Path(out, f"rank_{rank}.json").write_text(json.dumps(results))
+    if rank == 0:
+        torch.save(weights, Path(out, "weights.pt"))
+
+
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
+    if plan.startswith(("save", "load:")):
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        for each in plan.split("+"):
+            world_size_main(rank, world, config, out, each)
+        dist.barrier()
+        dist.destroy_process_group()
+        return
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     if plan == "resume":
         vocab = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
         resume_main(rank, config, global_batch(vocab).select(torch.arange(SAMPLES)[split(SAMPLES, world)[rank]]), out)

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from rlkube_trainer.checkpoint import store
 from rlkube_trainer.checkpoint.export import export_hf
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import (
@@ -22,6 +23,7 @@ from rlkube_trainer.checkpoint.store import (
     Checkpoint,
     CheckpointError,
     CheckpointManager,
+    Retention,
 )
 
 
@@ -271,3 +273,114 @@ def test_export_hf_round_trip(tmp_path: Path) -> None:
     ids = torch.tensor([[2, 4, 5, 13]])
     with torch.no_grad():
         assert torch.equal(model(input_ids=ids).logits, loaded(input_ids=ids).logits)
+
+
+def test_retention_per_part_keeps_the_largest_limit_of_the_parts_a_checkpoint_holds() -> None:
+    retention = Retention(3, {"actor": 1, "critic": 5})
+    assert retention.kept({"actor", "driver.pt"}) == 1
+    assert retention.kept({"actor", "critic", "driver.pt"}) == 5
+    assert retention.kept({"driver.pt"}) == 3  # no part with a limit of its own: max_to_keep
+    assert Retention(2, {"actor": None}).kept({"actor"}) == 2  # unset: max_to_keep
+    with pytest.raises(ValueError, match="actor"):
+        Retention(3, {"actor": 0})
+
+
+def test_max_actor_ckpt_to_keep_prunes_older_checkpoints(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, Retention(5, {"actor": 2}))
+    for step in (10, 20, 30, 40):
+        save_step(manager, step)
+    assert [c.step for c in manager.checkpoints()] == [30, 40]
+
+
+def test_the_only_complete_checkpoint_is_never_deleted(tmp_path: Path) -> None:
+    """A part of the new checkpoint lost between the rename and the pruning (a volume that is
+    not shared, a cleaner): the older checkpoints are all there is to resume from and stay."""
+    manager = CheckpointManager(tmp_path, Retention(1, {"actor": 1}))
+    save_step(manager, 10)
+    staging = manager.staging(20)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    real_replace = store.replace_dir
+
+    def lose_a_part(src: Path, dst: Path) -> None:
+        real_replace(src, dst)
+        (dst / "actor" / "rank_0.pt").unlink()
+
+    store.replace_dir = lose_a_part  # type: ignore[assignment]
+    try:
+        manager.commit(20)
+    finally:
+        store.replace_dir = real_replace  # type: ignore[assignment]
+    assert [c.step for c in manager.checkpoints()] == [10]
+    assert manager.latest() == Checkpoint(10, tmp_path / "step_000010")
+
+
+def test_resume_from_seeds_a_run_until_it_has_checkpoints_of_its_own(tmp_path: Path) -> None:
+    other = CheckpointManager(tmp_path / "other", max_to_keep=3)
+    for step in (10, 20):
+        save_step(other, step)
+    mine = CheckpointManager(tmp_path / "mine", max_to_keep=3)
+    seed_root, seed_step = str(tmp_path / "other"), str(tmp_path / "other" / "step_000010")
+    assert mine.resolve("auto", seed_root) == Checkpoint(20, tmp_path / "other" / "step_000020")  # the root's latest
+    assert mine.resolve("auto", seed_step) == Checkpoint(10, tmp_path / "other" / "step_000010")
+    assert mine.resolve("auto") is None
+    with pytest.raises(CheckpointError, match=r"resumeFrom path .*no such directory"):
+        mine.resolve("auto", str(tmp_path / "nothing"))
+    save_step(mine, 30)  # this run's own first checkpoint: restarts resume from it, not the seed
+    assert mine.resolve("auto", seed_step) == Checkpoint(30, tmp_path / "mine" / "step_000030")
+
+
+def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tmp_path: Path) -> None:
+    """Rank 1's pod mounts no shared volume: it wrote into its own file system and reported the
+    file; the driver's commit fails naming the rank and the file, and the previous checkpoint
+    stays the one resumed from."""
+    manager = CheckpointManager(tmp_path / "shared", max_to_keep=3)
+    save_step(manager, 10)
+    staging = manager.staging(20)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    expected = store.written(staging, ["actor/rank_0.pt"], "actor rank 0")
+    own = tmp_path / "rank-1-pod" / staging.name  # the same path, in another pod's file system
+    save_torch(own / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    expected |= store.written(own, ["actor/rank_1.pt"], "actor rank 1")
+    with pytest.raises(
+        CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt, which is not there.*checkpoint\.volume"
+    ):
+        manager.commit(20, expected=expected)
+    assert manager.latest() == Checkpoint(10, tmp_path / "shared" / "step_000010")
+    assert not (tmp_path / "shared" / "step_000020").exists()
+    # A file cut short (a copy still going on, a full disk) fails the same way.
+    save_torch(staging / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    with open(staging / "actor" / "rank_1.pt", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt with \d+ bytes, 10 are there"):
+        manager.commit(20, expected=expected)
+    assert manager.latest() == Checkpoint(10, tmp_path / "shared" / "step_000010")
+    # All there: committed, with the writers' checksums in the manifest.
+    save_torch(staging / "actor" / "rank_1.pt", {"w": torch.ones(3)})
+    expected |= store.written(staging, ["actor/rank_1.pt"], "actor rank 1")
+    committed = manager.commit(20, expected=expected)
+    manifest = json.loads((committed / MANIFEST).read_text())
+    assert manifest["sha256"] == {name: record.sha256 for name, record in expected.items()}
+
+
+def test_the_manifest_records_each_parts_ranks_and_layout() -> None:
+    from rlkube_trainer.driver import layout_of  # noqa: PLC0415
+
+    files = ["actor/rank_0.pt", "actor/rank_1.pt", "actor/sharded/__0_0.distcp", "critic/rank_0.pt", "driver.pt"]
+    assert layout_of(files) == {
+        "actor": {"world_size": 2, "sharded": True},
+        "critic": {"world_size": 1, "sharded": False},
+    }
+
+
+def test_a_part_changed_since_its_commit_is_refused_when_loaded(tmp_path: Path) -> None:
+    manager = CheckpointManager(tmp_path, max_to_keep=3)
+    staging = manager.staging(10)
+    save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
+    committed = manager.commit(10, expected=store.written(staging, ["actor/rank_0.pt"], "actor rank 0"))
+    store.check_checksum(committed, "actor/rank_0.pt")  # as written
+    data = bytearray((committed / "actor" / "rank_0.pt").read_bytes())
+    data[-1] ^= 0xFF  # one bit flipped, the size kept: the size check cannot see it
+    (committed / "actor" / "rank_0.pt").write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=r"actor/rank_0\.pt is not what its writer wrote"):
+        store.check_checksum(committed, "actor/rank_0.pt")
+    store.check_checksum(committed, "driver.pt")  # no checksum recorded: not checked

@@ -302,3 +302,20 @@ def test_use_liger_arrives_and_needs_the_package(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not importable
     with pytest.raises(RuntimeError, match="liger-kernel"):
         apply_liger(nn.Linear(2, 2))
+
+
+def test_resume_from_path_seeds_the_run_and_checkpoints_to_keep_arrive_per_role() -> None:
+    """verl's resume_path mode becomes resume auto + resumeFrom: a restart after the run's own
+    first checkpoint resumes from that one, not from the seed again."""
+    verl = copy.deepcopy(PPO_GSM8K)
+    verl["trainer"].update(
+        {
+            "resume_mode": "resume_path",
+            "resume_from_path": "/ckpt/other/step_000100",
+            "max_actor_ckpt_to_keep": 2,
+            "max_critic_ckpt_to_keep": 4,
+        }
+    )
+    checkpoint = convert(verl).config.checkpoint
+    assert (checkpoint.resume, checkpoint.resume_from) == ("auto", "/ckpt/other/step_000100")
+    assert (checkpoint.max_actor_ckpt_to_keep, checkpoint.max_critic_ckpt_to_keep) == (2, 4)

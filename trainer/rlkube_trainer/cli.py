@@ -59,7 +59,14 @@ SIGTERM_MESSAGE = "stopped by SIGTERM: the pod was deleted, preempted or drained
 
 def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
     from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415  (imported by _in_pod already)
+    from rlkube_trainer.termination import TERMINATION  # noqa: PLC0415  (imported by _in_pod already)
 
+    if TERMINATION.take(signum):
+        # The training loop stops after the step in progress and saves it (termination.py);
+        # until then this says why, should the grace period end first.
+        write_termination_message(SIGTERM_MESSAGE + "; saving a checkpoint after the step in progress")
+        log.warning("SIGTERM: stopping after the step in progress, with a checkpoint")
+        return
     # The pod's termination message says why it ended, instead of the log's last lines (the
     # operator puts it into the job's condition and Event).
     write_termination_message(SIGTERM_MESSAGE)
@@ -77,10 +84,15 @@ def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
     def run(args: argparse.Namespace) -> int:
         import rlkube_trainer.preflight  # noqa: F401, PLC0415  (loaded before a signal needs it)
+        from rlkube_trainer.preflight import write_termination_message  # noqa: PLC0415
+        from rlkube_trainer.termination import Terminated  # noqa: PLC0415
 
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             return handler(args)
+        except Terminated as stopped:
+            write_termination_message(stopped.message)
+            return int(stopped.code or 0)
         except Exception:
             return _fail(ExitCode.UNEXPECTED, traceback.format_exc().strip())
 
@@ -191,9 +203,16 @@ def _join(args: argparse.Namespace, role: str) -> int:
             check_group(_load(Path(os.environ[Env.CONFIG])), role)
         except PreflightError as exc:
             return _fail(exit_code_of(exc), str(exc))
+    from rlkube_trainer.termination import TERMINATION  # noqa: PLC0415
+
     gpus = int(os.environ.get(Env.PET_NPROC_PER_NODE, "1")) if args.gpus is None else args.gpus
     gpus = gpus if _has_gpu() else 0
-    return ray_cluster.join_as_node(role, gpus)
+    # A SIGTERM (the gang deleted for a restart or a suspend) keeps this pod's ranks up until
+    # the driver has saved the step in progress and ended, or the grace period ends; with no
+    # head to serve (still joining, or gone) the pod exits at once.
+    with TERMINATION.arm(ray_cluster.head_reachable):
+        code = ray_cluster.join_as_node(role, gpus)
+    return 128 + TERMINATION.signum if TERMINATION.signum is not None else code
 
 
 def _has_gpu() -> bool:

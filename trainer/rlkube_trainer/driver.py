@@ -17,7 +17,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
-from rlkube_trainer.checkpoint.store import CheckpointManager
+from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
 from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.dispatch import (
     ColocatedRollout,
@@ -52,6 +52,7 @@ from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env
 from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import LocalRankGroup, RankGroup
 from rlkube_trainer.reward import RewardScorer, build_reward_scorer
+from rlkube_trainer.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.tracking import Tracker
 from rlkube_trainer.validation import Validation, headline_score, validation_prompts
 
@@ -169,10 +170,14 @@ class GroupState:
         self.trainable = [groups[g.name] for g in placement.groups if g.hosts & trainable]
         self.actor = groups[Role.ACTOR]
 
-    def save(self, staging: Path) -> list[str]:
-        return [
-            file for group in self.trainable for written in group.call_all("save", str(staging)) for file in written
-        ]
+    def save(self, staging: Path) -> dict[str, Written]:
+        """Every rank's parts; what each rank says it wrote (the driver checks it is there)."""
+        return {
+            relative: record
+            for group in self.trainable
+            for files in group.call_all("save", str(staging))
+            for relative, record in files.items()
+        }
 
     def load(self, checkpoint: Path) -> None:
         for group in self.trainable:
@@ -180,6 +185,25 @@ class GroupState:
 
     def export_hf(self, path: Path) -> None:
         self.actor.call_all("export_hf", str(path))
+
+
+def layout_of(files: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Per trainable part: how many ranks wrote it and whether as shards (torch distributed
+    checkpoint), for whoever resumes it on another number of ranks."""
+    layout: dict[str, dict[str, Any]] = {}
+    for relative in files:
+        part, _, rest = relative.partition("/")
+        if rest.startswith("rank_") or rest.startswith("sharded/"):
+            entry = layout.setdefault(part, {"world_size": 0, "sharded": False})
+            entry["world_size"] += rest.startswith("rank_")
+            entry["sharded"] |= rest.startswith("sharded/")
+    return layout
+
+
+def retention_of(config: TrainerConfig) -> Retention:
+    checkpoint = config.checkpoint
+    per_part = {Role.ACTOR: checkpoint.max_actor_ckpt_to_keep, Role.CRITIC: checkpoint.max_critic_ckpt_to_keep}
+    return Retention(checkpoint.max_to_keep, {str(part): limit for part, limit in per_part.items()})
 
 
 def validates_at(config: TrainerConfig, step: int, total_steps: int) -> bool:
@@ -223,15 +247,17 @@ class TrainingRun:
         reporter: ProgressReporter | None = None,
         metrics: DriverMetrics | None = None,
         validation: Validation | None = None,
+        termination: Termination = TERMINATION,
     ) -> None:
         self.config = config
+        self.termination = termination
         self.ppo = ppo
         self.loader = loader
         self.state = state
         self.reporter = reporter or NullReporter()
         self.metrics = metrics
         self.validation = validation
-        self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), config.checkpoint.max_to_keep)
+        self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), retention_of(config))
         self.total_steps = total_steps_of(config, loader)
         self.step = 0
         # When this attempt's steps began, and from which step: its pace gives the ETA.
@@ -242,7 +268,7 @@ class TrainingRun:
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
-        found = self.checkpoints.resolve(self.config.checkpoint.resume)
+        found = self.checkpoints.resolve(self.config.checkpoint.resume, self.config.checkpoint.resume_from)
         if found is None:
             return
         self.state.load(found.path)
@@ -271,12 +297,23 @@ class TrainingRun:
                 "validation": self.last_validation,
             },
         )
+        files |= written(staging, ["driver.pt"], "the driver")
         if self.config.checkpoint.export_hf == "every_save":
             self.state.export_hf(staging / "hf")
-        path = self.checkpoints.commit(self.step, {"parts": sorted({f.split("/")[0] for f in files})})
+        path = self.checkpoints.commit(
+            self.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
+        )
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s", path)
         return path
+
+    def stop(self, last_path: Path | None) -> None:
+        """SIGTERM (termination.py): this step's checkpoint unless it has one, then the exit."""
+        if self.last_checkpoint_step != self.step:
+            last_path = self.save()
+        assert self.termination.signum is not None
+        log.warning("stopping at step %d on signal %d, checkpoint %s", self.step, self.termination.signum, last_path)
+        raise Terminated(self.termination.signum, self.step, str(last_path) if last_path else None)
 
     def _batches(self) -> Iterator[list[Prompt]]:
         while True:
@@ -409,16 +446,20 @@ class TrainingRun:
                 return RunResult(self.step, tracker.history(), output_dir, tracker.plot(), None)
             batches = self._batches()
             sync = config.trainer.v1.trainer_mode == "sync"
-            for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
-                if self.validation is not None and validates_at(config, self.step, self.total_steps):
-                    metrics.update(self.validate())
-                # Logged before the checkpoint: a checkpoint's step always has its row.
-                tracker.log(self.step, metrics)
-                if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
-                    last_path = self.save()
-                self.publish(metrics, final=self.step == self.total_steps)
-                bar.update(1)
-                bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
+            # From here a SIGTERM stops the loop after the step in progress, with a checkpoint.
+            with self.termination.arm():
+                for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
+                    if self.validation is not None and validates_at(config, self.step, self.total_steps):
+                        metrics.update(self.validate())
+                    # Logged before the checkpoint: a checkpoint's step always has its row.
+                    tracker.log(self.step, metrics)
+                    if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
+                        last_path = self.save()
+                    self.publish(metrics, final=self.step == self.total_steps)
+                    bar.update(1)
+                    bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
+                    if self.termination.requested:
+                        self.stop(last_path)
             if config.checkpoint.export_hf != "never":
                 self.state.export_hf(output_dir / "hf")
             curves = tracker.plot()

@@ -26,6 +26,7 @@ from rlkube_api.names import Env
 from rlkube_api.placement import Role
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
+from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
 from rlkube_trainer.resharding import CHECK_SLICES_ENV, ModelShape, gather_slices, staged, tp_slice
@@ -275,7 +276,7 @@ class Rank:
         parts: dict[str, Trainable | None] = {Role.ACTOR: self.actor, Role.CRITIC: self.critic}
         return {name: part for name, part in parts.items() if part is not None}
 
-    def save(self, directory: str) -> list[str]:
+    def save(self, directory: str) -> dict[str, Written]:
         """Writes this rank's state into the checkpoint's staging folder; returns the files."""
         return save_rank_state(Path(directory), self._trainables(), self.spec.rank)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import time
 
@@ -15,6 +16,7 @@ import ray
 
 from rlkube_api.names import RAY_START_ARGS_ENV, Env
 from rlkube_api.placement import Placement
+from rlkube_trainer.termination import TERMINATION
 
 log = logging.getLogger("rlkube.trainer")
 # How long a role pod keeps trying to reach the Ray head.
@@ -106,6 +108,16 @@ def wait_for_nodes(placement: Placement, timeout: float) -> None:
         time.sleep(2)
 
 
+def head_reachable(timeout: float = 1.0) -> bool:
+    """Whether the Ray head this pod joins (its driver) answers on its address."""
+    host, _, port = os.environ.get(Env.RAY_ADDRESS, "").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def join_as_node(group: str, gpus: int) -> int:
     """A role pod: joins the head and advertises its group and pod index; returns when
     the head goes away (the driver ended)."""
@@ -128,7 +140,8 @@ def join_as_node(group: str, gpus: int) -> int:
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:
         code = subprocess.run(command, check=False).returncode
-        if code == 0 or time.monotonic() > deadline:
+        # After a SIGTERM the pod waited for its driver to end (termination.py): not again.
+        if code == 0 or time.monotonic() > deadline or TERMINATION.requested:
             return code
         log.info("Ray head at %s not reachable yet (exit %d); retrying", address, code)
         time.sleep(5)

@@ -422,8 +422,8 @@ RULES: dict[str, Rule] = {
     "trainer.default_local_dir": To("checkpoint.dir"),
     "trainer.resume_mode": To("checkpoint.resume", lambda v: {"resume_path": "auto"}.get(v, v)),  # see _finish
     "trainer.resume_from_path": Ignored("read with resume_mode resume_path"),
-    "trainer.max_actor_ckpt_to_keep": To("checkpoint.max_to_keep"),
-    "trainer.max_critic_ckpt_to_keep": Ignored("checkpoint.max_to_keep applies to every role"),
+    "trainer.max_actor_ckpt_to_keep": To("checkpoint.max_actor_ckpt_to_keep"),
+    "trainer.max_critic_ckpt_to_keep": To("checkpoint.max_critic_ckpt_to_keep"),
     "trainer.nnodes": To("roles.actor.replicas"),
     "trainer.n_gpus_per_node": To("roles.actor.gpus_per_replica"),
     "trainer.balance_batch": Ignored(PERF),
@@ -608,8 +608,10 @@ def _finish(
         ignored += [(k, why) for k, _ in dropped]
     trainer = verl.get("trainer") or {}
     if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
-        _set(tree, "checkpoint.resume", trainer["resume_from_path"])
-        mapped.append(("trainer.resume_from_path", "checkpoint.resume"))
+        # resume auto + resumeFrom: the path seeds the run, and a restart after this run's own
+        # first checkpoint resumes from that one, not from the seed again.
+        _set(tree, "checkpoint.resume_from", trainer["resume_from_path"])
+        mapped.append(("trainer.resume_from_path", "checkpoint.resume_from"))
     if not reward:
         errors.append(
             "custom_reward_function.path: required (verl's built-in scorers by data_source have no counterpart)"

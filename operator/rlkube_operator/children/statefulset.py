@@ -173,6 +173,8 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         "containers": [container],
         "volumes": volumes,
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        # SIGTERM to SIGKILL (suspend, eviction, drain): the trainer saves the step in progress.
+        "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
     }
     pod["serviceAccountName"] = trainer_service_account_name(job)
     if spec.image_pull_secrets:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rlkube_trainer.checkpoint.store import CheckpointError, atomic_file
+from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, check_checksum, written
 
 if TYPE_CHECKING:
     from rlkube_trainer.roles.training import Trainable
@@ -49,7 +50,10 @@ def load_sharded(directory: Path, state: dict[str, Any]) -> None:
 
     if not (directory / ".metadata").is_file():
         raise CheckpointError(f"{directory} holds no sharded checkpoint (no .metadata)")
-    load(state, checkpoint_id=str(directory))
+    with warnings.catch_warnings():
+        # One rank without a process group (CPU) reads the shards into a whole model: meant.
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        load(state, checkpoint_id=str(directory))
 
 
 def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
@@ -117,38 +121,61 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 # --- a rank's trainable roles -------------------------------------------------------------------
 
 
-def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> list[str]:
+def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> dict[str, Written]:
     """Each trainable role of a rank into `staging/<role>/`: a sharded model's parameters and
     optimizer state through torch.distributed.checkpoint (a collective over the role's group),
     the rest (or all of it, unsharded) in `rank_<rank>.pt` with this process's RNG states.
-    Returns the files written, relative to `staging`."""
-    written = []
+    Returns the files this rank wrote (relative to `staging`), for the driver to check."""
+    files = []
     for part, trainable in trainables.items():
         path = staging / part / f"rank_{rank}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)  # ranks create their role's folder concurrently
         if trainable.sharded:
-            save_sharded(staging / part / "sharded", trainable.sharded_state_dict())
+            sharded = staging / part / "sharded"
+            save_sharded(sharded, trainable.sharded_state_dict())
             save_torch(path, {"local": trainable.local_state_dict(), "rng": capture_rng()})
+            # torch.distributed.checkpoint's file system writer: `__<rank>_<n>.distcp` per rank of
+            # the group, `.metadata` by its coordinator (rank 0).
+            mine = sorted(sharded.glob(f"__{rank}_*.distcp")) + ([sharded / ".metadata"] if rank == 0 else [])
+            files += [str(f.relative_to(staging)) for f in mine]
         else:
             save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
-        written.append(str(path.relative_to(staging)))
-    return written
+        files.append(str(path.relative_to(staging)))
+    return written(staging, files, f"{'/'.join(trainables)} rank {rank}")
+
+
+def rank_file(checkpoint: Path, part: str, rank: int) -> Path:
+    """The per-rank file rank `rank` resumes `part` from: its own, or rank 0's where the run that
+    saved had fewer ranks (resumed on more GPUs). Every rank of a role holds the same scheduler,
+    mini-batch generator and (full replicas) model and optimizer, so rank 0's serve any rank."""
+    own = checkpoint / part / f"rank_{rank}.pt"
+    if own.is_file() or rank == 0:
+        return own
+    return checkpoint / part / "rank_0.pt"
 
 
 def load_rank_state(checkpoint: Path, trainables: Mapping[str, Trainable], rank: int) -> None:
-    """What `save_rank_state` wrote, back into the same roles."""
+    """What `save_rank_state` wrote, back into the same roles, on any number of ranks and either
+    layout: a sharded checkpoint is resharded by torch.distributed.checkpoint (into shards or a
+    whole model), full replicas are loaded whole or cut into this run's shards. A rank the saving
+    run did not have keeps its own RNG states (seeded per rank, as a fresh run's are)."""
     for part, trainable in trainables.items():
-        path = checkpoint / part / f"rank_{rank}.pt"
+        path = rank_file(checkpoint, part, rank)
+        check_checksum(checkpoint, path.relative_to(checkpoint).as_posix())
         state = load_torch(path)
-        if trainable.sharded:
-            if "local" not in state:
-                raise CheckpointError(f"{path}: written by unsharded ranks; this run shards {part} (strategy)")
+        if "local" in state:
             sharded = trainable.sharded_state_dict()
             load_sharded(checkpoint / part / "sharded", sharded)
             trainable.load_sharded_state_dict(sharded)
             trainable.load_local_state_dict(state["local"])
+        elif "state" in state:
+            if trainable.sharded:
+                trainable.load_full_state_dict(state["state"])
+            else:
+                trainable.load_state_dict(state["state"])
         else:
-            if "state" not in state:
-                raise CheckpointError(f"{path}: written by sharded ranks; this run does not shard {part}")
-            trainable.load_state_dict(state["state"])
-        restore_rng(state["rng"])
+            raise CheckpointError(f"{path}: neither a sharded nor a full {part} state")
+        if path.name == f"rank_{rank}.pt":
+            restore_rng(state["rng"])
+        else:
+            log.info("%s rank %d: resuming from %s (the checkpoint had fewer ranks)", part, rank, path)

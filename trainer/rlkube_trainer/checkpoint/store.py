@@ -19,11 +19,16 @@ The protocol, with one coordinator (the driver) and any number of writers:
 1. the coordinator calls `staging(step)`, which creates an empty `.tmp-step_N/`, and hands its
    path to the writers (the path is the same in every pod);
 2. each writer saves its own file(s) with `save_torch` (each file atomic and fsynced) and
-   reports back;
-3. once all writers are done the coordinator calls `commit(step, manifest)`: manifest.json (with
-   every file's size) and COMPLETE go into the staging dir, everything is fsynced, the dir is
+   reports back what it wrote (`written`: each file's size and SHA-256);
+3. once all writers are done the coordinator calls `commit(step, manifest, expected)`: every file
+   a writer reported must be there with its size, seen from the coordinator (a writer whose pod
+   does not mount the same volume wrote into its own file system: the commit fails naming the
+   writer and the file, and the previous checkpoint stays the latest); then manifest.json (every
+   file's size, the writers' checksums) and COMPLETE go into the staging dir, everything is
+   fsynced, the dir is
    renamed to `step_N/` and only then the `latest` marker is replaced; old checkpoints beyond
-   `max_to_keep` and stale staging dirs are deleted last.
+   the retention (`Retention`) and stale staging dirs are deleted last, and only once the new
+   checkpoint checks complete: the only complete checkpoint is never deleted.
 
 A crash anywhere before the rename leaves only a `.tmp-*` dir, which nothing resumes from; a
 crash between the rename and the marker leaves the marker at the previous checkpoint, which is
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import os
@@ -45,8 +51,8 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -60,7 +66,7 @@ FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _STAGING_DIR = re.compile(r"^\.tmp-step_(\d+)$")
 # Keys `commit` writes itself; a caller's manifest may not shadow them.
-_RESERVED = frozenset({"format", "step", "time", "unix_time", "files"})
+_RESERVED = frozenset({"format", "step", "time", "unix_time", "files", "sha256"})
 
 
 class CheckpointError(RuntimeError):
@@ -205,6 +211,62 @@ def check_complete(path: Path) -> Checkpoint:
     return Checkpoint(step=int(manifest["step"]), path=path)
 
 
+@dataclass(frozen=True)
+class Written:
+    """A file a writer wrote into the staging dir, as the writer saw it."""
+
+    size: int
+    sha256: str
+    writer: str  # who wrote it, for the error when the coordinator does not see it: "actor rank 1"
+
+
+def written(staging: Path, relative: Iterable[str], writer: str) -> dict[str, Written]:
+    """What a writer reports after saving `relative` (paths under `staging`)."""
+    out = {}
+    for name in relative:
+        path = staging / name
+        out[name] = Written(path.stat().st_size, sha256_of(path), writer)
+    return out
+
+
+def sha256_of(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_checksum(checkpoint: Path, relative: str) -> None:
+    """The part `relative` of a committed checkpoint has the SHA-256 its writer reported
+    (a file changed since, with its size kept: a bad disk, a partial copy); a checkpoint
+    without checksums (written before them, or by a test) is not checked."""
+    try:
+        recorded = json.loads((checkpoint / MANIFEST).read_text()).get("sha256", {}).get(relative)
+    except (OSError, ValueError):
+        return
+    if recorded is not None and sha256_of(checkpoint / relative) != recorded:
+        raise CheckpointError(f"checkpoint {checkpoint}: {relative} is not what its writer wrote (SHA-256 differs)")
+
+
+def check_written(staging: Path, expected: Mapping[str, Written]) -> None:
+    """Every file the writers reported is in `staging` with the size they wrote, as seen here;
+    CheckpointError naming the first writer and file that are not (all of them, listed)."""
+    problems = []
+    for relative, record in sorted(expected.items()):
+        try:
+            size = (staging / relative).stat().st_size
+        except OSError:
+            problems.append(f"{record.writer} wrote {relative}, which is not there")
+            continue
+        if size != record.size:
+            problems.append(f"{record.writer} wrote {relative} with {record.size} bytes, {size} are there")
+    if problems:
+        raise CheckpointError(
+            f"checkpoint {staging} is not committed, the previous one stays the latest: "
+            + "; ".join(problems)
+            + ". Every pod that writes checkpoints must mount the same volume at checkpoint.dir "
+            "(set checkpoint.volume to a ReadWriteMany volume)"
+        )
+
+
 def _is_complete(path: Path) -> Checkpoint | None:
     try:
         return check_complete(path)
@@ -213,14 +275,32 @@ def _is_complete(path: Path) -> Checkpoint | None:
         return None
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How many complete checkpoints to keep: `max_to_keep`, or per part (verl's
+    max_actor_ckpt_to_keep / max_critic_ckpt_to_keep) where set. One checkpoint holds every
+    part and is resumed whole, so the number kept is the largest limit of the parts it holds:
+    no part loses a checkpoint its own limit keeps."""
+
+    max_to_keep: int
+    per_part: Mapping[str, int | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, limit in {"max_to_keep": self.max_to_keep, **self.per_part}.items():
+            if limit is not None and limit < 1:
+                raise ValueError(f"checkpoints to keep ({name}) must be at least 1, got {limit}")
+
+    def kept(self, parts: Iterable[str]) -> int:
+        limits = [self.per_part.get(part) or self.max_to_keep for part in parts if part in self.per_part]
+        return max(limits, default=self.max_to_keep)
+
+
 class CheckpointManager:
     """Writes, finds and prunes the checkpoints under one root directory."""
 
-    def __init__(self, root: Path, max_to_keep: int) -> None:
-        if max_to_keep < 1:
-            raise ValueError(f"max_to_keep must be at least 1, got {max_to_keep}")
+    def __init__(self, root: Path, max_to_keep: int | Retention) -> None:
         self.root = Path(root)
-        self.max_to_keep = max_to_keep
+        self.retention = max_to_keep if isinstance(max_to_keep, Retention) else Retention(max_to_keep)
 
     # -- writing --
 
@@ -242,16 +322,21 @@ class CheckpointManager:
         path.mkdir(parents=True)
         return path
 
-    def commit(self, step: int, manifest: Mapping[str, Any] | None = None) -> Path:
+    def commit(
+        self, step: int, manifest: Mapping[str, Any] | None = None, expected: Mapping[str, Written] | None = None
+    ) -> Path:
         """Seal step `step`'s staging dir as a complete checkpoint and point `latest` at it.
 
         `manifest` is the caller's description (parts written, config, metrics), stored in
-        manifest.json next to the step, the time and each file's size. Call only after every
-        writer has finished.
+        manifest.json next to the step, the time and each file's size. `expected`: what the
+        writers reported (`written`), checked to be there first (`check_written`) and their
+        checksums kept in the manifest. Call only after every writer has finished.
         """
         staging = self.staging_path(step)
         if not staging.is_dir():
             raise CheckpointError(f"commit of step {step}: no staging dir {staging} (call staging() first)")
+        expected = expected or {}
+        check_written(staging, expected)
         extra = dict(manifest or {})
         shadowed = _RESERVED & extra.keys()
         if shadowed:
@@ -271,6 +356,7 @@ class CheckpointManager:
             "time": datetime.fromtimestamp(now, UTC).isoformat(),
             "unix_time": now,
             "files": files,
+            "sha256": {relative: record.sha256 for relative, record in sorted(expected.items())},
             **extra,
         }
         # Serialise before touching anything, so a non-JSON manifest fails without side effects.
@@ -287,15 +373,24 @@ class CheckpointManager:
         return final
 
     def _prune(self, keep: Path, step: int) -> None:
-        """Delete complete checkpoints beyond max_to_keep and stale staging/trash dirs.
+        """Delete complete checkpoints beyond the retention and stale staging/trash dirs.
 
-        The one just written always stays; dirs of newer steps (left by a run that was resumed
-        from an older checkpoint) are not "oldest" and are left alone.
+        The one just written always stays, and nothing is deleted unless it checks complete (a
+        part lost since the rename): older checkpoints are then all there is to resume from.
+        Dirs of newer steps (left by a run that was resumed from an older checkpoint) are not
+        "oldest" and are left alone.
         """
+        try:
+            manifest = check_complete(keep).manifest()
+        except CheckpointError as error:
+            log.error("not deleting older checkpoints: the new one is not complete: %s", error)
+            return
+        parts = {relative.split("/")[0] for relative in manifest.get("files", {})}
+        kept = self.retention.kept(parts)
         complete = [c for c in self._step_dirs() if c.step <= step and c.path != keep]
         complete.sort(key=lambda c: c.step, reverse=True)
-        for old in complete[self.max_to_keep - 1 :]:
-            log.info("deleting checkpoint %s (max_to_keep=%d)", old.path, self.max_to_keep)
+        for old in complete[kept - 1 :]:
+            log.info("deleting checkpoint %s (keeping %d)", old.path, kept)
             shutil.rmtree(old.path, ignore_errors=True)
         for entry in self._entries():
             match = _STAGING_DIR.match(entry.name)
@@ -339,24 +434,34 @@ class CheckpointManager:
         complete = self.checkpoints()
         return complete[-1] if complete else None
 
-    def resolve(self, resume: str) -> Checkpoint | None:
+    def resolve(self, resume: str, resume_from: str | None = None) -> Checkpoint | None:
         """The checkpoint `checkpoint.resume` asks for: None to start fresh.
 
-        "disable" never resumes, "auto" resumes from latest() if there is one, and an absolute
-        path must be a complete checkpoint (an explicit request that cannot be honoured is an
-        error, not a silent fresh start).
+        "disable" never resumes, "auto" resumes from latest() if there is one, else from
+        `resume_from` (another run's checkpoint, or its root's latest) if given; an absolute path
+        must be a complete checkpoint (an explicit request that cannot be honoured is an error,
+        not a silent fresh start).
         """
         if resume == "disable":
             return None
         if resume == "auto":
-            return self.latest()
+            own = self.latest()
+            if own is not None or resume_from is None:
+                return own
+            # A checkpoint root: its latest complete checkpoint (a step dir holds no step dirs).
+            seed = CheckpointManager(Path(resume_from), self.retention).latest()
+            return seed if seed is not None else self._explicit(resume_from, "resumeFrom")
+        return self._explicit(resume, "resume")
+
+    @staticmethod
+    def _explicit(resume: str, key: str) -> Checkpoint:
         path = Path(resume)
         if not path.is_absolute():
-            raise CheckpointError(f"resume {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
+            raise CheckpointError(f"{key} {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
         try:
             return check_complete(path)
         except CheckpointError as error:
             hint = ""
             if (path / LATEST).exists() or any(_STEP_DIR.match(p.name) for p in path.glob("step_*")):
                 hint = f" (it looks like a checkpoint root; name one of its step_* dirs, e.g. {path}/step_000100)"
-            raise CheckpointError(f"resume path {path} is not a complete checkpoint: {error}{hint}") from error
+            raise CheckpointError(f"{key} path {path} is not a complete checkpoint: {error}{hint}") from error

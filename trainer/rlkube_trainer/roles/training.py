@@ -338,6 +338,28 @@ class Trainable:
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         self._offload_optimizer_state()
 
+    def load_full_state_dict(self, state: dict[str, Any]) -> None:
+        """What `state_dict` saved on full replicas, into this run's shards (resumed with FSDP2
+        from a checkpoint of unsharded ranks: another world size, or one rank on CPU)."""
+        names = [name for name, _ in self.model.named_parameters()]
+        optimizer = state["optimizer"]
+        # torch's Optimizer.state_dict names a parameter by its index in param_groups (the model's
+        # order, build_optimizer); torch.distributed.checkpoint's form names it by its FQN.
+        by_name: dict[str, Any] = {
+            "state": {names[int(index)]: value for index, value in optimizer["state"].items()},
+            "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in optimizer["param_groups"]],
+        }
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=by_name,
+            options=StateDictOptions(full_state_dict=True),
+        )
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.generator.set_state(state["generator"])
+        self._offload_optimizer_state()
+
     def local_state_dict(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(), "generator": self.generator.get_state()}
 

@@ -1,0 +1,116 @@
+"""A checkpoint resumes on another number of ranks: saved on 2 gloo ranks and resumed on 1,
+saved on 1 and resumed on 2, with full replicas and with FSDP2 (one CPU rank has no process
+group, as in the trainer, so FSDP2's shards go into a whole model and a whole model into
+shards). The resumed updates match the unbroken run's, to float tolerance: the same global
+gradient norm and the same weights after each update."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+from rlkube_api.validation import parse_trainer_config
+from rlkube_trainer.tiny_task import build_model
+
+PROBE = Path(__file__).with_name("fsdp_probe.py")
+sys.path.insert(0, str(PROBE.parent))
+from fsdp_probe import config_for, world_size_main  # noqa: E402
+
+STRATEGIES = ("replicate", "fsdp2")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def results(out: Path, world: int) -> dict[str, Any]:
+    return {
+        "ranks": [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)],
+        "weights": torch.load(out / "weights.pt"),
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("world-size")
+    build_model(workdir / "model")
+    (workdir / "data").mkdir()
+    (workdir / "data" / "train.parquet").touch()  # the config names it; the probe reads no data
+    (workdir / "reward.py").touch()
+    one, two = workdir / "one", workdir / "two"
+    config = config_for(workdir, 1, "replicate", None, "fp32")
+    # One rank here (no process group, as the trainer's one CPU rank); two in one probe process.
+    world_size_main(0, 1, parse_trainer_config(config), str(one), "save")
+    two.mkdir()
+    (two / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 2, "replicate", None, "fp32")))
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(PROBE),
+            "2",
+            str(free_port()),
+            str(two / "config.yaml"),
+            str(two),
+            f"save+load:{one}/save",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    world_size_main(0, 1, parse_trainer_config(config), str(one), f"load:{two}/save")
+    return {
+        "two": results(two / "save", 2),
+        "one": results(one / "save", 1),
+        "two-on-one": results(one / "load", 1),
+        "one-on-two": results(two / "load", 2),
+        "one-dir": {"path": one / "save"},
+    }
+
+
+def assert_continues(unbroken: dict[str, Any], resumed: dict[str, Any], strategy: str) -> None:
+    for before, after in zip(
+        unbroken["ranks"][0][strategy]["metrics"], resumed["ranks"][0][strategy]["metrics"], strict=True
+    ):
+        assert after["actor/grad_norm"] == pytest.approx(before["actor/grad_norm"], rel=1e-4)
+    for before, after in zip(unbroken["weights"][strategy], resumed["weights"][strategy], strict=True):
+        for name, tensor in before.items():
+            torch.testing.assert_close(after[name], tensor, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_resume_on_one(runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    assert runs["two"]["ranks"][0][strategy]["sharded"] == (strategy == "fsdp2")
+    assert not runs["two-on-one"]["ranks"][0][strategy]["sharded"]  # one CPU rank: a whole model
+    assert_continues(runs["two"], runs["two-on-one"], strategy)
+    # What each rank reported writing, for the driver to check before it commits: its own file
+    # and its torch distributed checkpoint shards (rank 0 the metadata too).
+    reported = [rank[strategy]["reported"] for rank in runs["two"]["ranks"]]
+    if strategy == "fsdp2":
+        assert reported == [
+            ["actor/rank_0.pt", "actor/sharded/.metadata", "actor/sharded/__0_0.distcp"],
+            ["actor/rank_1.pt", "actor/sharded/__1_0.distcp"],
+        ]
+    else:
+        assert reported == [["actor/rank_0.pt"], ["actor/rank_1.pt"]]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_one_rank_resumes_on_two(runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    assert runs["one-on-two"]["ranks"][1][strategy]["sharded"] == (strategy == "fsdp2")
+    assert_continues(runs["one"], runs["one-on-two"], strategy)
+    # The second rank had no file of its own: it resumed from rank 0's.
+    assert not (runs["one-dir"]["path"] / strategy / "actor" / "rank_1.pt").exists()
