@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from rlkube_api.config import ModelConfig
 from rlkube_api.validation import InvalidSpec, parse_trainer_config
+from rlkube_trainer.checkpoint.state import load_torch
+from rlkube_trainer.driver import run_in_process
 from rlkube_trainer.lora import LoraSettings, adapters_disabled, apply_lora, merged_names, merged_weights
-from rlkube_trainer.lora.export import peft_adapter_state, write_adapter
+from rlkube_trainer.lora.export import ADAPTER_DIR, WEIGHTS_FILE, peft_adapter_state, write_adapter
 from rlkube_trainer.models import load_causal_lm
 from rlkube_trainer.tiny_task import init
 from tests.trainer.tiny_model import build_tiny_model
@@ -43,6 +46,7 @@ def _logits(model: Any, ids: torch.Tensor) -> torch.Tensor:
 
 
 IDS = torch.tensor([[5, 17, 42, 99, 3, 250], [7, 7, 300, 1, 2, 64]])
+TASK_IDS = IDS % 14  # the tiny task's vocabulary
 
 
 def test_only_the_adapters_train_and_start_alike_on_every_rank(tiny: Path) -> None:
@@ -133,3 +137,75 @@ def test_a_reference_with_pods_of_its_own_is_refused_with_lora(tmp_path: Path) -
     raw["roles"]["reference"] = {"replicas": 1, "gpus_per_replica": 0}
     with pytest.raises(InvalidSpec, match="loraRank"):
         parse_trainer_config(raw)
+
+
+def _run_config(workdir: Path, steps: int) -> Any:
+    raw: dict[str, Any] = yaml.safe_load(init(workdir, "gae", steps=steps).read_text())
+    raw["rollout"].update(name="hf", calculate_log_probs=True)
+    raw["data"]["train_batch_size"] = 8
+    raw["actor"].update(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=8, use_kl_loss=True)
+    raw["model"].update(lora_rank=4, lora_alpha=8)
+    raw["critic"].update(lora_rank=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    raw["trainer"].update(test_freq=-1, save_freq=1)
+    raw["checkpoint"]["export_hf"] = "final"
+    return parse_trainer_config(raw)
+
+
+def _adapter_only(state: dict[str, torch.Tensor], head: bool = False) -> bool:
+    return all(".lora_" in n or (head and n.startswith("value_head.")) for n in state)
+
+
+@pytest.mark.trainer
+def test_a_lora_run_trains_the_adapters_only_and_resumes_from_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_in_process(_run_config(tmp_path, 2), progress=False)
+    assert len(result.history) == 2
+    # The engine generated with the merged weights: its log-probs are the actor's (an engine
+    # on the base, or on unmerged names, would differ once the adapters moved at step 1).
+    assert result.history[-1]["training/rollout_probs_diff_max"] < 1e-4
+    assert result.history[-1]["actor/kl_loss"] > 0  # the reference (adapters off) is the base, not the policy
+    step2 = tmp_path / "checkpoints" / "step_000002"
+    actor = load_torch(step2 / "actor" / "rank_0.pt")["state"]
+    critic = load_torch(step2 / "critic" / "rank_0.pt")["state"]
+    # The checkpoint holds the adapters and their optimizer state, not the frozen base.
+    assert actor["model"] and _adapter_only(actor["model"])
+    assert len(actor["optimizer"]["state"]) == len(actor["model"])
+    assert _adapter_only(critic["model"], head=True)
+    assert {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in critic["model"] if ".lora_" in n} == {"q_proj", "v_proj"}
+
+    # The export: the merged model, loadable as any, and the adapter as PEFT reads it.
+    from peft import PeftModel  # noqa: PLC0415
+
+    export = result.output_dir / "hf"
+    merged = load_causal_lm(str(export))
+    adapter = load_file(str(export / ADAPTER_DIR / WEIGHTS_FILE))
+    assert len(adapter) == len(actor["model"])
+    base = tmp_path / "model"
+    with_adapter = PeftModel.from_pretrained(load_causal_lm(str(base)), str(export / ADAPTER_DIR))
+    torch.testing.assert_close(_logits(merged, TASK_IDS), _logits(with_adapter, TASK_IDS), atol=1e-5, rtol=1e-5)
+    # Only the adapters changed: every tensor without one is the initial model's, bit for bit.
+    initial = load_causal_lm(str(base)).state_dict()
+    adapted = {n.removeprefix("base_model.model.").split(".lora_")[0] for n in adapter}
+    for name, tensor in merged.state_dict().items():
+        if name.rsplit(".", 1)[0] not in adapted:
+            assert torch.equal(tensor, initial[name]), name
+
+    # Resume: a third step starts from step 2's adapters and optimizer state.
+    from rlkube_trainer.roles.training import Trainable  # noqa: PLC0415
+
+    loaded: list[dict[str, torch.Tensor]] = []
+    load = Trainable.load_state_dict
+
+    def recording(self: Trainable, state: dict[str, Any]) -> None:
+        load(self, state)
+        loaded.append({k: v.clone() for k, v in self._model_state().items()})
+
+    monkeypatch.setattr(Trainable, "load_state_dict", recording)
+    resumed = run_in_process(_run_config(tmp_path, 3), progress=False)
+    assert [row["step"] for row in resumed.history] == [1, 2, 3]  # steps 1-2 read back from metrics.jsonl
+    assert len(loaded) == 2  # actor and critic, from step 2
+    for name, tensor in actor["model"].items():
+        assert torch.equal(loaded[0][name], tensor), name
+    step3 = load_torch(tmp_path / "checkpoints" / "step_000003" / "actor" / "rank_0.pt")["state"]["model"]
+    assert any(not torch.equal(step3[n], actor["model"][n]) for n in actor["model"])
