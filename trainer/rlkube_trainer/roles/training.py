@@ -352,6 +352,11 @@ class Trainable:
     def sharded_state_dict(self) -> dict[str, Any]:
         options = StateDictOptions(ignore_frozen_params=self.frozen_base)
         model, optimizer = get_state_dict(self.model, self.optimizer, options=options)
+        if self.frozen_base:
+            # A tied head (lm_head sharing the frozen embedding) is listed under its own name
+            # even so: only what trains is kept.
+            trains = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            model = {name: value for name, value in model.items() if name in trains}
         # Before the first step get_state_dict makes the (zero) state where the parameters are.
         self._offload_optimizer_state()
         return {"model": model, "optimizer": optimizer}
