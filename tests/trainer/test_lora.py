@@ -209,3 +209,21 @@ def test_a_lora_run_trains_the_adapters_only_and_resumes_from_them(
         assert torch.equal(loaded[0][name], tensor), name
     step3 = load_torch(tmp_path / "checkpoints" / "step_000003" / "actor" / "rank_0.pt")["state"]["model"]
     assert any(not torch.equal(step3[n], actor["model"][n]) for n in actor["model"])
+
+
+def test_use_shm_copies_the_model_once_per_host(tiny: Path, tmp_path: Path) -> None:
+    from rlkube_trainer.models import shm_copy  # noqa: PLC0415
+
+    first = Path(shm_copy(str(tiny), root=tmp_path))
+    assert first.parent == tmp_path and (first / "config.json").is_file()
+    (first / "marker").touch()
+    assert Path(shm_copy(str(tiny), root=tmp_path)) == first and (first / "marker").exists()  # reused
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no staging dir left behind
+
+
+def test_layered_summon_caps_the_sync_bucket_at_one_decoder_layer(tiny: Path) -> None:
+    from rlkube_trainer.roles.actor import decoder_layer_bytes  # noqa: PLC0415
+
+    model = load_causal_lm(str(tiny))
+    layer = model.model.layers[0]
+    assert decoder_layer_bytes(model) == sum(p.numel() * p.element_size() for p in layer.parameters())
