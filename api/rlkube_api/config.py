@@ -88,6 +88,25 @@ MAX_BATCH = 1_048_576
 
 FilePath = Annotated[str, Field(min_length=1, max_length=4096)]
 
+MAX_LORA_RANK = 4096
+LoraModules = Annotated[list[Annotated[str, Field(min_length=1, max_length=256)]], Field(max_length=256)]
+_REGEX_CHARACTERS = frozenset("*+?[](){}|^$\\")
+
+
+def _module_names(value: Any) -> Any:
+    """verl writes target_modules / exclude_modules as a list of names or a single string. A single
+    name (all-linear among them) becomes a list of it; a string that is a regular expression (PEFT
+    matches it against the whole dotted name) is refused, as its meaning would change in a list."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        if _REGEX_CHARACTERS & set(value):
+            raise ValueError(
+                f"{value!r} is a regular expression: rlkube takes a list of module names here (e.g. [q_proj, v_proj])"
+            )
+        return [value]
+    return value
+
 
 class ModelConfig(ApiModel):
     """The policy model (actor, and reference unless stated otherwise)."""
@@ -120,6 +139,34 @@ class ModelConfig(ApiModel):
         "and reference models (verl's model.use_liger; the trainer image must hold the liger-kernel package). The "
         "log-probs still come from the trainer's chunked LM head.",
     )
+    use_shm: bool = Field(
+        False,
+        description="Copy the model directory into shared memory (/dev/shm) once per host and load every role "
+        "and engine from there (verl's model.use_shm): faster loads from a slow volume, at the cost of host memory "
+        "the size of the checkpoint.",
+    )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=MAX_LORA_RANK,
+        description="LoRA (verl's model.lora_rank): above 0, the actor trains low-rank adapters of this rank "
+        "on a frozen base; the reference is the base with the adapters disabled (no second copy of the weights), "
+        "and the rollout engine gets the merged weights.",
+    )
+    lora_alpha: int = Field(
+        16, ge=1, description="LoRA scaling: the adapter's update is scaled by loraAlpha / loraRank."
+    )
+    target_modules: LoraModules = Field(
+        default_factory=lambda: ["all-linear"],
+        description="Modules that get adapters: names matched as the end of a module's dotted name (q_proj, "
+        "mlp.down_proj), or all-linear (every linear layer but the LM head). verl also takes a regular "
+        "expression as a single string; here list the names.",
+    )
+    exclude_modules: LoraModules = Field(
+        default_factory=list, description="Modules kept without adapters, matched as targetModules."
+    )
+
+    _lora_lists = field_validator("target_modules", "exclude_modules", mode="before")(_module_names)
 
 
 class DataConfig(ApiModel):
@@ -593,6 +640,22 @@ class CriticConfig(ApiModel):
         "auto", description="Data parallelism across the critic's ranks: fsdp2, replicate, or auto (fsdp2 on GPU)."
     )
     fsdp_config: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 settings of the critic.")
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=MAX_LORA_RANK,
+        description="LoRA for the critic (verl's critic.model.lora_rank): above 0, adapters of this rank on a "
+        "frozen backbone; the value head trains in full.",
+    )
+    lora_alpha: int = Field(16, ge=1, description="The critic's LoRA scaling (as model.loraAlpha).")
+    target_modules: LoraModules = Field(
+        default_factory=lambda: ["all-linear"], description="The critic's adapted modules (as model.targetModules)."
+    )
+    exclude_modules: LoraModules = Field(
+        default_factory=list, description="The critic's modules kept without adapters (as model.excludeModules)."
+    )
+
+    _lora_lists = field_validator("target_modules", "exclude_modules", mode="before")(_module_names)
 
 
 class ReferenceConfig(ApiModel):
@@ -672,6 +735,12 @@ class RolloutConfig(ApiModel):
     )
     max_num_batched_tokens: int | None = Field(
         None, ge=1, description="Most tokens the engine schedules in one step (vLLM's default when unset)."
+    )
+    layered_summon: bool = Field(
+        False,
+        description="Weight sync gathers the policy for the engine at most one decoder layer at a time (each "
+        "bucket capped at one layer's full tensors, whatever updateWeightsBucketMegabytes says): the least extra "
+        "GPU memory, the most collectives (verl's rollout.layered_summon).",
     )
     val_kwargs: ValidationSampling = Field(
         default_factory=ValidationSampling, description="Sampling during validation."
@@ -1097,6 +1166,13 @@ class TrainerConfig(ApiModel):
         *BATCH_SPLIT_RULES,
         *TOKEN_BUDGET_RULES,
         *ROLE_USE_RULES,
+        CelRule(
+            "!has(self.model.loraRank) || self.model.loraRank == 0 || !has(self.roles.reference)"
+            " || has(self.roles.reference.colocateWith)",
+            "model.loraRank: with LoRA the reference is the actor's base model (adapters off), so "
+            "roles.reference cannot have pods of its own",
+            ".roles.reference",
+        ),
     )
 
     model: ModelConfig = Field(description="The policy model.")

@@ -216,3 +216,26 @@ def test_resume_from_is_refused_by_name_where_it_would_never_be_read() -> None:
         assert "resumeFrom" in str(exc), str(exc)
         return
     raise AssertionError("resumeFrom with resume: disable was accepted")
+
+
+def test_lora_module_lists_take_effect_and_a_regular_expression_is_refused_by_name() -> None:
+    """The generic walk skips lists: LoRA's module lists are checked here."""
+    base_obj = example(GPU)
+    base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
+    for path in ("model.targetModules", "model.excludeModules", "critic.targetModules", "critic.excludeModules"):
+        assert _verdict(base_obj, base_children, path, ["q_proj", "v_proj"]) is None, path
+    _refused("model.targetModules", ".*_proj", "targetModules")
+
+
+def test_lora_with_a_reference_of_its_own_is_refused_by_name() -> None:
+    obj = example(GPU)
+    obj["spec"]["actor"]["useKlLoss"] = True
+    obj["spec"]["roles"]["reference"] = {"replicas": 1, "gpusPerReplica": 1}
+    parse_rljob(copy.deepcopy(obj))  # accepted without LoRA
+    _set(obj["spec"], "model.loraRank", 8)
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "loraRank" in str(exc), str(exc)
+        return
+    raise AssertionError("model.loraRank with roles.reference pods was accepted")

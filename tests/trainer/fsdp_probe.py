@@ -198,10 +198,13 @@ def config_for(
     offload: bool = False,
     reshard: bool = True,
     optimizer_offload: bool = False,
+    lora: bool = False,
 ) -> dict[str, Any]:
     from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
 
     raw = trainer_config(workdir)
+    if lora:
+        raw["model"].update(lora_rank=4, lora_alpha=8)
     raw["roles"] = {"actor": {"replicas": world, "gpus_per_replica": 0}}
     if fsdp_size is not None:
         raw["roles"]["actor"]["fsdp_size"] = fsdp_size

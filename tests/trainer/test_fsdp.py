@@ -52,6 +52,7 @@ def update(
     reshard: bool = True,
     optimizer_offload: bool = False,
     plan: str = "update",
+    lora: bool = False,
 ) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
     from fsdp_probe import config_for  # noqa: PLC0415
@@ -61,7 +62,7 @@ def update(
         return RUNS[out]
     out.mkdir()
     config = out / "config.yaml"
-    raw = config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload)
+    raw = config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload, lora)
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
         [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out), plan],
@@ -193,3 +194,38 @@ def test_optimizer_offload_keeps_the_state_on_the_host_between_updates_and_resum
         assert torch.equal(weights["kept"]["resumed"][name], tensor), name
     initial = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
     assert any(not torch.equal(weights["kept"]["straight"][n], w) for n, w in initial.items())
+
+
+@pytest.mark.trainer
+def test_lora_under_fsdp2_updates_as_replicas_do_and_only_the_adapters_move(workdir: Path) -> None:
+    """LoRA on 2 FSDP2 ranks and on 2 replicas: the adapters are sharded like the rest, the
+    merged weights the engine gets move the same way under both, and every tensor without an
+    adapter (embeddings, norms) is the initial model's."""
+    initial = AutoModelForCausalLM.from_pretrained(workdir / "model").state_dict()
+    sharded = update(workdir, "lora-fsdp2", 2, "fsdp2", None, "fp32", lora=True)
+    replicas = update(workdir, "lora-replicate", 2, "replicate", None, "fp32", lora=True)
+    shapes = sharded["ranks"][0]["shapes"]
+    assert any(".lora_A." in name for name in shapes)
+    for run in (sharded, replicas):
+        assert set(run["weights"]) == set(initial)  # merged: the base model's names
+        for name, tensor in initial.items():
+            if not name.endswith("proj.weight"):
+                assert torch.equal(run["weights"][name], tensor), name
+    deltas = [torch.cat([(r["weights"][n] - w).flatten() for n, w in initial.items()]) for r in (sharded, replicas)]
+    assert deltas[0].abs().max() > 0
+    assert cosine(*deltas) > 0.999
+
+
+@pytest.mark.trainer
+def test_lora_resumes_from_a_sharded_checkpoint_of_the_adapters(workdir: Path) -> None:
+    """The sharded checkpoint holds the adapters (frozen base left out) and their optimizer
+    state: a resumed actor makes the second update exactly as the straight one did."""
+    weights = update(workdir, "lora-resume", 2, "fsdp2", None, "fp32", plan="resume", lora=True)["weights"]
+    for name, tensor in weights["kept"]["straight"].items():
+        assert torch.equal(weights["kept"]["resumed"][name], tensor), name
+    saved = workdir / "lora-resume" / "kept" / "checkpoint" / "actor" / "sharded"
+    from torch.distributed.checkpoint import FileSystemReader  # noqa: PLC0415
+
+    keys = FileSystemReader(str(saved)).read_metadata().state_dict_metadata
+    model_keys = [k for k in keys if k.startswith("model.")]
+    assert model_keys and all(".lora_" in k for k in model_keys), model_keys[:5]

@@ -117,3 +117,43 @@ def test_optimizer_offload_takes_the_moments_off_the_gpu_outside_the_update(work
     assert off_update == update  # the update has them back on the GPU
     # The colocated sync's bucket: the largest tensor (the embedding) is above 512 MB.
     assert generate["weight-sync bucket"] == 2 * 2 * 152_064 * 3_584
+
+
+# Qwen2.5-7B's config.json, the parts the adapter count reads.
+QWEN_7B_TEXT = {
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 28,
+}
+
+
+def test_lora_adapter_count_is_pefts() -> None:
+    from rlkube_trainer.memory import lora_parameters  # noqa: PLC0415
+
+    # PEFT's print_trainable_parameters for Qwen2.5-7B, r=64, all-linear: 161,480,704.
+    assert lora_parameters(QWEN_7B_TEXT, 64, ["all-linear"]) == 161_480_704
+    assert lora_parameters(QWEN_7B_TEXT, 8, ["q_proj", "v_proj"]) == 28 * 8 * ((3584 + 3584) + (3584 + 512))
+
+
+@pytest.mark.trainer
+def test_7b_with_lora_fits_with_fp32_master_weights(workdir: Path) -> None:
+    """The refused fp32 7B fits with LoRA rank 64: AdamW's moments, the gradients and the step's
+    temporaries are the adapters' (161 M parameters), and the reference holds nothing of its own."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from rlkube_trainer.memory import lora_parameters  # noqa: PLC0415
+
+    adapters = lora_parameters(QWEN_7B_TEXT, 64, ["all-linear"])
+    shape = replace(QWEN_7B, parameters=QWEN_7B.parameters + adapters, adapter_parameters=adapters)
+    cfg = config(workdir)
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"lora_rank": 64, "lora_alpha": 128})})
+    hosts = COLOCATED | {Role.REFERENCE}
+    memory = rank_memory(cfg, hosts, 1, H200, {"actor": shape, "reference": QWEN_7B})
+    check_fit(memory, H200, HOST, 1, "actor rank 0")
+    parts = {p.what: p.bytes for phase in memory.gpu for p in phase.parts}
+    assert parts["actor AdamW moments"] == 2 * adapters * 4
+    assert parts["actor gradients"] == adapters * 4
+    assert parts["actor weights (fp32)"] == shape.parameters * 4
+    assert not any(what.startswith("reference") for what in parts)

@@ -167,7 +167,9 @@ REFUSED = [
     ("unknown-key", {"actor_rollout_ref.actor.use_magic": True}, "actor_rollout_ref.actor.use_magic: unknown verl key"),
     ("unknown-section", {"fancy": {"x": 1}}, "fancy.x: unknown verl key"),
     ("fp16", {"actor_rollout_ref.actor.fsdp_config.model_dtype": "fp16"}, "actor_rollout_ref.actor.fsdp_config.model_dtype: only bf16 and fp32"),
-    ("lora", {"actor_rollout_ref.model.lora_rank": 32}, "actor_rollout_ref.model.lora_rank: LoRA is not supported"),
+    ("lora-adapter-path", {"actor_rollout_ref.model.lora_adapter_path": "/a"}, "actor_rollout_ref.model.lora_adapter_path: lora_adapter_path"),
+    ("megatron-lora", {"actor_rollout_ref.model.lora": {"rank": 8}}, "actor_rollout_ref.model.lora: model.lora.rank"),
+    ("lora-regex", {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": ".*proj"}, "regular expression"),
     ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
     ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),
     ("dynamic-sampling", {"algorithm.filter_groups": {"enable": True}}, "algorithm.filter_groups: DAPO's filter_groups"),
@@ -319,3 +321,36 @@ def test_resume_from_path_seeds_the_run_and_checkpoints_to_keep_arrive_per_role(
     checkpoint = convert(verl).config.checkpoint
     assert (checkpoint.resume, checkpoint.resume_from) == ("auto", "/ckpt/other/step_000100")
     assert (checkpoint.max_actor_ckpt_to_keep, checkpoint.max_critic_ckpt_to_keep) == (2, 4)
+
+
+def test_lora_keys_arrive() -> None:
+    """verl 0.9.1's LoRA keys (actor_rollout_ref.model.*, critic.model.*, rollout.layered_summon)."""
+    config = convert(
+        variant(
+            **{
+                "actor_rollout_ref.model.lora_rank": 32,
+                "actor_rollout_ref.model.lora_alpha": 64,
+                "actor_rollout_ref.model.target_modules": "all-linear",
+                "actor_rollout_ref.model.exclude_modules": ["lm_head", "mlp.down_proj"],
+                "actor_rollout_ref.model.use_shm": True,
+                "actor_rollout_ref.model.lora_adapter_path": None,
+                "actor_rollout_ref.model.lora": {"rank": 0, "alpha": 32},
+                "actor_rollout_ref.rollout.layered_summon": True,
+                "critic.model.lora_rank": 8,
+                "critic.model.lora_alpha": 16,
+                "critic.model.target_modules": ["q_proj", "v_proj"],
+                "critic.model.exclude_modules": None,
+            }
+        )
+    ).config
+    model = config.model
+    assert (model.lora_rank, model.lora_alpha, model.use_shm) == (32, 64, True)
+    assert model.target_modules == ["all-linear"] and model.exclude_modules == ["lm_head", "mlp.down_proj"]
+    assert config.rollout.layered_summon is True
+    critic = config.critic
+    assert (critic.lora_rank, critic.lora_alpha, critic.target_modules, critic.exclude_modules) == (
+        8,
+        16,
+        ["q_proj", "v_proj"],
+        [],
+    )

@@ -15,6 +15,10 @@ module's embeddings and head; every layer without resharding), and the rollout e
 share while it is awake. Activations, the logits of a chunk and the allocator's slack come on
 top, so passing the check is necessary, not sufficient; failing it means the job cannot fit.
 docs/trainer.md has the table of bytes per parameter these sums come from.
+
+With LoRA (model.loraRank, critic.loraRank) only the adapters have gradients, AdamW moments
+and step temporaries; the frozen base counts as weights only, and the reference, being the
+actor's base with its adapters off, holds nothing of its own.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from rlkube_api.config import FSDPConfig, TrainerConfig
 from rlkube_api.placement import Role
@@ -44,6 +50,8 @@ class ModelShape:
     root_parameters: int
     # The largest tensor's elements: a weight-sync bucket holds at least that one whole.
     largest_tensor: int = 0
+    # With LoRA, the adapters' parameters (the only ones with gradients and optimizer state).
+    adapter_parameters: int | None = None
 
     @classmethod
     def of(cls, path: str | Path) -> ModelShape | None:
@@ -58,6 +66,45 @@ class ModelShape:
         embedding = int(text.get("vocab_size", 0)) * int(text.get("hidden_size", 0))
         heads = 1 if text.get("tie_word_embeddings", False) else 2
         return cls(sum(sizes), embedding * heads, max(sizes, default=0))
+
+
+def _linear_shapes(text: Mapping[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in, out) features of a decoder layer's linear layers, by the names Llama-style models
+    (Qwen, Mistral, Llama) give them."""
+    hidden = int(text.get("hidden_size", 0))
+    heads = int(text.get("num_attention_heads", 1))
+    head_dim = int(text.get("head_dim") or hidden // max(heads, 1))
+    kv = int(text.get("num_key_value_heads") or heads) * head_dim
+    inner = int(text.get("intermediate_size", 4 * hidden))
+    return {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inner),
+        "up_proj": (hidden, inner),
+        "down_proj": (inner, hidden),
+    }
+
+
+def lora_parameters(text: Mapping[str, Any], rank: int, target_modules: list[str]) -> int:
+    """The adapters' parameters: rank × (in + out) for each adapted linear layer of each
+    decoder layer. all-linear, and names this table does not know, count every projection
+    (an upper bound; excludeModules is not subtracted either)."""
+    shapes = _linear_shapes(text)
+    known = [name.rsplit(".", 1)[-1] for name in target_modules]
+    chosen = shapes.values() if "all-linear" in known or not set(known) <= set(shapes) else [shapes[n] for n in known]
+    per_layer = sum(rank * (fan_in + fan_out) for fan_in, fan_out in chosen)
+    return per_layer * int(text.get("num_hidden_layers", 0))
+
+
+def with_adapters(shape: ModelShape, path: str | Path, rank: int, target_modules: list[str]) -> ModelShape:
+    """`shape` with its LoRA adapters counted (rank 0: unchanged)."""
+    if rank <= 0:
+        return shape
+    config = json.loads((Path(path) / "config.json").read_text())
+    adapters = lora_parameters(config.get("text_config", config), rank, target_modules)
+    return replace(shape, parameters=shape.parameters + adapters, adapter_parameters=adapters)
 
 
 def _safetensors_numels(path: Path) -> list[int]:
@@ -105,13 +152,15 @@ def trainable_parts(
     memory where the states live (the GPU, or the host with paramOffload)."""
     master = DTYPE_BYTES[fsdp.model_dtype] if sharded else 4
     per_rank = shape.parameters // shard if sharded else shape.parameters
+    trains = shape.parameters if shape.adapter_parameters is None else shape.adapter_parameters
+    trains_per_rank = trains // shard if sharded else trains
     always = [
         Part(f"{role} weights ({fsdp.model_dtype if sharded else 'fp32'})", per_rank * master),
-        Part(f"{role} AdamW moments", 2 * per_rank * master),
+        Part(f"{role} AdamW moments", 2 * trains_per_rank * master),
     ]
     update = [
-        Part(f"{role} gradients", per_rank * master),
-        Part(f"{role} optimizer-step temporaries", per_rank * master),
+        Part(f"{role} gradients", trains_per_rank * master),
+        Part(f"{role} optimizer-step temporaries", trains_per_rank * master),
     ]
     return always, update
 
@@ -172,6 +221,8 @@ def rank_memory(
     for role, name in ((Role.REFERENCE, "reference"), (Role.REWARD, "reward")):
         if role not in hosts or name not in shapes:
             continue
+        if role is Role.REFERENCE and config.model.lora_rank > 0:
+            continue  # the actor's base with its adapters off: no weights of its own
         sharded = name not in unsharded
         frozen = shapes[name].parameters * 2 // (world_size if sharded else 1)
         offloaded = role is Role.REFERENCE and sharded and config.ref.fsdp_config.param_offload
@@ -252,6 +303,15 @@ def check_rank(config: TrainerConfig, hosts: frozenset[Role], group: str, rank: 
         "reward": config.reward.model.path if config.reward.model is not None else None,
     }
     shapes = {name: shape for name, path in paths.items() if path and (shape := ModelShape.of(path)) is not None}
+    if "actor" in shapes:
+        shapes["actor"] = with_adapters(
+            shapes["actor"], config.model.path, config.model.lora_rank, config.model.target_modules
+        )
+    if "critic" in shapes:
+        critic = config.critic
+        shapes["critic"] = with_adapters(
+            shapes["critic"], critic.model_path or config.model.path, critic.lora_rank, critic.target_modules
+        )
     strategies = {"actor": config.actor.strategy, "reference": config.actor.strategy, "critic": config.critic.strategy}
     unsharded = frozenset(name for name, strategy in strategies.items() if not uses_fsdp2(device, strategy))
     gpu_bytes = torch.cuda.get_device_properties(device).total_memory

@@ -9,7 +9,10 @@ whether it is padded on the left or on the right.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
+import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +31,25 @@ from transformers import (
 )
 
 from rlkube_trainer.packing import PackedBatch, pack
+
+SHM = Path("/dev/shm")
+
+
+def shm_copy(path: str, root: Path = SHM) -> str:
+    """model.use_shm: the model directory copied once per host into shared memory, where every
+    role and engine of the host then reads it (host RAM, not the volume). Ranks of one host
+    copy concurrently into their own staging dir; the first rename wins, the others drop theirs."""
+    source = Path(path).resolve()
+    target = root / f"rlkube-model-{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:12]}"
+    if target.is_dir():
+        return str(target)
+    staging = target.with_name(f".{target.name}-{os.getpid()}")
+    shutil.copytree(source, staging, dirs_exist_ok=True)
+    try:
+        staging.rename(target)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # another rank's copy got there first
+    return str(target)
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:

@@ -29,7 +29,7 @@ from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
-from rlkube_trainer.resharding import CHECK_SLICES_ENV, ModelShape, gather_slices, staged, tp_slice
+from rlkube_trainer.resharding import CHECK_SLICES_ENV, ModelShape, gather_full_tensors, gather_slices, staged, tp_slice
 from rlkube_trainer.reward import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.roles.actor import Actor
 from rlkube_trainer.roles.critic import Critic
@@ -111,10 +111,23 @@ def clear_stale_cpu_shm(rank: int, tp: int, root: Path = Path("/dev/shm")) -> li
     return stale
 
 
+def with_model_in_shm(config: TrainerConfig) -> TrainerConfig:
+    """model.use_shm: this rank reads the model (and a critic's own backbone) from /dev/shm."""
+    if not config.model.use_shm:
+        return config
+    from rlkube_trainer.models import shm_copy  # noqa: PLC0415
+
+    model = config.model.model_copy(update={"path": shm_copy(config.model.path)})
+    critic = config.critic
+    if critic.model_path is not None:
+        critic = critic.model_copy(update={"model_path": shm_copy(critic.model_path)})
+    return config.model_copy(update={"model": model, "critic": critic})
+
+
 class Rank:
     def __init__(self, config: dict[str, Any], spec: RankSpec) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.config = TrainerConfig.model_validate(config)
+        self.config = with_model_in_shm(TrainerConfig.model_validate(config))
         self.spec = spec
         self.device = pick_device(self.config)
         # Every collective of this rank (its role group, the weight-sync group) fails after this.
@@ -143,7 +156,12 @@ class Rank:
         if Role.CRITIC in hosts:
             self.critic = Critic(config, self.device, spec.total_steps)
         if Role.REFERENCE in hosts:
-            self.reference = Reference(config, self.device)
+            if config.model.lora_rank > 0 and self.actor is not None:
+                self.reference = Reference(config, self.device, policy=self.actor.model)
+            elif config.model.lora_rank > 0:
+                raise ValueError("model.loraRank: the reference is the actor's base model; host it with the actor")
+            else:
+                self.reference = Reference(config, self.device)
         if Role.REWARD in hosts:
             self.reward_model = build_reward_scorer(config.reward, self.device)
         if Role.ROLLOUT in hosts:
@@ -210,7 +228,8 @@ class Rank:
             self.engine.wake_up()
             self.engine_asleep = False
         tp = self.spec.tensor_parallel_size
-        if tp == 1:
+        if tp == 1 or self.actor.lora.enabled:
+            # With LoRA too: a merged weight needs the whole of B and A; vLLM cuts its slice.
             # Full tensors gathered bucket by bucket, each into the engine before the next.
             return load_into_engine(self.engine, self.actor.named_weights(), self.actor.weight_names())
         # Tensor parallel: only this rank's slice of each tensor, from the FSDP shards.
@@ -243,7 +262,7 @@ class Rank:
     def weight_manifest(self) -> Manifest:
         assert self.actor is not None
         # The shapes and dtypes of the full tensors, from the state dict: nothing is gathered.
-        return manifest_of(self.actor.model.state_dict().items())
+        return manifest_of(self.actor.weight_specs())
 
     def join_weight_sync(self, addr: str, port: int) -> None:
         """Ranks with a weight-sync rank (actor rank 0, every rollout rank) join the broadcast."""
@@ -285,20 +304,40 @@ class Rank:
 
     def export_hf(self, directory: str) -> None:
         """Every actor rank (gathering a sharded policy is a collective); rank 0 writes the
-        policy as a Hugging Face model."""
+        policy as a Hugging Face model. With LoRA: the merged model, and the adapter in PEFT's
+        format in its `lora_adapter/` folder."""
         from rlkube_trainer.checkpoint.export import export_hf  # noqa: PLC0415
+        from rlkube_trainer.lora.export import ADAPTER_DIR, peft_adapter_state, write_adapter  # noqa: PLC0415
         from rlkube_trainer.models import load_tokenizer  # noqa: PLC0415
 
-        assert self.actor is not None
-        # Gathered tensor by tensor and moved off the GPU as they come.
-        state = {k: v.cpu() for k, v in self.actor.named_weights()} if self.actor.sharded else None
+        actor = self.actor
+        assert actor is not None
+        state, adapter = None, None
+        if actor.lora.enabled:
+            # The adapter's (small) full tensors, then the merged weights, gathered in buckets.
+            adapter = peft_adapter_state(
+                gather_full_tensors(
+                    ((n, t) for n, t in actor.model.state_dict().items() if ".lora_" in n),
+                    actor.sync_bucket_bytes,
+                    self.device,
+                )
+            )
+        if actor.sharded or actor.lora.enabled:
+            # Gathered tensor by tensor and moved off the GPU as they come.
+            state = {k: v.cpu() for k, v in actor.named_weights()}
         if self.spec.rank != 0:
             return
+
+        def with_adapter(staging: Path) -> None:
+            if adapter is not None:
+                write_adapter(staging / ADAPTER_DIR, actor.lora, adapter, self.config.model.path)
+
         export_hf(
-            self.actor.model,
+            actor.model,
             load_tokenizer(self.config.model.tokenizer_path or self.config.model.path),
             Path(directory),
             state_dict=state,
+            also=with_adapter,
         )
 
     def close(self) -> None:

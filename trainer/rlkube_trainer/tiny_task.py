@@ -42,8 +42,15 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def build_model(path: Path, seed: int = 0, hidden_size: int = 64, layers: int = 2) -> Path:
+def build_model(
+    path: Path, seed: int = 0, hidden_size: int = 64, layers: int = 2, initializer_range: float = 0.02
+) -> Path:
     """A random-initialised Llama with the task's tokenizer, saved to `path`.
+
+    `initializer_range` is the weights' standard deviation. With transformers' 0.02 the tied
+    embeddings bound every logit to about ±1.3, so only training the embeddings (or the final
+    norm) makes an answer likely; LoRA, which adapts the linear layers alone, needs a head able
+    to express a confident answer, as a pretrained model's is (0.2: logits up to about ±13).
 
     Llama rather than Qwen2: transformers maps a qwen2 checkpoint's tokenizer to its
     byte-level class, which would break the word-level vocabulary. vLLM's CPU
@@ -63,6 +70,7 @@ def build_model(path: Path, seed: int = 0, hidden_size: int = 64, layers: int = 
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         dtype="float32",
+        initializer_range=initializer_range,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
@@ -136,9 +144,11 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
     return config
 
 
-def init(workdir: Path, adv_estimator: str = "grpo", steps: int = 60, seed: int = 0) -> Path:
+def init(
+    workdir: Path, adv_estimator: str = "grpo", steps: int = 60, seed: int = 0, initializer_range: float = 0.02
+) -> Path:
     """Writes model/, data/train.parquet, data/val.parquet, reward.py and config.yaml into workdir."""
-    build_model(workdir / "model", seed=seed)
+    build_model(workdir / "model", seed=seed, initializer_range=initializer_range)
     write_dataset(workdir / "data" / "train.parquet", seed=seed)
     write_dataset(workdir / "data" / "val.parquet", count=VAL_PROMPTS, seed=seed + 1)
     shutil.copyfile(REWARD_FILE, workdir / "reward.py")

@@ -192,10 +192,19 @@ RULES: dict[str, Rule] = {
     f"{_MODEL}.use_fused_kernels": Ignored(PERF),
     f"{_MODEL}.use_liger": To("model.use_liger"),
     f"{_MODEL}.enable_activation_offload": Ignored(NO_OFFLOAD, _falsy, "activation offload is not supported"),
-    f"{_MODEL}.use_shm": Ignored("models are read from a mounted volume"),
-    f"{_MODEL}.lora_rank": Ignored("full fine-tuning", _is(0, None), "LoRA is not supported"),
-    f"{_MODEL}.lora_alpha": Ignored("only read with lora_rank > 0"),
-    f"{_MODEL}.target_modules": Ignored("only read with lora_rank > 0"),
+    f"{_MODEL}.use_shm": To("model.use_shm"),
+    f"{_MODEL}.lora_rank": To("model.lora_rank"),
+    f"{_MODEL}.lora_alpha": To("model.lora_alpha"),
+    f"{_MODEL}.target_modules": To("model.target_modules"),
+    f"{_MODEL}.exclude_modules": To("model.exclude_modules"),
+    f"{_MODEL}.lora": Ignored(
+        "Megatron's LoRA block; the FSDP keys are model.lora_*",
+        lambda v: not v or not v.get("rank"),
+        "model.lora.rank (Megatron's LoRA block) is not supported: set model.lora_rank",
+    ),
+    f"{_MODEL}.lora_adapter_path": Ignored(
+        "LoRA adapters start fresh", _falsy, "lora_adapter_path (resuming from a saved adapter) is not supported"
+    ),
     f"{_MODEL}.custom_chat_template": Ignored(
         "the tokenizer's chat template is used", _falsy, "custom_chat_template is not supported"
     ),
@@ -286,7 +295,7 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.prompt_length": Ignored("rlkube uses data.max_prompt_length"),
     f"{_ROLLOUT}.response_length": Ignored("rlkube uses data.max_response_length"),
     f"{_ROLLOUT}.load_format": Ignored("weights come from the actor"),
-    f"{_ROLLOUT}.layered_summon": Ignored(PERF),
+    f"{_ROLLOUT}.layered_summon": To("rollout.layered_summon"),
     f"{_ROLLOUT}.max_model_len": Ignored(DERIVED),
     f"{_ROLLOUT}.disable_log_stats": Ignored(PERF),
     f"{_ROLLOUT}.enable_chunked_prefill": Ignored(PERF),
@@ -313,7 +322,18 @@ RULES: dict[str, Rule] = {
     "critic.model.enable_gradient_checkpointing": Ignored("model.enable_gradient_checkpointing applies to both"),
     "critic.model.use_remove_padding": To("critic.use_remove_padding"),
     "critic.model.trust_remote_code": Ignored("model.trust_remote_code applies to both"),
-    "critic.model.lora_rank": Ignored("full fine-tuning", _is(0, None), "LoRA is not supported"),
+    **{
+        f"critic.model.{k}": To(f"critic.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
+    },
+    "critic.model.use_shm": Ignored("model.use_shm decides for every role"),
+    "critic.model.lora": Ignored(
+        "Megatron's LoRA block; the FSDP keys are critic.model.lora_*",
+        lambda v: not v or not v.get("rank"),
+        "critic.model.lora.rank (Megatron's LoRA block) is not supported: set critic.model.lora_rank",
+    ),
+    "critic.model.lora_adapter_path": Ignored(
+        "LoRA adapters start fresh", _falsy, "lora_adapter_path (resuming from a saved adapter) is not supported"
+    ),
     **{
         f"critic.{k}": To(f"critic.{k}")
         for k in (

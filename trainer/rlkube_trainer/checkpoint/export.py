@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,15 @@ def export_hf(
     tokenizer: Any | None,
     path: Path,
     state_dict: Mapping[str, torch.Tensor] | None = None,
+    also: Callable[[Path], None] | None = None,
 ) -> Path:
     """`save_pretrained` the model (and tokenizer) into `path`, atomically.
 
     Everything is written into a staging dir next to `path` and renamed into place, so `path`
     is either the previous export or the whole new one, loadable with
     `AutoModelForCausalLM.from_pretrained(path)`. `state_dict` is for sharded (FSDP) models:
-    the full state dict gathered on the exporting rank, saved with the unsharded model's config.
+    the full state dict gathered on the exporting rank, saved with the unsharded model's config
+    (and a LoRA model's merged weights). `also` writes more into the staging dir (the adapter).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,6 +40,8 @@ def export_hf(
         model.save_pretrained(staging, **kwargs)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
+        if also is not None:
+            also(staging)
         fsync_tree(staging)
         replace_dir(staging, path)
     except BaseException:

@@ -20,6 +20,8 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
+from rlkube_trainer.lora import LoraSettings, apply_lora, merged_names, merged_weights
+from rlkube_trainer.lora.merge import BASE
 from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.resharding import gather_full_tensors
@@ -145,18 +147,25 @@ class Actor(Trainable):
         fsdp = config.actor.fsdp_config
         dtype = DTYPES[fsdp.model_dtype] if uses_fsdp2(device, config.actor.strategy) else torch.float32
         path, remote = config.model.path, config.model.trust_remote_code
+        self.lora = LoraSettings.of(config.model)
+        lora, seed = self.lora, config.trainer.seed
 
         def prepare(model: nn.Module) -> None:
             if config.model.enable_gradient_checkpointing:
                 model.gradient_checkpointing_enable()  # type: ignore[operator]
+                if lora.enabled:
+                    # The frozen embeddings' output needs a gradient for the checkpointed
+                    # layers to recompute into one (verl does the same).
+                    model.enable_input_require_grads()  # type: ignore[operator]
             if config.model.use_liger:
                 apply_liger(model)
             if self.packed:
                 enable_packed_attention(model)
 
         self.model = load_distributed(
-            lambda: load_causal_lm(path, "cpu", dtype, trust_remote_code=remote),
-            lambda: causal_lm_skeleton(path, dtype, trust_remote_code=remote),
+            # The adapters go in before sharding, on rank 0's full model and on the skeleton alike.
+            lambda: apply_lora(load_causal_lm(path, "cpu", dtype, trust_remote_code=remote), lora, seed),
+            lambda: apply_lora(causal_lm_skeleton(path, dtype, trust_remote_code=remote), lora, seed),
             device,
             config.actor.strategy,
             config.roles.actor.fsdp_size,
@@ -179,6 +188,8 @@ class Actor(Trainable):
         self.with_entropy = config.actor.entropy_coeff != 0
         # Full weights for the engines are gathered from the shards in buckets of this size.
         self.sync_bucket_bytes = config.rollout.update_weights_bucket_megabytes * 2**20
+        if config.rollout.layered_summon:
+            self.sync_bucket_bytes = min(self.sync_bucket_bytes, decoder_layer_bytes(self.model))
 
     def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         with autocast(self.device):
@@ -217,8 +228,30 @@ class Actor(Trainable):
         """The policy's full weights for the rollout engine (HF names; shards gathered a bucket
         of tensors at a time, rollout.updateWeightsBucketMegabytes: a collective over the
         actor's group when sharded)."""
-        yield from gather_full_tensors(self.model.state_dict().items(), self.sync_bucket_bytes, self.device)
+        gathered = gather_full_tensors(self.model.state_dict().items(), self.sync_bucket_bytes, self.device)
+        # With LoRA the engine gets the merged weights: W + (alpha / r) * B @ A, under W's name.
+        yield from merged_weights(gathered, self.lora.scaling) if self.lora.enabled else gathered
 
     def weight_names(self) -> list[str]:
         """The names `named_weights` yields, without gathering anything."""
-        return list(self.model.state_dict())
+        names = list(self.model.state_dict())
+        return merged_names(names) if self.lora.enabled else names
+
+    def weight_specs(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, sharded tensor) of what `named_weights` yields, for their full shapes and
+        dtypes (a merged weight has its base weight's): nothing is gathered."""
+        items = list(self.model.state_dict().items())
+        if not self.lora.enabled:
+            return items
+        names = set(merged_names(name for name, _ in items))
+        return [(renamed, t) for name, t in items if (renamed := name.replace(BASE, ".")) in names]
+
+
+def decoder_layer_bytes(model: nn.Module) -> int:
+    """The bytes of the largest decoder layer's full tensors (rollout.layered_summon's bucket)."""
+    sizes = [
+        sum(p.numel() * p.element_size() for p in module.parameters())
+        for module in model.modules()
+        if type(module).__name__.endswith("DecoderLayer")
+    ]
+    return max(sizes, default=1)

@@ -8,6 +8,7 @@ from rlkube_api.config import CriticConfig, TrainerConfig
 from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
+from rlkube_trainer.lora import LoraSettings, apply_lora
 from rlkube_trainer.models import CriticModel, response_values
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
@@ -36,9 +37,16 @@ class Critic(Trainable):
         use = config.critic.use_remove_padding
         self.packed = config.model.use_remove_padding if use is None else use
         fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
+        lora, seed = LoraSettings.of(config.critic), config.trainer.seed + 1
+
+        def adapted(critic: CriticModel) -> CriticModel:
+            # Adapters on the backbone only: the value head, new and small, trains in full.
+            apply_lora(critic.backbone, lora, seed)
+            return critic
+
         self.model = load_distributed(  # type: ignore[assignment]
-            lambda: CriticModel.from_pretrained(path, master, trust_remote_code=remote),
-            lambda: CriticModel.skeleton(path, master, trust_remote_code=remote),
+            lambda: adapted(CriticModel.from_pretrained(path, master, trust_remote_code=remote)),
+            lambda: adapted(CriticModel.skeleton(path, master, trust_remote_code=remote)),
             device,
             config.critic.strategy,
             fsdp_size,

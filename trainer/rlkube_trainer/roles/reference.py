@@ -1,12 +1,18 @@
-"""The reference: the frozen initial policy's log-probs, for the KL loss or KL-in-reward."""
+"""The reference: the frozen initial policy's log-probs, for the KL loss or KL-in-reward.
+
+With LoRA the reference is the actor's own model with its adapters turned off: the base is
+frozen, so it is the initial policy, and no second copy of the weights is loaded."""
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.lora import adapters_disabled
 from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
 from rlkube_trainer.packing import enable_packed_attention
 from rlkube_trainer.roles.actor import actor_batching
@@ -14,7 +20,8 @@ from rlkube_trainer.roles.training import MicroBatching, autocast, load_distribu
 
 
 class Reference:
-    def __init__(self, config: TrainerConfig, device: torch.device) -> None:
+    def __init__(self, config: TrainerConfig, device: torch.device, policy: nn.Module | None = None) -> None:
+        """`policy`: the actor's adapted model (LoRA), whose base is the reference."""
         self.device = device
         self.temperature = config.rollout.temperature
         # The actor's forward-only micro-batches, unless the reference has a token budget of its own.
@@ -24,6 +31,10 @@ class Reference:
             self.batching = MicroBatching(self.batching.size, budget, "ref.log_prob_max_token_len_per_gpu")
         self.packed = config.model.use_remove_padding
         self.liger = config.model.use_liger
+        self.base_of_policy = policy is not None
+        if policy is not None:
+            self.model = policy
+            return
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         path, remote = config.model.path, config.model.trust_remote_code
@@ -48,6 +59,9 @@ class Reference:
 
     @torch.no_grad()
     def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor:
+        self.model.eval()
+        base = adapters_disabled(self.model) if self.base_of_policy else contextlib.nullcontext()
+
         def log_probs(chunk: TrainBatch) -> torch.Tensor:
             micro = chunk.to(self.device)
             with autocast(self.device):
@@ -61,4 +75,5 @@ class Reference:
                 )
             return lp.cpu()
 
-        return self.batching.map(batch, log_probs)
+        with base:
+            return self.batching.map(batch, log_probs)

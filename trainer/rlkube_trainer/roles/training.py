@@ -229,6 +229,11 @@ class Trainable:
     """A role with an optimizer. Subclasses set `model` and the loop's sizes before calling
     `__init__`, and define `micro_batch_loss`.
 
+    Only the parameters that require a gradient train: with LoRA (rlkube_trainer.lora) the
+    adapters (and the critic's value head), while the frozen base stays out of the optimizer,
+    the gradient clipping and the checkpoints (which then hold the adapter and its optimizer
+    state; the base is read from model.path again at resume).
+
     With `offload_optimizer` (fsdpConfig.optimizerOffload, verl's optimizer_offload) the
     optimizer state waits in host memory between updates: it returns to the parameters'
     device just before an update's first optimizer step and leaves after the update, so the
@@ -252,7 +257,10 @@ class Trainable:
     ) -> None:
         self.device = device
         self.grad_clip = grad_clip
-        self.optimizer = build_optimizer(self.model.parameters(), optim)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        # Some parameters frozen (a LoRA base): checkpoints hold only those that train.
+        self.frozen_base = len(self.trainable) < len(list(self.model.parameters()))
+        self.optimizer = build_optimizer(iter(self.trainable), optim)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(optim, total_steps))
         self.generator = torch.Generator().manual_seed(seed)
         self.offload_optimizer = offload_optimizer
@@ -284,7 +292,7 @@ class Trainable:
 
     def _optimizer_step(self) -> float:
         average_gradients(self.model)
-        norm = nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+        norm = nn.utils.clip_grad_norm_(self.trainable, self.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(grad_norm):
             self._load_optimizer_state()
@@ -307,16 +315,29 @@ class Trainable:
     # --- checkpoint state ------------------------------------------------------------------------
     # With offload the state is saved from host memory; loading puts it beside the parameters
     # (torch's Optimizer.load_state_dict), so it is offloaded again after.
+    def _model_state(self) -> dict[str, Any]:
+        state = self.model.state_dict()
+        if not self.frozen_base:
+            return state
+        trains = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        return {name: value for name, value in state.items() if name in trains}
+
     def state_dict(self) -> dict[str, Any]:
         return {
-            "model": self.model.state_dict(),
+            "model": self._model_state(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "generator": self.generator.get_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.model.load_state_dict(state["model"])
+        missing, unexpected = self.model.load_state_dict(state["model"], strict=not self.frozen_base)
+        trains = {name for name, p in self.model.named_parameters() if p.requires_grad}
+        if unexpected or trains & set(missing):
+            raise ValueError(
+                f"{self.prefix} checkpoint does not fit the model (LoRA settings changed?): "
+                f"missing {sorted(trains & set(missing))[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.generator.set_state(state["generator"])
@@ -329,13 +350,25 @@ class Trainable:
         return is_sharded(self.model)
 
     def sharded_state_dict(self) -> dict[str, Any]:
-        model, optimizer = get_state_dict(self.model, self.optimizer)
+        options = StateDictOptions(ignore_frozen_params=self.frozen_base)
+        model, optimizer = get_state_dict(self.model, self.optimizer, options=options)
+        if self.frozen_base:
+            # A tied head (lm_head sharing the frozen embedding) is listed under its own name
+            # even so: only what trains is kept.
+            trains = {name for name, p in self.model.named_parameters() if p.requires_grad}
+            model = {name: value for name, value in model.items() if name in trains}
         # Before the first step get_state_dict makes the (zero) state where the parameters are.
         self._offload_optimizer_state()
         return {"model": model, "optimizer": optimizer}
 
     def load_sharded_state_dict(self, state: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(strict=not self.frozen_base),
+        )
         self._offload_optimizer_state()
 
     def load_full_state_dict(self, state: dict[str, Any]) -> None:
