@@ -184,10 +184,8 @@ build_promtool() {
   go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION" remove_all_sd
 }
 
-main() {
-  command -v go >/dev/null || { log "go is not installed (apt-get install golang-go, or see README)"; exit 1; }
-  mkdir -p "$CACHE"
-  local what=${1:-all}
+build() {
+  local what=$1
   case $what in
     k8s) build_k8s ;;
     etcd) build_etcd ;;
@@ -207,6 +205,16 @@ main() {
       (build_k8s_node)
       (build_coredns)
       ;;
+    demo)
+      # What `make demo` runs: all but promtool (only the tests lint rules), then the pause image.
+      (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
+      (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
+      (build_etcd)
+      (build_k8s)
+      (build_k8s_node)
+      (build_coredns)
+      (build_pause)
+      ;;
     paths)
       echo "K8S_BIN=$CACHE/k8s-v$K8S_VERSION/bin"
       echo "ETCD_BIN=$CACHE/etcd-v$ETCD_VERSION/bin"
@@ -216,7 +224,17 @@ main() {
       echo "COREDNS_BIN=$CACHE/coredns-v$COREDNS_VERSION/bin"
       echo "PAUSE_ARCHIVE=$CACHE/pause-v$K8S_VERSION/pause.oci.tar"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|all|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|all|demo|paths)"; exit 2 ;;
   esac
+}
+
+# Each argument in turn (default: all).
+main() {
+  command -v go >/dev/null || { log "go is not installed (apt-get install golang-go, or see README)"; exit 1; }
+  mkdir -p "$CACHE"
+  local what
+  for what in "${@:-all}"; do
+    build "$what"
+  done
 }
 main "$@"
