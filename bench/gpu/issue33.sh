@@ -54,8 +54,8 @@ scale() { # scale ARCH TAG [scale_bench.py options]: one run in its own process,
 case "${1:?phase}" in
   stage)
     bash "$here/stage.sh" || true
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     elapsed "commit $RLKUBE_COMMIT; root $root"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     ;;
   install)
     bash "$here/stage.sh"
