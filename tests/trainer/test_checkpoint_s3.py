@@ -210,3 +210,12 @@ def test_rlkube_trainer_run_checkpoints_to_the_s3_server_and_resumes_from_it(tmp
     assert (root / LATEST).read_text().strip() == "step_000004"
     steps = [json.loads(line)["step"] for line in (root / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]  # the first run's rows came back from the store, then this run's
+
+
+def test_the_preflight_writes_to_the_store_and_names_checkpoint_uri_when_it_cannot(s3: S3Server) -> None:
+    from rlkube_trainer.preflight import PreflightError, check_checkpoint_uri  # noqa: PLC0415
+
+    check_checkpoint_uri(f"s3://{s3.bucket}/preflight", s3.endpoint)
+    assert not root_of(s3, "preflight").exists()  # its probe deleted again
+    with pytest.raises(PreflightError, match=r"checkpoint\.uri \(RLJob spec\.checkpoint\.uri\) .*not writable at"):
+        check_checkpoint_uri("s3://no-such-bucket/run", s3.endpoint)

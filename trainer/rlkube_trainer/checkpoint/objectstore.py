@@ -1,5 +1,5 @@
-"""Checkpoint roots in an object store (`checkpoint.uri: s3://bucket/prefix`, and gs://, az://
-through their fsspec backends), behind the few pathlib methods the checkpoint store uses.
+"""Checkpoint roots in an object store (`checkpoint.uri: s3://bucket/prefix`, and gs://, az://),
+through obstore's fsspec filesystem,, behind the few pathlib methods the checkpoint store uses.
 
 An object store has no directories and no rename: a "directory" is a key prefix, and an
 object appears whole when its upload completes (one PUT, or the completion of a multipart
