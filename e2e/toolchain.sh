@@ -11,6 +11,8 @@
 #     built by `toolchain.sh pause`, which needs buildah and gcc)
 #   $RLKUBE_CACHE/promtool-v0.316.0/bin/promtool  (Prometheus 3.16's rule linter; the Go
 #     module's versions are v0.3XX.Y for Prometheus 3.XX.Y)
+#   $RLKUBE_CACHE/gofakes3-v1.2.0/bin/gofakes3  (the S3-compatible server the object-storage
+#     checkpoint tests start on loopback, its state in a bbolt file: docs/reliability.md says why)
 # A component already in the cache is not rebuilt. Prints progress while building.
 set -euo pipefail
 
@@ -20,6 +22,7 @@ KWOK_VERSION=${KWOK_VERSION:-0.8.0}
 HELM_VERSION=${HELM_VERSION:-3.21.4}
 PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
 COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
+GOFAKES3_VERSION=${GOFAKES3_VERSION:-1.2.0}
 CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
 export CGO_ENABLED=0
 export GOFLAGS=${GOFLAGS:--trimpath}
@@ -195,11 +198,13 @@ build() {
     node) build_k8s_node ;;
     coredns) build_coredns ;;
     pause) build_pause ;;
+    s3) go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION" ;;
     all)
       # Small ones first so a failure there shows before the long build.
       (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
       (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
       (build_promtool)
+      (go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION")
       (build_etcd)
       (build_k8s)
       (build_k8s_node)
@@ -223,8 +228,9 @@ build() {
       echo "PROMTOOL_BIN=$CACHE/promtool-v$PROMTOOL_VERSION/bin"
       echo "COREDNS_BIN=$CACHE/coredns-v$COREDNS_VERSION/bin"
       echo "PAUSE_ARCHIVE=$CACHE/pause-v$K8S_VERSION/pause.oci.tar"
+      echo "GOFAKES3_BIN=$CACHE/gofakes3-v$GOFAKES3_VERSION/bin"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|all|demo|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|s3|all|demo|paths)"; exit 2 ;;
   esac
 }
 

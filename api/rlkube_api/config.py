@@ -926,27 +926,67 @@ class TrainerSection(ApiModel):
     )
 
 
+# Object stores a checkpoint.uri may name, by their fsspec protocol: S3, Google Cloud Storage and
+# Azure Blob Storage, all three through obstore's fsspec filesystem (in the trainer images).
+OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
+OBJECT_STORE_URL = "^(" + "|".join(OBJECT_STORE_SCHEMES) + ")://[a-z0-9][-a-z0-9._]*[a-z0-9](/.*)?$"
+
+
+def _checkpoint_path(field: str) -> str:
+    """CEL: the field is an absolute path or an object-store URL."""
+    return f"(self.{field}.startsWith('/') || self.{field}.matches('{OBJECT_STORE_URL}'))"
+
+
 class CheckpointConfig(ApiModel):
     """Checkpoints: complete ones only, the latest marker written last."""
 
-    cel_rules = (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
-            "self.resume == 'auto' || self.resume == 'disable' || self.resume.startsWith('/')",
-            "resume must be auto, disable or an absolute checkpoint path",
+            f"self.resume == 'auto' || self.resume == 'disable' || {_checkpoint_path('resume')}",
+            "resume must be auto, disable, an absolute checkpoint path or an object-store URL (s3://...)",
             ".resume",
         ),
         CelRule(
-            "!has(self.resumeFrom) || (self.resume == 'auto' && self.resumeFrom.startsWith('/'))",
-            "resumeFrom must be an absolute path, and needs resume: auto (it seeds a run whose dir has no "
-            "checkpoint yet; an explicit resume path or disable would never read it)",
+            f"!has(self.resumeFrom) || (self.resume == 'auto' && {_checkpoint_path('resumeFrom')})",
+            "resumeFrom must be an absolute path or an object-store URL (s3://...), and needs resume: auto "
+            "(it seeds a run whose dir has no checkpoint yet; an explicit resume path or disable would never "
+            "read it)",
             ".resumeFrom",
+        ),
+        CelRule(
+            "!has(self.endpointUrl) || (has(self.uri) && self.uri.startsWith('s3://'))",
+            "endpointUrl needs an s3:// uri (it is the address of the S3-compatible server uri names)",
+            ".endpointUrl",
         ),
     )
 
     dir: str = Field(
-        "checkpoints", min_length=1, max_length=4096, description="Checkpoint folder (the mounted volume in pods)."
+        "checkpoints",
+        min_length=1,
+        max_length=4096,
+        description="Checkpoint folder (the mounted volume in pods). With uri set: only the local working "
+        "folder (metrics.jsonl's working copy, TensorBoard, curves); checkpoints go to uri.",
     )
-    resume: str = Field("auto", description="auto (latest complete checkpoint), disable, or a path.")
+    uri: str | None = Field(
+        None,
+        max_length=4096,
+        pattern=OBJECT_STORE_URL,
+        description="Object store for checkpoints, the HF export and a copy of metrics.jsonl, through fsspec: "
+        "s3://bucket/prefix, gs://bucket/prefix or az://container/prefix. Ranks write their parts "
+        "directly, the manifest and COMPLETE marker last; the latest complete checkpoint is found there on "
+        "resume. Credentials: the backend's environment variables (credentialsSecret in a cluster).",
+    )
+    endpoint_url: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://[^ /]+(/[^ ]*)?$",
+        description="An S3-compatible server's address (http(s)://host:port) for an s3:// uri; default AWS S3.",
+    )
+    resume: str = Field(
+        "auto",
+        max_length=4096,
+        description="auto (latest complete checkpoint), disable, or a checkpoint's path or URL.",
+    )
     resume_from: str | None = Field(
         None,
         min_length=1,

@@ -220,11 +220,28 @@ class ControllerSpec(ApiModel):
 
 
 class CheckpointSpec(CheckpointConfig):
-    """Checkpoint settings plus the volume they live on."""
+    """Checkpoint settings plus the volume they live on, or the Secret of their object store."""
+
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *CheckpointConfig.cel_rules,
+        CelRule(
+            "!has(self.credentialsSecret) || has(self.uri)",
+            "credentialsSecret needs checkpoint.uri (it holds the object store's credentials)",
+            ".credentialsSecret",
+        ),
+    )
 
     volume: dict[str, Any] | None = Field(
         None,
         description="A Kubernetes volume source (e.g. persistentVolumeClaim) mounted at dir in every pod.",
+    )
+    credentials_secret: Annotated[str, LONG_NAME] | None = Field(
+        None,
+        max_length=253,
+        description="A Secret in the job's namespace whose keys become environment variables of the pods "
+        "that write or read checkpoints (the controller, actor and critic pods): the object store's "
+        "credentials as its fsspec backend reads them, e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "for s3://. Needs uri.",
     )
 
 
@@ -336,6 +353,7 @@ class RLJobSpec(TrainerConfig):
         fields = TrainerConfig.model_fields
         data = {k: v for k, v in self.to_config().items() if k in fields}
         data["checkpoint"].pop("volume", None)
+        data["checkpoint"].pop("credentials_secret", None)
         return TrainerConfig.model_validate(data)
 
 

@@ -239,3 +239,24 @@ def test_lora_with_a_reference_of_its_own_is_refused_by_name() -> None:
         assert "loraRank" in str(exc), str(exc)
         return
     raise AssertionError("model.loraRank with roles.reference pods was accepted")
+
+
+def test_object_store_fields_are_refused_by_name_where_they_cannot_work() -> None:
+    _refused("checkpoint.uri", "/ckpt/run", "uri")  # a path belongs in dir
+    _refused("checkpoint.uri", "ftp://bucket/run", "uri")
+    _refused("checkpoint.endpointUrl", "http://127.0.0.1:9000", "endpointUrl")  # without a uri
+    obj = example(GPU)
+    obj["spec"]["checkpoint"].update({"uri": "gs://bucket/run", "endpointUrl": "http://127.0.0.1:9000"})
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "endpointUrl" in str(exc), str(exc)
+    else:
+        raise AssertionError("endpointUrl with a gs:// uri was accepted")
+    _refused("checkpoint.credentialsSecret", "ckpt-s3", "credentialsSecret")  # without a uri
+    _refused("checkpoint.resume", "bucket/run/step_000010", "resume")
+    obj = example(GPU)
+    obj["spec"]["checkpoint"].update(
+        {"uri": "s3://bucket/run", "resumeFrom": "s3://bucket/other/step_000010", "credentialsSecret": "ckpt-s3"}
+    )
+    parse_rljob(obj)  # a URL seeds a run as a path does

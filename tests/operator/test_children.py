@@ -497,3 +497,25 @@ def test_every_pod_gets_the_jobs_grace_period_to_save_the_step_in_progress() -> 
         assert pod_spec(sts)["terminationGracePeriodSeconds"] == 120, role
     for role, sts in by_kind(children_of(longer), "StatefulSet").items():
         assert pod_spec(sts)["terminationGracePeriodSeconds"] == 600, role
+
+
+def test_the_object_stores_secret_reaches_only_the_pods_that_write_checkpoints() -> None:
+    """checkpoint.credentialsSecret: every key of the Secret in the environment of the driver
+    and of the actor and critic ranks (their parts); rollout pods get nothing. The uri and
+    endpoint go to the trainer's config, the Secret's name does not."""
+    job = load_job(
+        GPU,
+        *SEPARATE_CRITIC_AND_REFERENCE,
+        set_path("spec.checkpoint.uri", "s3://ckpt/runs/a"),
+        set_path("spec.checkpoint.endpointUrl", "http://object-store.storage:9000"),
+        set_path("spec.checkpoint.credentialsSecret", "ckpt-s3"),
+    )
+    children = children_of(job)
+    for role, sts in by_kind(children, "StatefulSet").items():
+        expected = [{"secretRef": {"name": "ckpt-s3"}}] if role in ("controller", "actor", "critic") else None
+        assert container(sts).get("envFrom") == expected, role
+    raw = yaml.safe_load(by_kind(children, "ConfigMap")[f"{job.metadata.name}-config"]["data"][CONFIG_FILE])
+    assert raw["checkpoint"]["uri"] == "s3://ckpt/runs/a"
+    assert raw["checkpoint"]["endpoint_url"] == "http://object-store.storage:9000"
+    assert "credentials_secret" not in raw["checkpoint"]
+    assert "envFrom" not in container(stateful_set(load_job(GPU), "controller"))

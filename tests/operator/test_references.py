@@ -157,3 +157,14 @@ def test_every_role_and_spec_field_that_names_an_object_is_read() -> None:
 def test_a_job_that_names_nothing_has_no_references() -> None:
     job = load_job(CPU, set_path("spec.reward", {"function": {"path": "/rlkube/reward.py"}}))
     assert job_references(job) == []
+
+
+def test_the_object_stores_secret_is_a_reference() -> None:
+    """checkpoint.credentialsSecret: a job whose Secret is missing is reported like any other."""
+    job = load_job(
+        CPU,
+        set_path("spec.reward", {"function": {"path": "/rlkube/reward.py"}}),
+        set_path("spec.checkpoint.uri", "s3://ckpt/tiny"),
+        set_path("spec.checkpoint.credentialsSecret", "ckpt-s3"),
+    )
+    assert refs(job_references(job)) == [("Secret", "ckpt-s3", "envFrom of container trainer")]

@@ -32,6 +32,7 @@ from rlkube_api.placement import Group, Placement, Role, placement_of
 from rlkube_trainer.async_training.schedule import OneStepOff
 from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
@@ -170,7 +171,7 @@ class GroupState:
         self.trainable = [groups[g.name] for g in placement.groups if g.hosts & trainable]
         self.actor = groups[Role.ACTOR]
 
-    def save(self, staging: Path) -> dict[str, Written]:
+    def save(self, staging: CheckpointPath) -> dict[str, Written]:
         """Every rank's parts; what each rank says it wrote (the driver checks it is there)."""
         return {
             relative: record
@@ -179,11 +180,11 @@ class GroupState:
             for relative, record in files.items()
         }
 
-    def load(self, checkpoint: Path) -> None:
+    def load(self, checkpoint: CheckpointPath) -> None:
         for group in self.trainable:
             group.call_all("load", str(checkpoint))
 
-    def export_hf(self, path: Path) -> None:
+    def export_hf(self, path: CheckpointPath) -> None:
         self.actor.call_all("export_hf", str(path))
 
 
@@ -198,6 +199,16 @@ def layout_of(files: Iterable[str]) -> dict[str, dict[str, Any]]:
             entry["world_size"] += rest.startswith("rank_")
             entry["sharded"] |= rest.startswith("sharded/")
     return layout
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def checkpoint_root(config: TrainerConfig) -> CheckpointPath:
+    """Where checkpoints, the HF export and (a copy of) metrics.jsonl go: checkpoint.uri (an
+    object store) where set, else checkpoint.dir."""
+    checkpoint = config.checkpoint
+    return locate(checkpoint.uri or checkpoint.dir, checkpoint.endpoint_url)
 
 
 def retention_of(config: TrainerConfig) -> Retention:
@@ -232,7 +243,7 @@ class RunResult:
     history: list[dict[str, float]]
     output_dir: Path
     curves: Path | None
-    last_checkpoint: Path | None
+    last_checkpoint: CheckpointPath | None
 
 
 class TrainingRun:
@@ -257,7 +268,8 @@ class TrainingRun:
         self.reporter = reporter or NullReporter()
         self.metrics = metrics
         self.validation = validation
-        self.checkpoints = CheckpointManager(Path(config.checkpoint.dir), retention_of(config))
+        self.root = checkpoint_root(config)
+        self.checkpoints = CheckpointManager(self.root, retention_of(config))
         self.total_steps = total_steps_of(config, loader)
         self.step = 0
         # When this attempt's steps began, and from which step: its pace gives the ETA.
@@ -284,7 +296,7 @@ class TrainingRun:
         self.ppo.roles.rollout.sync_weights()
         log.info("resumed from %s (step %d)", found.path, self.step)
 
-    def save(self) -> Path:
+    def save(self) -> CheckpointPath:
         staging = self.checkpoints.staging(self.step)
         files = self.state.save(staging)
         save_torch(
@@ -305,9 +317,13 @@ class TrainingRun:
         )
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s", path)
+        local_metrics = Path(self.config.checkpoint.dir) / METRICS_FILE
+        if isinstance(self.root, ObjectPath) and local_metrics.is_file():
+            # Its rows through this checkpoint's step (logged before the save), one PUT.
+            (self.root / METRICS_FILE).upload(local_metrics)
         return path
 
-    def stop(self, last_path: Path | None) -> None:
+    def stop(self, last_path: CheckpointPath | None) -> None:
         """SIGTERM (termination.py): this step's checkpoint unless it has one, then the exit."""
         if self.last_checkpoint_step != self.step:
             last_path = self.save()
@@ -418,6 +434,8 @@ class TrainingRun:
         self.resume()
         self.pace_from = (time.perf_counter(), self.step)
         output_dir = Path(config.checkpoint.dir)
+        if isinstance(self.root, ObjectPath):
+            fetch_metrics(self.root / METRICS_FILE, output_dir / METRICS_FILE)
         # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
         resumed_at = self.step if self.last_checkpoint_step is not None else -1
         tracker = Tracker(
@@ -431,7 +449,7 @@ class TrainingRun:
         if self.validation is not None:
             self.validation.rewind(resumed_at)
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="steps", unit="step")
-        last_path: Path | None = None
+        last_path: CheckpointPath | None = None
         save_freq = config.trainer.save_freq
         try:
             # Before training: a fresh run's initial model (a resumed run was validated on its
@@ -461,13 +479,22 @@ class TrainingRun:
                     if self.termination.requested:
                         self.stop(last_path)
             if config.checkpoint.export_hf != "never":
-                self.state.export_hf(output_dir / "hf")
+                self.state.export_hf(self.root / "hf")
             curves = tracker.plot()
         finally:
             bar.close()
             tracker.close()
             self.reporter.flush()
         return RunResult(self.step, tracker.history(), Path(config.checkpoint.dir), curves, last_path)
+
+
+def fetch_metrics(remote: ObjectPath, local: Path) -> None:
+    """The object store's metrics.jsonl into the local dir where this run finds none (a new pod
+    without a volume): the rows before the checkpoint resumed from are kept, as on a volume."""
+    if local.exists() or not remote.is_file():
+        return
+    local.parent.mkdir(parents=True, exist_ok=True)
+    remote.download(local)
 
 
 def train(
@@ -483,7 +510,7 @@ def train(
     """Set-up, then the loop: the same for every way of running the ranks. `job`: the RLJob this
     runs for, which must own checkpoint.dir (None outside a cluster)."""
     if job is not None:
-        claim(Path(config.checkpoint.dir), job, config.checkpoint.adopt)
+        claim(checkpoint_root(config), job, config.checkpoint.adopt)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     seed_everything(config.trainer.seed)
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)

@@ -177,6 +177,24 @@ def check_checkpoint_dir(path: str) -> None:
         raise PreflightError("checkpoint.dir", path, f"not writable: {exc.strerror or exc}") from None
 
 
+def check_checkpoint_uri(uri: str, endpoint_url: str | None) -> None:
+    """The object store can be reached and written with the credentials this process has (a
+    wrong key, bucket or endpoint fails now, not at the first save), through a backend this
+    image holds."""
+    from rlkube_trainer.checkpoint.objectstore import ObjectPath, ObjectStoreError, storage_options  # noqa: PLC0415
+
+    try:
+        probe = ObjectPath(uri, storage_options(uri, endpoint_url)) / ".rlkube-preflight"
+    except ObjectStoreError as exc:
+        raise PreflightError("checkpoint.uri", uri, str(exc)) from None
+    try:
+        probe.write_bytes(b"")
+        probe.unlink(missing_ok=True)
+    except Exception as exc:  # the backends raise their own errors (obstore's, per store)
+        where = f" at {endpoint_url}" if endpoint_url else ""
+        raise PreflightError("checkpoint.uri", uri, f"not writable{where}: {type(exc).__name__}: {exc}") from None
+
+
 # --- what each process checks ----------------------------------------------------------------------
 
 
@@ -214,6 +232,8 @@ def check_driver(config: TrainerConfig) -> None:
         check_data_file(f"data.val_files[{i}]", path, config)
     check_reward_function(config)
     check_checkpoint_dir(config.checkpoint.dir)
+    if config.checkpoint.uri is not None:
+        check_checkpoint_uri(config.checkpoint.uri, config.checkpoint.endpoint_url)
     check_packages(config)
 
 

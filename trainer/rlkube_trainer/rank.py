@@ -25,6 +25,7 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Role
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath, locate
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
 from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
@@ -297,10 +298,14 @@ class Rank:
 
     def save(self, directory: str) -> dict[str, Written]:
         """Writes this rank's state into the checkpoint's staging folder; returns the files."""
-        return save_rank_state(Path(directory), self._trainables(), self.spec.rank)
+        return save_rank_state(self._checkpoint_path(directory), self._trainables(), self.spec.rank)
 
     def load(self, directory: str) -> None:
-        load_rank_state(Path(directory), self._trainables(), self.spec.rank)
+        load_rank_state(self._checkpoint_path(directory), self._trainables(), self.spec.rank)
+
+    def _checkpoint_path(self, directory: str) -> CheckpointPath:
+        """A local folder or an object-store prefix (the same server as the driver's)."""
+        return locate(directory, self.config.checkpoint.endpoint_url)
 
     def export_hf(self, directory: str) -> None:
         """Every actor rank (gathering a sharded policy is a collective); rank 0 writes the
@@ -335,7 +340,7 @@ class Rank:
         export_hf(
             actor.model,
             load_tokenizer(self.config.model.tokenizer_path or self.config.model.path),
-            Path(directory),
+            self._checkpoint_path(directory),
             state_dict=state,
             also=with_adapter,
         )

@@ -67,6 +67,21 @@ POD_SECURITY_CONTEXT: dict[str, Any] = {
 }
 
 
+# The pods that write or read checkpoints: the driver (its own state, the manifest, the
+# marker) and the ranks of the trainable roles (their parts). Only these get the object
+# store's credentials (checkpoint.credentialsSecret).
+CHECKPOINT_WRITERS = frozenset({CONTROLLER_ROLE, "actor", "critic"})
+
+
+def container_env_from(job: RLJob, role: str) -> list[dict[str, Any]]:
+    """The object store's credentials, every key of the Secret as a variable, as its fsspec
+    backend reads them (AWS_ACCESS_KEY_ID, ...)."""
+    secret = job.spec.checkpoint.credentials_secret
+    if secret is None or role not in CHECKPOINT_WRITERS:
+        return []
+    return [{"secretRef": {"name": secret}}]
+
+
 def container_command(role: str) -> list[str]:
     if role == CONTROLLER_ROLE:
         return ["rlkube-trainer", "driver"]
@@ -164,6 +179,9 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    env_from = container_env_from(job, role.name)
+    if env_from:
+        container["envFrom"] = env_from
     resources = container_resources(role)
     if resources:
         container["resources"] = resources

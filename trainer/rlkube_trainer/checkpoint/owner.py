@@ -1,8 +1,8 @@
 """Which RLJob a checkpoint folder belongs to, so that `resume: auto` never continues another
 job's run.
 
-A job's driver writes `rljob.json` (namespace, name, UID) into `checkpoint.dir` before the first
-step. A gang restart of the same job finds its own UID there and resumes. A different job (a
+A job's driver writes `rljob.json` (namespace, name, UID) into its checkpoint root
+(`checkpoint.dir`, or `checkpoint.uri` where set) before the first step. A gang restart of the same job finds its own UID there and resumes. A different job (a
 second job on the same volume path, or the same name deleted and created again: a new UID)
 finds someone else's run and is refused, naming that job, unless `checkpoint.adopt` says to
 take the folder over. A folder holding a run but no `rljob.json` (written by
@@ -18,10 +18,10 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from rlkube_api.names import Env
-from rlkube_trainer.checkpoint.store import LATEST
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath
+from rlkube_trainer.checkpoint.store import LATEST, write_atomic
 
 OWNER_FILE = "rljob.json"
 # What a run leaves in the folder (besides checkpoints): any of these means it is not fresh.
@@ -50,7 +50,7 @@ def identity_from_env(env: Mapping[str, str] = os.environ) -> JobIdentity | None
     return JobIdentity(env.get(Env.NAMESPACE, ""), env.get(Env.JOB_NAME, ""), uid)
 
 
-def owner_of(root: Path) -> JobIdentity | None:
+def owner_of(root: CheckpointPath) -> JobIdentity | None:
     path = root / OWNER_FILE
     if not path.exists():
         return None
@@ -58,13 +58,13 @@ def owner_of(root: Path) -> JobIdentity | None:
     return JobIdentity(str(raw.get("namespace", "")), str(raw.get("name", "")), str(raw.get("uid", "")))
 
 
-def holds_a_run(root: Path) -> bool:
-    if not root.is_dir():
+def holds_a_run(root: CheckpointPath) -> bool:
+    if not root.is_dir():  # an object-store prefix is a "dir" once any object is under it
         return False
     return any((root / name).exists() for name in RUN_FILES) or any(root.glob("step_*"))
 
 
-def claim(root: Path, job: JobIdentity, adopt: bool) -> None:
+def claim(root: CheckpointPath, job: JobIdentity, adopt: bool) -> None:
     """Makes `root` this job's checkpoint folder, or raises CheckpointDirTaken."""
     owner = owner_of(root)
     if owner is not None and owner.uid == job.uid:
@@ -72,11 +72,9 @@ def claim(root: Path, job: JobIdentity, adopt: bool) -> None:
     if not adopt and (owner is not None or holds_a_run(root)):
         by = str(owner) if owner is not None else f"a run with no {OWNER_FILE} (rlkube-trainer run, or an older rlkube)"
         raise CheckpointDirTaken(
-            f"checkpoint.dir {root} holds the run of {by}, not of this {job}: "
+            f"the checkpoint root {root} (checkpoint.dir, or checkpoint.uri) holds the run of {by}, not of this {job}: "
             "choose another checkpoint.dir for a new run, or set checkpoint.adopt: true to continue "
             "that run in this job (resume: auto then picks up its checkpoints and metrics)"
         )
     root.mkdir(parents=True, exist_ok=True)
-    staging = root / f".{OWNER_FILE}.tmp"
-    staging.write_text(json.dumps(asdict(job)) + "\n")
-    staging.replace(root / OWNER_FILE)
+    write_atomic(root / OWNER_FILE, (json.dumps(asdict(job)) + "\n").encode())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import random
+import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, relative
 from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, check_checksum, written
 
 if TYPE_CHECKING:
@@ -22,28 +24,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def save_torch(path: Path, obj: Any) -> None:
+def save_torch(path: CheckpointPath, obj: Any) -> None:
     """torch.save `obj` to `path` atomically and durably (tmp file, fsync, os.replace).
 
     Keep `obj` to what `load_torch` reads back with weights_only=True: tensors (full or local,
     not DTensors), dicts, lists, tuples, str, int, float, bool and None. State dicts of models,
     optimizers, LR schedulers and data loaders, torch.Generator states and `capture_rng()` are.
     """
-    path = Path(path)
+    path = path if isinstance(path, ObjectPath) else Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
     with atomic_file(path) as f:
         torch.save(obj, f)
 
 
-def save_sharded(directory: Path, state: dict[str, Any]) -> None:
+def save_sharded(directory: CheckpointPath, state: dict[str, Any]) -> None:
     """A sharded (FSDP2) state dict with torch.distributed.checkpoint: every rank of the default
-    group writes its own shards into `directory`, rank 0 the metadata. A collective."""
+    group writes its own shards into `directory`, rank 0 the metadata. A collective. In an
+    object store each rank uploads its shards itself (torch's fsspec writer)."""
     from torch.distributed.checkpoint.state_dict_saver import save  # noqa: PLC0415  (sharded roles only)
 
+    if isinstance(directory, ObjectPath):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: PLC0415
+
+        save(state, storage_writer=FsspecWriter(str(directory), **directory.options))
+        return
     save(state, checkpoint_id=str(directory))
 
 
-def load_sharded(directory: Path, state: dict[str, Any]) -> None:
+def load_sharded(directory: CheckpointPath, state: dict[str, Any]) -> None:
     """Fills `state` (already holding this rank's shards, e.g. from get_state_dict) in place
     from `directory`, resharding if needed. A collective."""
     from torch.distributed.checkpoint.state_dict_loader import load  # noqa: PLC0415
@@ -53,10 +61,15 @@ def load_sharded(directory: Path, state: dict[str, Any]) -> None:
     with warnings.catch_warnings():
         # One rank without a process group (CPU) reads the shards into a whole model: meant.
         warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        if isinstance(directory, ObjectPath):
+            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader  # noqa: PLC0415
+
+            load(state, storage_reader=FsspecReader(str(directory), **directory.options))
+            return
         load(state, checkpoint_id=str(directory))
 
 
-def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
+def load_torch(path: CheckpointPath, map_location: str | torch.device = "cpu") -> Any:
     """Load what `save_torch` wrote, with weights_only=True.
 
     weights_only refuses arbitrary pickled objects, so a tampered or foreign file cannot run
@@ -64,6 +77,14 @@ def load_torch(path: Path, map_location: str | torch.device = "cpu") -> Any:
     Loaded to the CPU by default: load_state_dict copies onto the model's device anyway, and a
     checkpoint written on GPU then loads on a CPU-only machine too.
     """
+    if isinstance(path, ObjectPath):
+        # One streaming download to local disk, then the same load as a local file.
+        with tempfile.TemporaryDirectory(prefix="rlkube-download-") as local:
+            try:
+                path.download(Path(local) / path.name)
+            except Exception as error:
+                raise CheckpointError(f"cannot load {path}: {error}") from error
+            return load_torch(Path(local) / path.name, map_location)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:
@@ -121,7 +142,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 # --- a rank's trainable roles -------------------------------------------------------------------
 
 
-def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: int) -> dict[str, Written]:
+def save_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> dict[str, Written]:
     """Each trainable role of a rank into `staging/<role>/`: a sharded model's parameters and
     optimizer state through torch.distributed.checkpoint (a collective over the role's group),
     the rest (or all of it, unsharded) in `rank_<rank>.pt` with this process's RNG states.
@@ -136,15 +157,16 @@ def save_rank_state(staging: Path, trainables: Mapping[str, Trainable], rank: in
             save_torch(path, {"local": trainable.local_state_dict(), "rng": capture_rng()})
             # torch.distributed.checkpoint's file system writer: `__<rank>_<n>.distcp` per rank of
             # the group, `.metadata` by its coordinator (rank 0).
-            mine = sorted(sharded.glob(f"__{rank}_*.distcp")) + ([sharded / ".metadata"] if rank == 0 else [])
-            files += [str(f.relative_to(staging)) for f in mine]
+            mine: list[CheckpointPath] = sorted(sharded.glob(f"__{rank}_*.distcp"), key=str)
+            mine += [sharded / ".metadata"] if rank == 0 else []
+            files += [relative(f, staging) for f in mine]
         else:
             save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
-        files.append(str(path.relative_to(staging)))
+        files.append(relative(path, staging))
     return written(staging, files, f"{'/'.join(trainables)} rank {rank}")
 
 
-def rank_file(checkpoint: Path, part: str, rank: int) -> Path:
+def rank_file(checkpoint: CheckpointPath, part: str, rank: int) -> CheckpointPath:
     """The per-rank file rank `rank` resumes `part` from: its own, or rank 0's where the run that
     saved had fewer ranks (resumed on more GPUs). Every rank of a role holds the same scheduler,
     mini-batch generator and (full replicas) model and optimizer, so rank 0's serve any rank."""
@@ -154,14 +176,14 @@ def rank_file(checkpoint: Path, part: str, rank: int) -> Path:
     return checkpoint / part / "rank_0.pt"
 
 
-def load_rank_state(checkpoint: Path, trainables: Mapping[str, Trainable], rank: int) -> None:
+def load_rank_state(checkpoint: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> None:
     """What `save_rank_state` wrote, back into the same roles, on any number of ranks and either
     layout: a sharded checkpoint is resharded by torch.distributed.checkpoint (into shards or a
     whole model), full replicas are loaded whole or cut into this run's shards. A rank the saving
     run did not have keeps its own RNG states (seeded per rank, as a fresh run's are)."""
     for part, trainable in trainables.items():
         path = rank_file(checkpoint, part, rank)
-        check_checksum(checkpoint, path.relative_to(checkpoint).as_posix())
+        check_checksum(checkpoint, relative(path, checkpoint))
         state = load_torch(path)
         if "local" in state:
             sharded = trainable.sharded_state_dict()

@@ -35,6 +35,13 @@ crash between the rename and the marker leaves the marker at the previous checkp
 still complete (deletion comes after the marker). `latest()` trusts the marker only if the dir
 it names is complete and otherwise falls back to the newest complete `step_*` dir.
 
+In an object store (`checkpoint.uri`, objectstore.py) there is no rename: the writers write
+their parts straight under `step_N/`, the coordinator checks them (the same `check_written`)
+and writes manifest.json, then COMPLETE, then `latest`. Each object appears whole or not at
+all, so a save cut anywhere (a crash, the server gone) leaves a `step_N/` without COMPLETE,
+which nothing resumes from; the next save of that step deletes it first. Deleting a checkpoint
+deletes its COMPLETE marker first, so a half-deleted one is never taken for complete.
+
 Only the coordinator may call `staging` and `commit`; writers only write below the path they
 were given. Two coordinators on one root are not supported (the operator runs one driver).
 """
@@ -49,6 +56,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -56,6 +64,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate_like
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +93,12 @@ class Checkpoint:
     """A complete checkpoint: its training step and its directory."""
 
     step: int
-    path: Path
+    path: CheckpointPath
 
     def manifest(self) -> dict[str, Any]:
         return _read_manifest(self.path)
 
-    def file(self, relative: str) -> Path:
+    def file(self, relative: str) -> CheckpointPath:
         """The path of one part, e.g. `checkpoint.file("actor/rank_0.pt")`."""
         return self.path / relative
 
@@ -120,7 +130,9 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def fsync_tree(root: Path) -> None:
+def fsync_tree(root: CheckpointPath) -> None:
+    if isinstance(root, ObjectPath):
+        return  # an object is durable once its upload has completed
     # Files written by other code (save_pretrained, another process that skipped fsync) are made
     # durable before COMPLETE claims they are there; fsync of an already clean file is cheap.
     for dirpath, _dirnames, filenames in os.walk(root):
@@ -135,9 +147,18 @@ def _tmp_sibling(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
+def atomic_file(path: CheckpointPath) -> Iterator[BinaryIO]:
     """A file opened for writing that appears at `path` only once the block ends without an
-    error, durably: readers see either the old file or the whole new one, never a part."""
+    error, durably: readers see either the old file or the whole new one, never a part.
+    In an object store the file is written on local disk (the system's temporary folder) and
+    uploaded as one object when the block ends."""
+    if isinstance(path, ObjectPath):
+        with tempfile.TemporaryDirectory(prefix="rlkube-upload-") as local:
+            tmp = Path(local) / path.name
+            with open(tmp, "wb") as f:
+                yield f
+            path.upload(tmp)
+        return
     tmp = _tmp_sibling(path)
     try:
         with open(tmp, "wb") as f:
@@ -151,9 +172,28 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: CheckpointPath, data: bytes) -> None:
+    if isinstance(path, ObjectPath):
+        path.write_bytes(data)  # one PUT: whole or absent
+        return
     with atomic_file(path) as f:
         f.write(data)
+
+
+def write_atomic(path: CheckpointPath, data: bytes) -> None:
+    """`data` at `path`, whole or not at all (a local file durably, an object in one PUT)."""
+    _write_atomic(path, data)
+
+
+def remove_tree(path: CheckpointPath) -> None:
+    """Delete a checkpoint dir (or a staging or trash dir): its COMPLETE marker and manifest
+    first, so that a deletion cut short never leaves something that looks complete."""
+    if isinstance(path, ObjectPath):
+        for marker in (COMPLETE, MANIFEST):
+            (path / marker).unlink(missing_ok=True)
+        path.remove_tree()
+        return
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def replace_dir(src: Path, dst: Path) -> None:
@@ -176,7 +216,7 @@ def replace_dir(src: Path, dst: Path) -> None:
 # --- manifest and completeness ----------------------------------------------------------------
 
 
-def _read_manifest(path: Path) -> dict[str, Any]:
+def _read_manifest(path: CheckpointPath) -> dict[str, Any]:
     try:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError) as error:
@@ -186,25 +226,29 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def check_complete(path: Path) -> Checkpoint:
+def check_complete(path: CheckpointPath) -> Checkpoint:
     """The checkpoint at `path`, or CheckpointError saying why it is not a complete one.
 
     Complete means: the COMPLETE marker, a readable manifest, and every file the manifest lists
     present with its recorded size. The size check catches copies and renames that were not
     atomic (object-store FUSE mounts copy a renamed dir file by file) and files lost since.
     """
-    if not path.is_dir():
+    # An object store has no empty prefixes: the COMPLETE marker's absence says it all.
+    if not isinstance(path, ObjectPath) and not path.is_dir():
         raise CheckpointError(f"checkpoint {path}: no such directory")
     if not (path / COMPLETE).is_file():
+        if isinstance(path, ObjectPath) and not path.is_dir():
+            raise CheckpointError(f"checkpoint {path}: no such directory")
         raise CheckpointError(f"checkpoint {path}: incomplete (no {COMPLETE} marker; the save did not finish)")
     manifest = _read_manifest(path)
     files = manifest.get("files", {})
     if not isinstance(files, dict):
         raise CheckpointError(f"checkpoint {path}: {MANIFEST} 'files' is not a mapping")
+    listed = _sizes(path)
     for relative, size in files.items():
         try:
-            actual = (path / relative).stat().st_size
-        except OSError:
+            actual = listed[relative] if listed is not None else (path / relative).stat().st_size
+        except (OSError, KeyError):
             raise CheckpointError(f"checkpoint {path}: {relative} listed in {MANIFEST} is missing") from None
         if actual != size:
             raise CheckpointError(f"checkpoint {path}: {relative} has {actual} bytes, {MANIFEST} says {size}")
@@ -220,7 +264,13 @@ class Written:
     writer: str  # who wrote it, for the error when the coordinator does not see it: "actor rank 1"
 
 
-def written(staging: Path, relative: Iterable[str], writer: str) -> dict[str, Written]:
+def _sizes(path: CheckpointPath) -> dict[str, int] | None:
+    """Every object's size under an object-store prefix in one listing (asking object by object
+    costs a request each); None for a local dir, where a stat is cheap."""
+    return path.files() if isinstance(path, ObjectPath) else None
+
+
+def written(staging: CheckpointPath, relative: Iterable[str], writer: str) -> dict[str, Written]:
     """What a writer reports after saving `relative` (paths under `staging`)."""
     out = {}
     for name in relative:
@@ -229,12 +279,18 @@ def written(staging: Path, relative: Iterable[str], writer: str) -> dict[str, Wr
     return out
 
 
-def sha256_of(path: Path) -> str:
+def sha256_of(path: CheckpointPath) -> str:
+    if isinstance(path, ObjectPath):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(8 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def check_checksum(checkpoint: Path, relative: str) -> None:
+def check_checksum(checkpoint: CheckpointPath, relative: str) -> None:
     """The part `relative` of a committed checkpoint has the SHA-256 its writer reported
     (a file changed since, with its size kept: a bad disk, a partial copy); a checkpoint
     without checksums (written before them, or by a test) is not checked."""
@@ -246,33 +302,53 @@ def check_checksum(checkpoint: Path, relative: str) -> None:
         raise CheckpointError(f"checkpoint {checkpoint}: {relative} is not what its writer wrote (SHA-256 differs)")
 
 
-def check_written(staging: Path, expected: Mapping[str, Written]) -> None:
+def check_written(staging: CheckpointPath, expected: Mapping[str, Written]) -> None:
     """Every file the writers reported is in `staging` with the size they wrote, as seen here;
     CheckpointError naming the first writer and file that are not (all of them, listed)."""
     problems = []
+    listed = _sizes(staging)
     for relative, record in sorted(expected.items()):
         try:
-            size = (staging / relative).stat().st_size
-        except OSError:
+            size = listed[relative] if listed is not None else (staging / relative).stat().st_size
+        except (OSError, KeyError):
             problems.append(f"{record.writer} wrote {relative}, which is not there")
             continue
         if size != record.size:
             problems.append(f"{record.writer} wrote {relative} with {record.size} bytes, {size} are there")
     if problems:
+        hint = (
+            " (the object store lost or never received them)"
+            if isinstance(staging, ObjectPath)
+            else ". Every pod that writes checkpoints must mount the same volume at checkpoint.dir "
+            "(set checkpoint.volume to a ReadWriteMany volume, or checkpoint.uri to an object store)"
+        )
         raise CheckpointError(
-            f"checkpoint {staging} is not committed, the previous one stays the latest: "
-            + "; ".join(problems)
-            + ". Every pod that writes checkpoints must mount the same volume at checkpoint.dir "
-            "(set checkpoint.volume to a ReadWriteMany volume)"
+            f"checkpoint {staging} is not committed, the previous one stays the latest: " + "; ".join(problems) + hint
         )
 
 
-def _is_complete(path: Path) -> Checkpoint | None:
+def _is_complete(path: CheckpointPath) -> Checkpoint | None:
     try:
         return check_complete(path)
     except CheckpointError as error:
         log.debug("%s", error)
         return None
+
+
+def _listed_files(staging: CheckpointPath) -> dict[str, int]:
+    """Each file of a checkpoint being committed (relative path: size); `.name.tmp-*` files
+    are a writer's unfinished atomic write, not part of the checkpoint."""
+    if isinstance(staging, ObjectPath):
+        return {
+            relative: size
+            for relative, size in sorted(staging.files().items())
+            if not relative.rsplit("/", 1)[-1].startswith(".")
+        }
+    return {
+        p.relative_to(staging).as_posix(): p.stat().st_size
+        for p in sorted(staging.rglob("*"))
+        if p.is_file() and not p.name.startswith(".")
+    }
 
 
 @dataclass(frozen=True)
@@ -296,27 +372,36 @@ class Retention:
 
 
 class CheckpointManager:
-    """Writes, finds and prunes the checkpoints under one root directory."""
+    """Writes, finds and prunes the checkpoints under one root: a local directory, or an
+    object-store prefix (objectstore.ObjectPath)."""
 
-    def __init__(self, root: Path, max_to_keep: int | Retention) -> None:
-        self.root = Path(root)
+    def __init__(self, root: CheckpointPath | str, max_to_keep: int | Retention) -> None:
+        self.root: CheckpointPath = root if isinstance(root, ObjectPath) else Path(root)
         self.retention = max_to_keep if isinstance(max_to_keep, Retention) else Retention(max_to_keep)
+        # No rename in an object store: a checkpoint is written in place, its marker last.
+        self.in_place = isinstance(self.root, ObjectPath)
 
     # -- writing --
 
-    def staging_path(self, step: int) -> Path:
+    def staging_path(self, step: int) -> CheckpointPath:
         """Where step `step` is being written; no side effects (writers may call this)."""
+        if self.in_place:
+            return self.root / step_dir_name(step)
         return self.root / f".tmp-{step_dir_name(step)}"
 
-    def staging(self, step: int) -> Path:
+    def staging(self, step: int) -> CheckpointPath:
         """An empty staging dir for step `step`, for the coordinator to hand to the writers.
 
         A dir left by an earlier attempt at the same step is removed first: its files may be from
-        a different trajectory (the run crashed and resumed from an older checkpoint).
+        a different trajectory (the run crashed and resumed from an older checkpoint). In an object
+        store that is the step's own prefix, complete or not: its marker goes first.
         """
         if step < 0:
             raise ValueError(f"step must be non-negative, got {step}")
         path = self.staging_path(step)
+        if isinstance(path, ObjectPath):
+            remove_tree(path)
+            return path
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
@@ -324,7 +409,7 @@ class CheckpointManager:
 
     def commit(
         self, step: int, manifest: Mapping[str, Any] | None = None, expected: Mapping[str, Written] | None = None
-    ) -> Path:
+    ) -> CheckpointPath:
         """Seal step `step`'s staging dir as a complete checkpoint and point `latest` at it.
 
         `manifest` is the caller's description (parts written, config, metrics), stored in
@@ -333,7 +418,7 @@ class CheckpointManager:
         checksums kept in the manifest. Call only after every writer has finished.
         """
         staging = self.staging_path(step)
-        if not staging.is_dir():
+        if not self.in_place and not staging.is_dir():
             raise CheckpointError(f"commit of step {step}: no staging dir {staging} (call staging() first)")
         expected = expected or {}
         check_written(staging, expected)
@@ -343,12 +428,7 @@ class CheckpointManager:
             raise ValueError(f"manifest keys {sorted(shadowed)} are reserved")
         for leftover in (staging / COMPLETE, staging / MANIFEST):
             leftover.unlink(missing_ok=True)
-        files = {
-            p.relative_to(staging).as_posix(): p.stat().st_size
-            for p in sorted(staging.rglob("*"))
-            # `.name.tmp-*` files are a writer's unfinished atomic write, not part of the checkpoint.
-            if p.is_file() and not p.name.startswith(".")
-        }
+        files = _listed_files(staging)
         now = time.time()
         content = {
             "format": FORMAT_VERSION,
@@ -366,13 +446,15 @@ class CheckpointManager:
         # COMPLETE last inside the dir: whoever sees it sees the manifest and the parts too.
         _write_atomic(staging / COMPLETE, b"")
         final = self.root / step_dir_name(step)
-        replace_dir(staging, final)
+        if not self.in_place:
+            assert isinstance(staging, Path) and isinstance(final, Path)
+            replace_dir(staging, final)
         # The marker only after the rename, so it never names a dir that is not there yet.
         _write_atomic(self.root / LATEST, (final.name + "\n").encode())
         self._prune(keep=final, step=step)
         return final
 
-    def _prune(self, keep: Path, step: int) -> None:
+    def _prune(self, keep: CheckpointPath, step: int) -> None:
         """Delete complete checkpoints beyond the retention and stale staging/trash dirs.
 
         The one just written always stays, and nothing is deleted unless it checks complete (a
@@ -391,16 +473,19 @@ class CheckpointManager:
         complete.sort(key=lambda c: c.step, reverse=True)
         for old in complete[kept - 1 :]:
             log.info("deleting checkpoint %s (keeping %d)", old.path, kept)
-            shutil.rmtree(old.path, ignore_errors=True)
+            remove_tree(old.path)
         for entry in self._entries():
             match = _STAGING_DIR.match(entry.name)
             if (match and int(match.group(1)) < step) or entry.name.startswith(".trash-"):
                 log.info("deleting stale %s", entry)
-                shutil.rmtree(entry, ignore_errors=True)
+                remove_tree(entry)
 
     # -- reading --
 
-    def _entries(self) -> Iterator[Path]:
+    def _entries(self) -> Iterator[CheckpointPath]:
+        if isinstance(self.root, ObjectPath):
+            yield from self.root.dirs()
+            return
         try:
             yield from (p for p in self.root.iterdir() if p.is_dir())
         except FileNotFoundError:
@@ -449,15 +534,16 @@ class CheckpointManager:
             if own is not None or resume_from is None:
                 return own
             # A checkpoint root: its latest complete checkpoint (a step dir holds no step dirs).
-            seed = CheckpointManager(Path(resume_from), self.retention).latest()
+            seed = CheckpointManager(locate_like(resume_from, self.root), self.retention).latest()
             return seed if seed is not None else self._explicit(resume_from, "resumeFrom")
         return self._explicit(resume, "resume")
 
-    @staticmethod
-    def _explicit(resume: str, key: str) -> Checkpoint:
-        path = Path(resume)
+    def _explicit(self, resume: str, key: str) -> Checkpoint:
+        path = locate_like(resume, self.root)
         if not path.is_absolute():
-            raise CheckpointError(f"{key} {resume!r}: must be 'auto', 'disable' or an absolute checkpoint path")
+            raise CheckpointError(
+                f"{key} {resume!r}: must be 'auto', 'disable', an absolute checkpoint path or an object-store URL"
+            )
         try:
             return check_complete(path)
         except CheckpointError as error:
