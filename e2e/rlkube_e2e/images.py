@@ -285,6 +285,9 @@ def _build_dockerfile(name: str, archive: ImageArchive, base: ImageArchive) -> N
             # Layer caching: a change to the sources alone rebuilds the last steps, not the
             # locked dependencies (several GB for the trainer), which sit in earlier layers.
             "--layers",
+            # A failed step's working container holds the step's whole root filesystem (a
+            # trainer's pip step: 7-15 GB): removed on failure too, not left to fill the disk.
+            "--force-rm",
             "--pull-never",
             "--network",
             "host",
