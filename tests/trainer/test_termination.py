@@ -171,3 +171,30 @@ def test_the_cli_handler_exits_unless_the_loop_takes_the_signal(monkeypatch: pyt
     with TERMINATION.arm():
         cli._exit_on_sigterm(signal.SIGTERM, None)  # returns: the loop stops at its next safe point
         assert TERMINATION.requested
+
+
+def test_a_role_pod_told_to_stop_ends_once_its_head_has_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node's `ray start --block` (here a sleep) is stopped as soon as the head stops
+    answering after a SIGTERM, not after Ray's 60 s GCS reconnect timeout."""
+    import socket  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from rlkube_api.names import Env  # noqa: PLC0415
+    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setenv(Env.RAY_ADDRESS, f"127.0.0.1:{listener.getsockname()[1]}")
+    with TERMINATION.arm(ray_cluster.head_reachable):
+        assert TERMINATION.take(signal.SIGTERM)  # the head answers: the pod stays for its driver
+        started = time.monotonic()
+        listener.close()  # the driver saved and ended
+        code = ray_cluster._serve(["sleep", "60"])
+    assert code == 128 + signal.SIGTERM
+    assert time.monotonic() - started < 10
+
+
+def test_a_node_not_told_to_stop_serves_until_its_command_ends() -> None:
+    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+
+    with TERMINATION.arm():  # armed, with no signal taken
+        assert ray_cluster._serve(["sh", "-c", "sleep 1.5; exit 3"]) == 3

@@ -118,6 +118,26 @@ def head_reachable(timeout: float = 1.0) -> bool:
         return False
 
 
+# How often a pod told to stop checks whether its driver has ended.
+HEAD_POLL_S = 1.0
+
+
+def _serve(command: list[str]) -> int:
+    """Runs `ray start --block` until it ends, or, once SIGTERM asked this pod to stop, until the
+    head it serves has gone: the raylet itself notices that only after Ray's GCS reconnect
+    timeout (60 s), which would hold the pod that long after its driver saved and ended."""
+    process = subprocess.Popen(command)
+    while True:
+        try:
+            return process.wait(timeout=HEAD_POLL_S)
+        except subprocess.TimeoutExpired:
+            if TERMINATION.requested and not head_reachable():
+                log.info("the Ray head has gone after SIGTERM: stopping this node")
+                process.terminate()
+                process.wait()
+                return 128 + (TERMINATION.signum or 15)
+
+
 def join_as_node(group: str, gpus: int) -> int:
     """A role pod: joins the head and advertises its group and pod index; returns when
     the head goes away (the driver ended)."""
@@ -139,7 +159,7 @@ def join_as_node(group: str, gpus: int) -> int:
     # The head may still be starting (pods start in any order): retry the join for a while.
     deadline = time.monotonic() + JOIN_TIMEOUT
     while True:
-        code = subprocess.run(command, check=False).returncode
+        code = _serve(command)
         # After a SIGTERM the pod waited for its driver to end (termination.py): not again.
         if code == 0 or time.monotonic() > deadline or TERMINATION.requested:
             return code
