@@ -23,7 +23,7 @@ from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
 from rlkube_operator.kube import Kube, connect
 from rlkube_operator.leader import Election
 from rlkube_operator.metrics import METRICS
-from rlkube_operator.observed import PodView, as_lost, slim_pod, view_pod
+from rlkube_operator.observed import PodView, as_lost, pods_to_judge, slim_pod, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from rlkube_operator.status import pod_loss_breaks_gang
 
@@ -258,10 +258,8 @@ async def _pass(
     """One reconcile pass in a worker thread, over the job's newest body and pods."""
     namespace, name = tracked.key
     body = tracked.newest()
-    pods = list(pods_by_job.get(tracked.key, []))
-    seen = {p["metadata"]["uid"] for p in pods}
     lost = tracked.take_lost_pods()
-    pods += [p for uid, p in lost.items() if uid not in seen]
+    pods = pods_to_judge(list(pods_by_job.get(tracked.key, [])), lost)
     sets = set(sets_by_job.get(tracked.key, []))
     new_spec = (body.get("status") or {}).get("observedGeneration") != body["metadata"].get("generation")
     executor = operator.new_spec_executor if new_spec else None

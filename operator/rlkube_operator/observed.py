@@ -192,6 +192,19 @@ def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
     return lost
 
 
+def pods_to_judge(indexed: list[dict[str, Any]], kept: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pods a pass judges: the index's, with the pods kept since the last pass (by uid).
+    A kept failed pod the index no longer has is added (its StatefulSet replaced it). A pod
+    kept as lost (`as_lost`) stands in for the index's copy even while that one is still there:
+    a member deleted while the job ran keeps running through its grace period (it serves its
+    driver until the driver has saved), and judged as it is, it would look like a healthy
+    member until it ended, by when the driver may have finished the job without it."""
+    lost = {uid for uid, pod in kept.items() if (pod.get("status") or {}).get("reason") == LOST_REASON}
+    pods = [pod for pod in indexed if pod["metadata"]["uid"] not in lost]
+    present = {pod["metadata"]["uid"] for pod in pods}
+    return pods + [pod for uid, pod in kept.items() if uid not in present]
+
+
 # Reasons of the Events that say a pod was disrupted rather than failed on its own: its kubelet
 # evicted it (node pressure), the scheduler preempted it, the taint manager deleted it with
 # its unreachable node. A pod seen while it ran says so in its DisruptionTarget condition.

@@ -81,6 +81,26 @@ def _latest_checkpoint(job: tinyjob.TinyJob) -> int:
     return int(latest.read_text().strip().rsplit("_", 1)[-1]) if latest.exists() else 0
 
 
+def _where_the_job_stands(kubectl: Kubectl, namespace: str, name: str) -> str:
+    """The job's status, its pods' phases and containers, and the namespace's Events: what a
+    failed wait needs to say which side (operator, kubelet, trainer) did not do its part."""
+    status = kubectl("-n", namespace, "get", "rljob", name, "-o", "jsonpath={.status}", check=False).stdout
+    pods = kubectl(
+        "-n",
+        namespace,
+        "get",
+        "pods",
+        "-o",
+        "custom-columns=NAME:.metadata.name,UID:.metadata.uid,PHASE:.status.phase,"
+        "DELETING:.metadata.deletionTimestamp,ATTEMPT:.metadata.annotations.rlkube\\.dev/attempt,"
+        "RESTARTS:.status.containerStatuses[*].restartCount,"
+        "LAST:.status.containerStatuses[*].lastState.terminated.exitCode",
+        check=False,
+    ).stdout
+    events = kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
+    return f"job status: {status}\npods:\n{pods}\nevents (last 40):\n" + "\n".join(events.splitlines()[-40:])
+
+
 def _steps(job: tinyjob.TinyJob) -> list[int]:
     return [int(row["step"]) for row in job.metrics()]
 
@@ -182,7 +202,8 @@ def _kill_and_check(
     except (TimeoutError, AssertionError) as error:
         log = driver_log.text()[-3000:] or "(no driver log)"
         raise AssertionError(
-            f"{error}\nkills so far {kills}\ndriver log:\n{log}\noperator log:\n{operator_process.log()[-3000:]}"
+            f"{error}\nkills so far {kills}\n{_where_the_job_stands(kubectl, namespace, job.name)}"
+            f"\ndriver log:\n{log}\noperator log:\n{operator_process.log()[-3000:]}"
         ) from error
     assert final["state"] == "Succeeded", final
     assert final["restartCount"] == KILLS

@@ -230,6 +230,30 @@ def test_a_deleted_pod_restarts_the_gang(jobs: Jobs) -> None:
     jobs.wait_running(JOB, restarts=1)
 
 
+def test_a_deleted_pod_that_is_still_stopping_restarts_the_gang_at_once(jobs: Jobs) -> None:
+    """A real role pod deleted while it trains keeps running through its grace period (it
+    serves its driver until the driver has saved). A finalizer holds the deleted pod here as
+    that grace period would: the gang restarts while it is still there, not once it is gone
+    (by then the driver may have finished the job without it)."""
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    jobs.wait_pods(JOB, TINY_PODS)
+    pod = f"{JOB}-actor-0"
+    hold = '{"metadata":{"finalizers":["rlkube.dev/test-hold"]}}'
+    jobs.kubectl("patch", "pod", pod, "-n", jobs.namespace, "--type=merge", "-p", hold)
+    try:
+        jobs.kubectl("delete", "pod", pod, "-n", jobs.namespace, "--wait=false")
+        jobs.wait(JOB, lambda j: j["status"].get("restartCount") == 1, "restartCount 1", timeout=10)
+        stopping = json.loads(jobs.kubectl("get", "pod", pod, "-n", jobs.namespace, "-o", "json").stdout)
+        assert stopping["metadata"].get("deletionTimestamp") and attempt(stopping) == 0, stopping["metadata"]
+        assert "the pod was deleted while the job ran" in jobs.wait_event(JOB, "PodFailed")["message"]
+    finally:
+        release = '{"metadata":{"finalizers":null}}'
+        jobs.kubectl("patch", "pod", pod, "-n", jobs.namespace, "--type=merge", "-p", release, check=False)
+    jobs.wait_pods(JOB, TINY_PODS, at_attempt=1)
+    jobs.wait_running(JOB, restarts=1)
+
+
 def test_a_deleted_statefulset_is_recreated_without_restarting_the_gang(jobs: Jobs) -> None:
     """Deleted with its pods orphaned: the operator is woken by the deletion (no waiting for
     the idle pass, minutes away) and applies it again; the new StatefulSet adopts the pods."""

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS
-from rlkube_operator.observed import PodView, slim_pod, view_pod
+from rlkube_operator.observed import PodView, as_lost, pods_to_judge, slim_pod, view_pod
 from tests.operator.helpers import T0, Obj, at, pod
 
 JOB = "tiny-cpu"
@@ -202,3 +202,19 @@ def test_the_slim_pod_drops_what_the_operator_never_reads() -> None:
     # What reconcile reads besides view_pod: name, uid, the attempt, deletion.
     assert (slim["metadata"]["name"], slim["metadata"]["uid"]) == (full["metadata"]["name"], full["metadata"]["uid"])
     assert view_pod(slim) == view_pod(full)
+
+
+def test_the_pods_a_pass_judges() -> None:
+    """Kept pods join the index's: a failed one only once the index has lost it (the index's
+    copy is newer), a lost one in place of the index's copy (still running, being deleted)."""
+    running, deleting = pod(JOB, "actor", 0), pod(JOB, "actor", 1, deleting=True)
+    failed = pod(JOB, "rollout", 0, phase="Failed", ready=False, terminated=(1, "Error"))
+    gone = pod(JOB, "controller", 0, phase="Failed", ready=False, terminated=(2, "Error"))
+    lost = as_lost(deleting, "deleted")
+    uid = lambda p: p["metadata"]["uid"]  # noqa: E731
+    kept = {uid(failed): failed, uid(gone): gone, uid(deleting): lost}
+    judged = pods_to_judge([running, deleting, failed], kept)
+    assert sorted(map(uid, judged)) == sorted(map(uid, [running, deleting, failed, gone]))
+    assert [p for p in judged if uid(p) == uid(deleting)] == [lost]
+    assert view_pod(lost).failed and not view_pod(deleting).failed
+    assert pods_to_judge([running], {}) == [running]

@@ -11,7 +11,7 @@ import pytest
 from rlkube_api.names import ANNOTATION_ATTEMPT
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.children.references import Reference
-from rlkube_operator.observed import view_pod
+from rlkube_operator.observed import as_lost, pods_to_judge, view_pod
 from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
@@ -158,6 +158,21 @@ FAILURES = [
         id="failed-while-being-deleted",
     ),
 ]
+
+
+def test_a_member_deleted_while_it_still_serves_its_driver_restarts_the_gang_at_once() -> None:
+    """A role pod deleted while the job runs keeps running through its grace period (it serves
+    the driver until the driver has saved). The operator keeps it as lost at its deletion;
+    judged as the index still shows it, a live member, the gang would run on without it."""
+    serving = pod("tiny-cpu", "actor", 0, deleting=True)
+    indexed = replace_pod(PODS, serving)
+    assert run(running(), indexed, 100).status.restart_count == 0  # what the index alone says
+    kept = {serving["metadata"]["uid"]: as_lost(serving, "the pod was deleted while the job ran")}
+    d = run(running(), pods_to_judge(indexed, kept), 100)
+    assert (d.status.restart_count, d.status.state) == (1, "Restarting")
+    assert "pod tiny-cpu-actor-0 (role actor) failed: the pod was deleted while the job ran" in (
+        cond(d.status, "Restarting").message
+    )
 
 
 @pytest.mark.parametrize(("bad", "reason"), FAILURES)
