@@ -280,6 +280,20 @@ _PATH_RULES = (
         "checkpoint.dir must be an absolute path when checkpoint.volume is set (the volume is mounted there)",
         ".checkpoint.dir",
     ),
+    # Every job's checkpoint is written by more than one pod: the driver writes its state and the
+    # manifest in the controller pod, each actor (and critic) rank its shards in its own pod.
+    # In a container's own filesystem each would see only its own part, and a gang restart would
+    # find no complete checkpoint: the job would start over without saying why.
+    CelRule(
+        "has(self.checkpoint.uri) || has(self.checkpoint.volume) || (has(self.volumes) && self.volumes.exists(v,"
+        " !(has(v.readOnly) && v.readOnly) && (self.checkpoint.dir == v.mountPath"
+        " || self.checkpoint.dir.startsWith(v.mountPath.endsWith('/') ? v.mountPath : v.mountPath + '/'))))",
+        "checkpoint.dir must be on storage every pod shares (the controller pod and each actor and critic pod write"
+        " parts of every checkpoint; in a container's own filesystem a restart finds none): set checkpoint.volume"
+        " (e.g. a ReadWriteMany persistentVolumeClaim), put checkpoint.dir under a writable mountPath of spec.volumes, or"
+        " set checkpoint.uri (object storage)",
+        ".checkpoint.dir",
+    ),
     CelRule(
         "!has(self.volumes) || self.volumes.all(v, !(v.mountPath in " + json.dumps(list(OPERATOR_MOUNT_PATHS)) + ")"
         " && !(has(self.checkpoint.volume) && v.mountPath == self.checkpoint.dir))",

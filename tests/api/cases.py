@@ -348,6 +348,22 @@ INVALID = [
         _set("spec.volumes", [{"name": "ckpt", "mountPath": "/checkpoints", "source": {"emptyDir": {}}}]),
         ("spec.volumes", "may not be a path the operator mounts"),
     ),
+    # --- shared checkpoint storage ---------------------------------------------------------------------
+    Case(
+        "checkpoint-dir-in-each-pods-own-filesystem",
+        _all(_delete("spec.checkpoint.volume"), _set("spec.checkpoint.dir", "/checkpoints")),
+        ("spec.checkpoint.dir", "every pod shares"),
+    ),
+    Case(
+        "checkpoint-dir-beside-a-volume",
+        _all(_delete("spec.checkpoint.volume"), _set("spec.checkpoint.dir", "/data-checkpoints")),
+        ("spec.checkpoint.dir", "every pod shares"),
+    ),
+    Case(
+        "checkpoint-dir-on-a-read-only-volume",
+        _all(_delete("spec.checkpoint.volume"), _set("spec.checkpoint.dir", "/data/checkpoints")),
+        ("spec.checkpoint.dir", "every pod shares"),
+    ),
     # --- periods ----------------------------------------------------------------------------------------
     Case("save-freq-zero", _set("spec.trainer.saveFreq", 0), ("spec.trainer.saveFreq", "-1")),
     Case("test-freq-zero", _set("spec.trainer.testFreq", 0), ("spec.trainer.testFreq", "-1")),
@@ -473,6 +489,35 @@ INVALID = [
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    Case(
+        "checkpoints-on-object-storage",
+        _all(_delete("spec.checkpoint.volume"), _set("spec.checkpoint.uri", "s3://ckpt/run")),
+        (),
+    ),
+    Case(
+        "checkpoint-dir-under-a-shared-volume",
+        _all(
+            _delete("spec.checkpoint.volume"),
+            _set(
+                "spec.volumes",
+                [{"name": "work", "mountPath": "/work/", "source": {"persistentVolumeClaim": {"claimName": "w"}}}],
+            ),
+            _set("spec.checkpoint.dir", "/work/checkpoints/run"),
+        ),
+        (),
+    ),
+    Case(
+        "checkpoint-dir-on-a-shared-volume",
+        _all(
+            _delete("spec.checkpoint.volume"),
+            _set(
+                "spec.volumes",
+                [{"name": "ckpt", "mountPath": "/ckpt", "source": {"persistentVolumeClaim": {"claimName": "c"}}}],
+            ),
+            _set("spec.checkpoint.dir", "/ckpt"),
+        ),
+        (),
+    ),
     Case("memory-fraction-of-gibibytes", _set("spec.roles.actor.resources.memory", "1.5Gi"), ()),
     Case("cpu-exponent", _set("spec.roles.actor.resources.cpu", "1e2"), ()),
     Case("toleration-of-every-taint", _set("spec.roles.actor.pool.tolerations", [{"operator": "Exists"}]), ()),

@@ -418,7 +418,7 @@ def test_user_volumes_are_mounted_in_every_pod() -> None:
 def test_no_checkpoint_or_reward_volume_when_not_asked_for() -> None:
     job = load_job(
         CPU,
-        set_path("spec.checkpoint", {"dir": "/tmp/ckpt"}),
+        set_path("spec.checkpoint", {"dir": "/rlkube/ckpt"}),  # on the example's own volume
         set_path("spec.reward.function", {"path": "/opt/reward.py"}),
     )
     for sts in by_kind(children_of(job), "StatefulSet").values():

@@ -20,7 +20,7 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.validation import load_trainer_config, parse_rljob
 from rlkube_trainer.cli import main
 from rlkube_trainer.models import apply_liger
-from rlkube_trainer.verl_config import RULES, To, VerlConfigError, convert
+from rlkube_trainer.verl_config import RULES, To, VerlConfigError, convert, to_rljob
 from tests.trainer.verl_examples import DAPO, EXAMPLES, GRPO, PPO_GSM8K, REINFORCE, REWARD_MODEL, variant
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
@@ -258,6 +258,19 @@ def test_the_command_writes_an_rljob(tmp_path: Path) -> None:
     job = parse_rljob(yaml.safe_load(out.read_text()))
     assert job.metadata.name == "dapo-qwen" and job.spec.image == "registry.example/rlkube:1"
     assert yaml.safe_load(out.read_text())["spec"]["rollout"]["samplesPerPrompt"] == 16
+    # verl's default_local_dir (a path on one machine) goes on a claim every pod mounts.
+    assert job.spec.checkpoint.volume == {"persistentVolumeClaim": {"claimName": "dapo-qwen-checkpoints"}}
+    assert job.spec.checkpoint.dir.startswith("/checkpoints/checkpoints/"), job.spec.checkpoint.dir
+
+
+def test_a_converted_rljob_keeps_its_checkpoints_where_it_is_told(tmp_path: Path) -> None:
+    source = tmp_path / "verl.yaml"
+    source.write_text(yaml.safe_dump(variant(**{"trainer.default_local_dir": "/mnt/ckpt/run"})))
+    to_claim = to_rljob(convert(yaml.safe_load(source.read_text())).config, "a", "i:1", "shared-rwx")
+    assert (to_claim.spec.checkpoint.dir, to_claim.spec.checkpoint.volume) == (
+        "/mnt/ckpt/run",
+        {"persistentVolumeClaim": {"claimName": "shared-rwx"}},
+    )
 
 
 def test_the_example_recipe_converts() -> None:

@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import yaml
@@ -656,9 +656,30 @@ def _place_roles(tree: dict[str, Any]) -> None:
         roles["reward"] = {"colocate_with": "actor"}
 
 
-def to_rljob(config: TrainerConfig, name: str, image: str) -> RLJob:
-    """The same settings as an RLJob (camelCase, the Kubernetes fields added)."""
+# Where a converted RLJob mounts its checkpoint claim: verl's relative default_local_dir goes under it.
+CHECKPOINT_MOUNT = "/checkpoints"
+
+
+def checkpoint_claim_of(name: str) -> str:
+    """The PersistentVolumeClaim a converted RLJob named `name` keeps its checkpoints on, unless told."""
+    return f"{name}-checkpoints"
+
+
+def to_rljob(config: TrainerConfig, name: str, image: str, checkpoint_claim: str | None = None) -> RLJob:
+    """The same settings as an RLJob (camelCase, the Kubernetes fields added). Checkpoints
+    without an object store go on a claim every pod mounts (`checkpoint_claim`, by default
+    `checkpoint_claim_of(name)`): the driver and every actor rank write parts of each one,
+    and verl's default_local_dir, a path on one machine, would be each pod's own."""
     spec = {**config.to_wire(), "image": image}
+    if config.checkpoint.uri is None:
+        local = PurePosixPath(config.checkpoint.dir)
+        directory = local if local.is_absolute() else PurePosixPath(CHECKPOINT_MOUNT) / local
+        claim = checkpoint_claim or checkpoint_claim_of(name)
+        spec["checkpoint"] = {
+            **spec["checkpoint"],
+            "dir": str(directory),
+            "volume": {"persistentVolumeClaim": {"claimName": claim}},
+        }
     return parse_rljob({"metadata": {"name": name}, "spec": spec}, f"RLJob {name}")
 
 
@@ -670,6 +691,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
     parser.add_argument("--rljob", metavar="NAME", help="write an RLJob of this name instead of a trainer YAML")
     parser.add_argument("--image", default="rlkube-trainer:0.1.0", help="the RLJob's trainer image")
+    parser.add_argument(
+        "--checkpoint-claim",
+        metavar="CLAIM",
+        help="the RLJob's checkpoints go on this PersistentVolumeClaim (ReadWriteMany: every pod writes to it);"
+        " default NAME-checkpoints; not used when the config sets an object store",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="do not list the mapped and ignored keys")
 
 
@@ -688,7 +715,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         conversion = convert(raw, str(args.config))
         document = (
-            to_rljob(conversion.config, args.rljob, args.image).to_wire()
+            to_rljob(conversion.config, args.rljob, args.image, args.checkpoint_claim).to_wire()
             if args.rljob
             else conversion.config.to_config()
         )
@@ -702,4 +729,8 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(text)
     if not args.quiet:
         print(conversion.report(), file=sys.stderr)
+        volume = ((document.get("spec") or {}).get("checkpoint") or {}).get("volume") if args.rljob else None
+        if volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            print(f"checkpoints: on PersistentVolumeClaim {claim} (create it, ReadWriteMany)", file=sys.stderr)
     return 0
