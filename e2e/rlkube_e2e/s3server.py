@@ -1,4 +1,5 @@
-"""An S3-compatible server on loopback for the object-storage checkpoint tests.
+"""An S3-compatible server for the object-storage checkpoint tests, on loopback or where a
+local cluster's pods reach this machine.
 
 gofakes3 (a Go module, built by `e2e/toolchain.sh s3` into the cache, keyed by version) with
 its bbolt backend: every bucket and object in one database file that outlives the process,
@@ -36,25 +37,27 @@ def find_gofakes3() -> Path:
     return path
 
 
-def _free_port() -> int:
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
 
 
 class S3Server:
-    """gofakes3 on 127.0.0.1, its state in `data_dir/s3.db`, with `bucket` created."""
+    """gofakes3 on `host` (loopback, or the address a local cluster's pods reach this machine
+    at), its state in `data_dir/s3.db`, with `bucket` created."""
 
-    def __init__(self, data_dir: Path, bucket: str = "checkpoints") -> None:
+    def __init__(self, data_dir: Path, bucket: str = "checkpoints", host: str = "127.0.0.1") -> None:
         self.data_dir = data_dir
         self.bucket = bucket
-        self.port = _free_port()
+        self.host = host
+        self.port = _free_port(host)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def client_env(self) -> dict[str, str]:
         """What a checkpoint writer needs in its environment (a Secret's keys in a cluster)."""
@@ -69,7 +72,7 @@ class S3Server:
             "-bolt.db",
             str(self.data_dir / "s3.db"),
             "-host",
-            f"127.0.0.1:{self.port}",
+            f"{self.host}:{self.port}",
             "-initialbucket",
             self.bucket,
             "-quiet",
