@@ -211,8 +211,9 @@ build() {
       (build_coredns)
       ;;
     demo)
-      # What `make demo` runs: all but promtool (only the tests lint rules), then the pause image.
-      (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
+      # What `make demo` runs: the control plane, the real node's parts, helm and the pause
+      # image; not kwok (the demo's cluster has no simulated pool), promtool (only the tests
+      # lint rules) or gofakes3 (the tests' S3 server).
       (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
       (build_etcd)
       (build_k8s)

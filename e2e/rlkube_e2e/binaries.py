@@ -29,11 +29,12 @@ class Binaries:
     kube_apiserver: Path
     kube_controller_manager: Path
     kube_scheduler: Path
-    kwok: Path
+    kwok: Path | None  # None: a cluster without simulated nodes
 
 
-def find_binaries() -> Binaries:
-    """Locate every binary, or say in one line which is missing and how to get it."""
+def find_binaries(kwok: bool = True) -> Binaries:
+    """Locate every binary (kwok only when asked: it simulates the pools' nodes), or say in
+    one line which is missing and how to get it."""
     cache = cache_dir()
     k8s = cache / f"k8s-v{K8S_VERSION}" / "bin"
     binaries = Binaries(
@@ -41,9 +42,9 @@ def find_binaries() -> Binaries:
         kube_apiserver=k8s / "kube-apiserver",
         kube_controller_manager=k8s / "kube-controller-manager",
         kube_scheduler=k8s / "kube-scheduler",
-        kwok=cache / f"kwok-v{KWOK_VERSION}" / "bin" / "kwok",
+        kwok=cache / f"kwok-v{KWOK_VERSION}" / "bin" / "kwok" if kwok else None,
     )
-    missing = [path for path in vars(binaries).values() if not os.access(path, os.X_OK)]
+    missing = [path for path in vars(binaries).values() if path is not None and not os.access(path, os.X_OK)]
     if missing:
         names = ", ".join(path.name for path in missing)
         raise ClusterError(f"{names} not found (expected {missing[0]}); run `make toolchain` to build it")

@@ -47,6 +47,7 @@ from rlkube_e2e.state import ClusterState, ProcessRecord
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_STATE_DIR = REPO_ROOT / ".cluster"
 DEFAULT_POOLS_FILE = REPO_ROOT / "e2e" / "pools.yaml"
+NO_POOLS_FILE = REPO_ROOT / "e2e" / "pools-none.yaml"
 STAGES_DIR = REPO_ROOT / "e2e" / "stages"
 DEFAULT_TIMEOUT = 120.0
 # Taints the control plane puts on a node that is not (yet) usable.
@@ -150,10 +151,11 @@ class LocalCluster:
         """Start the cluster and wait until it is ready; False if it was already running."""
         # Everything a user can get wrong is checked before any process starts.
         pools = load_pools(self.pools_file)
-        binaries = find_binaries()
+        simulated = any(pool.nodes for pool in pools)
+        binaries = find_binaries(kwok=simulated)
         coredns = find_coredns() if self.node_network else None
         stages = sorted(STAGES_DIR.glob("*.yaml"))
-        if not stages:
+        if simulated and not stages:
             raise ClusterError(f"no kwok stages in {STAGES_DIR}; kwok needs them to simulate nodes and pods")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
@@ -209,7 +211,8 @@ class LocalCluster:
             # so the rest starts only now.
             self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
             self._spawn(state, components.kube_scheduler(binaries, layout, ports))
-            self._spawn(state, components.kwok(binaries, layout, stages))
+            if binaries.kwok is not None:
+                self._spawn(state, components.kwok(binaries, layout, stages))
             if coredns is not None:
                 self._spawn(state, components.coredns(coredns, layout, host))
             self._create_nodes(pools)
@@ -495,7 +498,9 @@ class LocalCluster:
 
 
 def _expected(state: ClusterState) -> tuple[str, ...]:
-    return NODE_NETWORK_ORDER if state.link is not None else ORDER
+    names = NODE_NETWORK_ORDER if state.link is not None else ORDER
+    # kwok simulates the pools' nodes: a cluster whose pools have none runs without it.
+    return names if any(state.nodes.values()) else tuple(name for name in names if name != "kwok")
 
 
 def _choose_ports(previous: Ports | None) -> Ports:

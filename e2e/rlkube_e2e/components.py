@@ -186,6 +186,7 @@ def kube_scheduler(binaries: Binaries, layout: Layout, ports: Ports) -> Componen
 
 
 def kwok(binaries: Binaries, layout: Layout, stages: list[Path]) -> Component:
+    assert binaries.kwok is not None, "find_binaries(kwok=True) finds it"
     return Component(
         "kwok",
         binaries.kwok,

@@ -3,8 +3,8 @@ chart, and the tiny CPU RLJob trained by pods that run the project's own images.
 
 Builds the images if needed (base, operator, trainer-cpu; cached by their inputs' hash),
 starts the local cluster in `.cluster/` (etcd, kube-apiserver, controller-manager, scheduler,
-CoreDNS, the simulated GPU pools, and a real node: kubelet, containerd, runc, CNI,
-kube-proxy) with the images imported, `helm install`s the chart with the operator image,
+CoreDNS, and a real node: kubelet, containerd, runc, CNI, kube-proxy; no simulated GPU pool,
+so no kwok) with the images imported, `helm install`s the chart with the operator image,
 writes the tiny task's model and data (the init step), applies `examples/tiny-cpu.yaml`
 (pinned to the real node, from the trainer image, its work folder behind a
 PersistentVolumeClaim) with its reward ConfigMap, and shows progress until the job settles;
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from rlkube_e2e import release, tinyjob
-from rlkube_e2e.cluster import DEFAULT_STATE_DIR, LocalCluster
+from rlkube_e2e.cluster import DEFAULT_STATE_DIR, NO_POOLS_FILE, LocalCluster
 from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.state import ClusterState
 from rlkube_e2e.testing import Kubectl, wait_established
@@ -55,7 +55,7 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
             file=sys.stderr,
         )
         return 1
-    cluster = LocalCluster(state_dir, real_nodes=1, node_pool=POOL, log=print)
+    cluster = LocalCluster(state_dir, NO_POOLS_FILE, real_nodes=1, node_pool=POOL, log=print)
     running = cluster.status()
     if running is not None and running.healthy and not running.real_nodes:
         print(

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlkube_e2e.cluster import LocalCluster
+from rlkube_e2e.cluster import NO_POOLS_FILE, LocalCluster
 from rlkube_e2e.images import ImageArchive, ensure_image
 from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
@@ -45,9 +45,7 @@ def real_cluster(root: Path, image_names: tuple[str, ...]) -> Iterator[RealClust
     # No skip when a part is missing: `make test` builds every one, and a skip would hide it.
     find_node_binaries()
     images = {name: ensure_image(name) for name in image_names}
-    pools = root / "pools.yaml"
-    pools.write_text('pools:\n  none:\n    nodes: 0\n    capacity: {cpu: "1", memory: 1Gi, pods: "1"}\n')
-    cluster = LocalCluster(root / "cluster", pools, die_with_parent=True, node_network=True)
+    cluster = LocalCluster(root / "cluster", NO_POOLS_FILE, die_with_parent=True, node_network=True)
     cluster.up()
     state = cluster._require_state()
     assert state.link is not None

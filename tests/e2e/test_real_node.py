@@ -215,6 +215,16 @@ def test_pods_on_two_nodes_reach_each_other_by_name_and_see_each_others_address(
     assert logs.strip() == f"{client_ip} seen {client_ip}"
 
 
+def test_a_cluster_of_real_nodes_only_runs_without_kwok(real_cluster: RealCluster) -> None:
+    """No simulated pool, no kwok: `make demo` neither builds nor starts it, and the cluster
+    still counts as healthy."""
+    state = real_cluster.cluster._require_state()
+    names = {record.name for record in state.processes}
+    assert "kwok" not in names and {"kube-scheduler", "coredns"} <= names, names
+    status = real_cluster.cluster.status()
+    assert status is not None and status.healthy, status
+
+
 def test_e2e_cluster_starts_real_nodes_and_its_down_from_another_process_leaves_nothing(tmp_path: Path) -> None:
     cli = [str(REPO_ROOT / "e2e" / "cluster")]
     state_dir = tmp_path / "cli"

@@ -83,3 +83,25 @@ def containerd_config(paths: ContainerdPaths, sandbox_image: str, cni_bin_dir: P
         "",
     ]
     return "\n".join(lines)
+
+
+# The kubelet's first CRI call; an empty request is a valid encoding of its message.
+CRI_VERSION_METHOD = "/runtime.v1.RuntimeService/Version"
+
+
+def cri_serving(socket: Path, timeout: float = 5.0) -> bool:
+    """Whether containerd's CRI answers on `socket`. containerd serves its own API first and
+    refuses CRI calls ("server is not initialized yet") until the CRI plugin has recovered its
+    state, which on a cold page cache and a large image store takes seconds: a kubelet started
+    in between exits at once."""
+    import grpc  # noqa: PLC0415  (only a node's start needs it)
+
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        version = channel.unary_unary(
+            CRI_VERSION_METHOD, request_serializer=lambda raw: raw, response_deserializer=lambda raw: raw
+        )
+        try:
+            version(b"", timeout=timeout)
+        except grpc.RpcError:
+            return False
+    return True

@@ -28,7 +28,7 @@ from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
 from rlkube_e2e.kubeconfig import write_kubeconfig
 from rlkube_e2e.node import mountns, netns
-from rlkube_e2e.node.containerd import containerd_config, containerd_paths
+from rlkube_e2e.node.containerd import containerd_config, containerd_paths, cri_serving
 from rlkube_e2e.node.image_store import ImageStoreError, ensure_store, import_archive, seed_root
 from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
 from rlkube_e2e.node.kubelet import KubeletInputs, cgroup_root, kubelet_args, write_kubelet_config
@@ -177,6 +177,9 @@ class RealNode:
         self._spawn("containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"])
         ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
         self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
+        # Through the holder's root: the socket's path from here may be too long for a unix socket.
+        socket = Path(f"/proc/{holder.pid}/root") / paths.socket.relative_to("/")
+        self._wait(deadline, lambda: cri_serving(socket), "containerd's CRI")
 
     def _start_kubelet(self, timeout: float) -> None:
         """The kubelet and kube-proxy, then wait for the Node to be Ready."""
