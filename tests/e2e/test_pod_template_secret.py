@@ -43,6 +43,8 @@ def _children(namespace: str, image: str) -> list[dict[str, Any]]:
     body["metadata"] = {"name": "tpl", "namespace": namespace, "uid": "00000000-0000-0000-0000-000000000000"}
     spec = body["spec"]
     spec.pop("volumes")
+    # Checkpoints must be on a volume the API accepts as shared; this pod never writes one.
+    spec["checkpoint"]["volume"] = {"emptyDir": {}}
     spec["image"], spec["imagePullPolicy"] = image, "Never"
     spec["roles"] = {"actor": {"replicas": 1, "gpusPerReplica": 0, "pool": {"nodeSelector": {POOL_LABEL: "real"}}}}
     spec["podTemplate"] = {
