@@ -3,7 +3,7 @@
 # caches each component outside the repo, keyed by version:
 #   $RLKUBE_CACHE/k8s-v1.36.3/bin/{kube-apiserver,kube-controller-manager,kube-scheduler}
 #   $RLKUBE_CACHE/etcd-v3.6.10/bin/etcd
-#   $RLKUBE_CACHE/kwok-v0.8.0/bin/kwok
+#   $RLKUBE_CACHE/kwok-v0.8.0+uid-precondition/bin/kwok  (patched: build_kwok says why)
 #   $RLKUBE_CACHE/helm-v3.21.4/bin/helm
 #   $RLKUBE_CACHE/k8s-v1.36.3/bin/{kubelet,kube-proxy}  (the real node)
 #   $RLKUBE_CACHE/coredns-v1.14.7/bin/coredns
@@ -19,6 +19,8 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-3.6.10}
 KWOK_VERSION=${KWOK_VERSION:-0.8.0}
+# The cache key of our patched kwok build (build_kwok); e2e/rlkube_e2e/binaries.py names it too.
+KWOK_BUILD=kwok-v$KWOK_VERSION+uid-precondition
 HELM_VERSION=${HELM_VERSION:-3.21.4}
 PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
 COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
@@ -181,6 +183,30 @@ go_install() {
   with_progress "$name v$version" env GOBIN="$dest" go install -tags "$tags" -ldflags "-s -w" "$pkg@v$version"
 }
 
+# kwok stands in for the kubelet of the simulated pools. Its pod controller deletes a pod it
+# saw being deleted by name alone, and it may do so more than once (each event of the dying
+# pod plays its delete stage again); a late delete then kills the pod the StatefulSet has just
+# created under the same name, a member of the new gang, which the operator rightly counts as
+# lost. A real kubelet deletes with the pod's UID as a precondition (so a successor is never
+# touched); this build adds that precondition, and a refused delete (409) ends the stage.
+build_kwok() {
+  local dest=$CACHE/$KWOK_BUILD/bin
+  [[ -x $dest/kwok ]] && return
+  log "kwok v$KWOK_VERSION: building (with the kubelet's UID precondition on pod deletes)"
+  local src work=$CACHE/src/$KWOK_BUILD
+  src=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  rm -rf "$work"
+  mkdir -p "$(dirname "$work")" "$dest"
+  cp -r "$src" "$work"
+  chmod -R u+w "$work"
+  local file=$work/pkg/kwok/controllers/pod_controller.go
+  local call='c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, deleteOpt)'
+  grep -qF "err := $call" "$file" || { log "kwok: the pod delete to patch is not in $file"; exit 1; }
+  sed -i "s|err := ${call//./\\.}|opt := deleteOpt; opt.Preconditions = metav1.NewUIDPreconditions(string(pod.UID)); err := ${call/deleteOpt/opt}|" "$file"
+  grep -qF 'NewUIDPreconditions(string(pod.UID))' "$file" || { log "kwok: patching $file failed"; exit 1; }
+  (cd "$work" && with_progress "kwok v$KWOK_VERSION" go build -ldflags "-s -w" -o "$dest/kwok" ./cmd/kwok)
+}
+
 # promtool only checks and unit-tests rule files here: without Prometheus' service
 # discovery plugins (cloud SDKs) it builds in a fraction of the time.
 build_promtool() {
@@ -192,7 +218,7 @@ build() {
   case $what in
     k8s) build_k8s ;;
     etcd) build_etcd ;;
-    kwok) go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION" ;;
+    kwok) build_kwok ;;
     helm) go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION" ;;
     promtool) build_promtool ;;
     node) build_k8s_node ;;
@@ -201,7 +227,7 @@ build() {
     s3) go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION" ;;
     all)
       # Small ones first so a failure there shows before the long build.
-      (go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION")
+      (build_kwok)
       (go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION")
       (build_promtool)
       (go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION")
@@ -224,7 +250,7 @@ build() {
     paths)
       echo "K8S_BIN=$CACHE/k8s-v$K8S_VERSION/bin"
       echo "ETCD_BIN=$CACHE/etcd-v$ETCD_VERSION/bin"
-      echo "KWOK_BIN=$CACHE/kwok-v$KWOK_VERSION/bin"
+      echo "KWOK_BIN=$CACHE/$KWOK_BUILD/bin"
       echo "HELM_BIN=$CACHE/helm-v$HELM_VERSION/bin"
       echo "PROMTOOL_BIN=$CACHE/promtool-v$PROMTOOL_VERSION/bin"
       echo "COREDNS_BIN=$CACHE/coredns-v$COREDNS_VERSION/bin"

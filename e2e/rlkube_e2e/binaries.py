@@ -16,6 +16,8 @@ from rlkube_e2e.errors import ClusterError
 K8S_VERSION = os.environ.get("K8S_VERSION", "1.36.3")
 ETCD_VERSION = os.environ.get("ETCD_VERSION", "3.6.10")
 KWOK_VERSION = os.environ.get("KWOK_VERSION", "0.8.0")
+# Our kwok build carries a patch (e2e/toolchain.sh, build_kwok, says which and why).
+KWOK_BUILD = f"kwok-v{KWOK_VERSION}+uid-precondition"
 COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "1.14.7")
 
 
@@ -42,7 +44,7 @@ def find_binaries(kwok: bool = True) -> Binaries:
         kube_apiserver=k8s / "kube-apiserver",
         kube_controller_manager=k8s / "kube-controller-manager",
         kube_scheduler=k8s / "kube-scheduler",
-        kwok=cache / f"kwok-v{KWOK_VERSION}" / "bin" / "kwok" if kwok else None,
+        kwok=cache / KWOK_BUILD / "bin" / "kwok" if kwok else None,
     )
     missing = [path for path in vars(binaries).values() if path is not None and not os.access(path, os.X_OK)]
     if missing:

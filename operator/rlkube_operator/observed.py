@@ -185,10 +185,11 @@ LOST_REASON = "RLJobPodLost"
 
 def as_lost(pod: dict[str, Any], why: str) -> dict[str, Any]:
     """A copy of a pod the gang lost while it ran (deleted, evicted), marked failed so the
-    status function restarts the gang even after its StatefulSet replaced it."""
+    status function restarts the gang even after its StatefulSet replaced it. It stays marked
+    as being deleted: it is no member of any gang any more, and no pass deletes it again (a
+    second delete, at grace 0, would cut short the grace period it has to save its step)."""
     lost = dict(pod)
     lost["status"] = {**(pod.get("status") or {}), "phase": "Failed", "reason": LOST_REASON, "message": why}
-    lost["metadata"] = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "deletionTimestamp"}
     return lost
 
 

@@ -175,6 +175,22 @@ def test_a_member_deleted_while_it_still_serves_its_driver_restarts_the_gang_at_
     )
 
 
+def test_the_old_gang_kept_as_lost_during_its_restart_keeps_its_grace_period() -> None:
+    """A restart deletes the old gang before its status write lands, so the deletion events
+    find the job still at attempt 0 and the operator keeps those pods as lost too. The next
+    pass judges them: they are an earlier attempt's (no second restart) and being deleted
+    already (not deleted again, at grace 0, which would cut short their time to save)."""
+    serving = pod("tiny-cpu", "actor", 0, deleting=True)
+    kept = {serving["metadata"]["uid"]: as_lost(serving, "the pod was deleted while the job ran")}
+    restarted = after(running(), run(running(), pods_to_judge(replace_pod(PODS, serving), kept), 100))
+    assert restarted.status is not None and restarted.status.restart_count == 1
+    old_gang = [{**p, "metadata": {**p["metadata"], "deletionTimestamp": iso(at(100))}} for p in PODS]
+    kept = {p["metadata"]["uid"]: as_lost(p, "the pod was deleted while the job ran") for p in old_gang}
+    d = run(restarted, pods_to_judge(old_gang, kept), 101)
+    assert d.status.restart_count == 1
+    assert not [a for a in d.actions if isinstance(a, DeletePods)]
+
+
 @pytest.mark.parametrize(("bad", "reason"), FAILURES)
 def test_a_failed_pod_restarts_the_gang(bad: Obj, reason: str) -> None:
     d = run(running(), replace_pod(PODS, bad), 100)
