@@ -4,6 +4,9 @@ separate vLLM rollout pod) trains the tiny task:
 
 - it reaches Succeeded with the reward improved, and the operator's and the driver's
   Prometheus endpoints are scraped while it runs;
+- its checkpoint, taken by 2 actor pods, seeds a job of 1 actor pod that checkpoints to an S3
+  server (gofakes3 where the pods reach this machine), loses its driver pod and resumes from
+  the object store;
 - a job that cannot run (a wrong model path, a volume that cannot be mounted) fails fast,
   naming its cause (the wrong model path within issue 23's one minute).
 
@@ -17,10 +20,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,7 +38,10 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED
 from rlkube_e2e import tinyjob
+from rlkube_e2e.s3server import S3Server
 from rlkube_e2e.testing import Kubectl, wait_established, wait_for
+from rlkube_trainer.checkpoint.objectstore import ObjectPath, storage_options
+from tests.e2e.real_node_kit import PodLogs
 
 if TYPE_CHECKING:
     from tests.e2e.real_node_kit import RealCluster
@@ -41,6 +50,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
 # A job takes minutes on 2 cores; generous bounds so a loaded CI machine does not fail them.
 RUN_TIMEOUT = 1200.0
+# The trained tiny job of the first test, which the resized job seeds from (it trains a short
+# seed of its own when run alone).
+TRAINED: list[tinyjob.TinyJob] = []
+RESUMED = re.compile(r"resumed from (\S+) \(step (\d+)\)")
 
 
 def _free_port() -> int:
@@ -163,6 +176,92 @@ def test_tiny_job_trains_through_the_operator(
     assert (job.checkpoints / "step_000040" / "COMPLETE").exists()
     assert (job.checkpoints / "curves.png").exists()
     assert (job.checkpoints / "hf" / "config.json").exists()
+    TRAINED.append(job)
+
+
+def _seed(real_cluster: RealCluster, kubectl: Kubectl, namespace: str, workdir: Path) -> tuple[Path, int]:
+    """The latest checkpoint of a tiny job trained on 2 actor pods, and its step."""
+    if TRAINED:
+        job = TRAINED[-1]
+    else:
+        job = tinyjob.prepare(workdir, name="tiny-seed", steps=2, save_freq=2, pool="real")
+        tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
+        tinyjob.apply(kubectl, namespace, job)
+        final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+        assert final["state"] == "Succeeded", final
+    assert job.manifest["spec"]["roles"]["actor"]["replicas"] == 2
+    latest = (job.checkpoints / "latest").read_text().strip()
+    return job.checkpoints / latest, int(latest.rsplit("_", 1)[-1])
+
+
+def test_a_checkpoint_of_two_actor_pods_resumes_on_one_and_to_and_from_object_storage(
+    real_cluster: RealCluster,
+    operator_process: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """checkpoint.resumeFrom seeds a job of another world size (2 actor ranks to 1, resharded);
+    its own checkpoints go to checkpoint.uri with the credentials of checkpoint.credentialsSecret;
+    its driver pod deleted mid-run, the next gang resumes from the object store, nothing lost."""
+    kubectl, namespace = real_kubectl, real_namespace
+    seed, seed_step = _seed(real_cluster, kubectl, namespace, tmp_path / "seed")
+    total = seed_step + 10
+    host = urllib.parse.urlsplit(real_cluster.cluster.server).hostname or ""
+    s3 = S3Server(tmp_path / "s3", host=host)  # where the nodes' pods reach this machine
+    s3.start()
+    try:
+        job = tinyjob.prepare(tmp_path / "work", name="tiny-s3", steps=total, save_freq=2, pool="real")
+        shutil.copytree(seed, job.workdir / "seed" / seed.name)
+        tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
+        spec = job.manifest["spec"]
+        spec["roles"]["actor"]["replicas"] = 1
+        prefix = f"s3://{s3.bucket}/{job.name}"
+        spec["checkpoint"].update(
+            uri=prefix,
+            endpointUrl=s3.endpoint,
+            credentialsSecret="s3-credentials",
+            resumeFrom=f"{tinyjob.MOUNT}/seed/{seed.name}",
+        )
+        keys = [f"--from-literal={key}={value}" for key, value in s3.client_env().items()]
+        kubectl("-n", namespace, "create", "secret", "generic", "s3-credentials", *keys)
+        with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{job.name}-controller-0") as driver_log:
+            tinyjob.apply(kubectl, namespace, job)
+            try:
+                # Two steps past the seed's plus one: a checkpoint of its own is in the store.
+                wait_for(
+                    lambda: max([int(r["step"]) for r in job.metrics()], default=0) >= seed_step + 3,
+                    f"step {seed_step + 3}",
+                    timeout=RUN_TIMEOUT,
+                    interval=0.25,
+                )
+                kubectl("-n", namespace, "delete", "pod", f"{job.name}-controller-0", "--wait=false")
+                final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), RUN_TIMEOUT)
+            except (TimeoutError, AssertionError) as error:
+                context = _failure_context(job, kubectl, namespace, operator_process)
+                raise AssertionError(f"{error}\n{context}\ndriver log:\n{driver_log.text()[-3000:]}") from error
+            resumes = [(where, int(step)) for where, step in RESUMED.findall(driver_log.text())]
+        assert final["state"] == "Succeeded", final
+        assert final["restartCount"] == 1 and final["progress"]["step"] == total, final
+        # The seed first (another run's, 2 ranks), then this run's own checkpoint in the store,
+        # at least the one the driver saved on its SIGTERM (the step in progress).
+        assert resumes[0] == (f"{tinyjob.MOUNT}/seed/{seed.name}", seed_step), resumes
+        assert len(resumes) == 2 and resumes[1][0].startswith(f"{prefix}/step_"), resumes
+        assert resumes[1][1] >= seed_step + 3, resumes
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.client_env()["AWS_ACCESS_KEY_ID"])
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.client_env()["AWS_SECRET_ACCESS_KEY"])
+        monkeypatch.setenv("AWS_DEFAULT_REGION", s3.client_env()["AWS_DEFAULT_REGION"])
+        root = ObjectPath(prefix, storage_options(prefix, s3.endpoint))
+        files = root.files()
+        assert f"step_{total:06d}/COMPLETE" in files and (root / "latest").read_text().strip() == f"step_{total:06d}"
+        assert "hf/config.json" in files, sorted(files)
+        rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        assert [int(row["step"]) for row in rows] == list(range(seed_step + 1, total + 1))
+        # Nothing of the checkpoints on the pods' volume: the store holds them.
+        assert not list(job.checkpoints.glob("step_*")), sorted(job.checkpoints.iterdir())
+    finally:
+        s3.stop()
 
 
 def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
