@@ -12,6 +12,9 @@
 #   $c full7b     # the same shape fully fine-tuned, bf16 master (fp32 master does not fit: issue 14)
 #   $c pair05b    # Qwen2.5-0.5B at issue 8's shape (64x8, micro 16): LoRA rank 64, then full, fp32 master
 #   $c lora7b-bf16  # optional: LoRA rank 64 over a bf16 base (modelDtype bf16): what fp32 master costs
+#   $c model7b    # the 7B model alone (built once; the runs above build it too)
+#   $c syncs      # session 16: bench/lora_sync.py at the 7B shape, rank 64: merged weights, then vLLM
+#                 # LoRA adapters (written to /dev/shm, as verl's use_shm), issue 14's generation shape
 #
 # STEPS (default 3 for 7B, 4 for 0.5B), RUN_TIMEOUT (seconds per run, default 500), GPU_UTIL (vLLM's
 # gpu_memory_utilization, default 0.3 for 7B as in issue 14, 0.25 for 0.5B as in issue 8).
@@ -85,6 +88,33 @@ print(f'peft {peft.__version__} ({peft.__file__}), transformers {transformers.__
     scale 0.5b lora64 --shape bench --steps "${STEPS:-4}" --gpu-util "${GPU_UTIL:-0.25}" --skip-checkpoint \
       --lora-rank 64 --lora-alpha 128 --target-modules all-linear
     scale 0.5b full --shape bench --steps "${STEPS:-4}" --gpu-util "${GPU_UTIL:-0.25}" --skip-checkpoint
+    ;;
+  model7b)
+    # The 7B model of the runs above, built once (syncs needs it; its own call so that each
+    # stays well inside the device's 600 s).
+    PYTHONPATH=$site python3 -c "
+import sys; sys.path.insert(0, '$here')
+from pathlib import Path
+from grpo_bench import ensure_model
+from scale_bench import _COMMON, ARCHS
+ensure_model(Path('/tmp/rlkube-scale/model-7b'), {**_COMMON, **ARCHS['7b']})"
+    du -sh /tmp/rlkube-scale/model-7b
+    ;;
+  syncs)
+    # One process per mode: vLLM wants one engine per process.
+    mkdir -p /dev/shm/rlkube-adapters
+    for mode in merged adapter; do
+      elapsed "lora_sync.py --mode $mode (commit $RLKUBE_COMMIT)"
+      PYTHONPATH=$site timeout "${RUN_TIMEOUT:-280}" python3 "$root/bench/lora_sync.py" --mode "$mode" \
+        --model /tmp/rlkube-scale/model-7b --device cuda --dtype bfloat16 --rank 64 --prompts 32 --samples 8 \
+        --prompt-len 256 --tokens 512 --gpu-util "${GPU_UTIL:-0.3}" --repeats 3 \
+        --adapter-dir /dev/shm/rlkube-adapters --out "$out/sync-$mode.json" >"$state/sync-$mode.full.log" 2>&1 ||
+        echo "lora_sync.py --mode $mode exited with $?"
+      grep -vE "^(INFO|DEBUG|WARNING|\(EngineCore)|Capturing|Loading|Writing|it/s]" "$state/sync-$mode.full.log" |
+        cut -c1-600 | tail -25 | tee "$out/sync-$mode.log" || true
+      gzip -c "$state/sync-$mode.full.log" >"$out/sync-$mode.full.log.gz"
+      rm -rf /dev/shm/rlkube-adapters/*
+    done
     ;;
   *)
     echo "unknown phase $1" >&2
