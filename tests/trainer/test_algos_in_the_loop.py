@@ -134,3 +134,4 @@ def test_the_optimal_token_baseline_gets_the_actors_sum_pi_squared(
     assert call["rollout_is_weights"] is not None
     (step,) = result.history
     assert math.isfinite(step["actor/pg_loss"]) and "timing_s/old_log_prob" in step
+    assert step["variance_proxy/proxy2_total_power"] >= 0 and step["variance_proxy/proxy1_signal_strength"] > 0

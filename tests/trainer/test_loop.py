@@ -46,6 +46,8 @@ VARIANTS = [
         {"actor": {"entropy_coeff": 0.01, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}}},
         ["actor/lr", "actor/entropy"],
     ),
+    ("remax", {}, ["actor/pg_loss"]),
+    ("optimal_token_baseline", {}, ["timing_s/old_log_prob", "variance_proxy/expected_w"]),
     (
         "grpo",
         {"rollout": {"calculate_log_probs": True}},

@@ -32,7 +32,7 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
 from rlkube_trainer.data import Prompt
-from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics
+from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_variance_proxy_metrics
 from rlkube_trainer.reward import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 from rlkube_trainer.rollout_correction import compute_rollout_correction_and_rejection_mask
@@ -462,6 +462,7 @@ class PPOTrainer:
     def step_metrics(self, batch: TrainBatch, metrics: Metrics, timer: Timer, synced: int) -> Metrics:
         """A step's metrics beyond its phases': data, timings, throughput (verl's names)."""
         metrics.update(compute_data_metrics(batch, self.config.data.max_prompt_length))
+        metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
         metrics.update(timer.seconds)
         metrics.update(compute_throughput_metrics(batch, timer.seconds["timing_s/step"], self.num_gpus))
         if synced and timer.seconds["timing_s/update_weights"] > 0:
