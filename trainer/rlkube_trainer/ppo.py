@@ -192,9 +192,9 @@ def greedy_reward_baselines(
 def on_policy(config: TrainerConfig, samples: int) -> bool:
     """Whether the actor update is one optimizer step over the whole batch (one PPO epoch,
     one mini-batch) with nothing reading the old log-probs before it (no KL in the reward, no
-    rollout-probs comparison, no estimator that takes them). The weights then do not change between the old log-probs'
-    forward and the update's, so the update's own log-probs, detached, are the old ones and
-    their separate forward pass over the batch is skipped."""
+    rollout-probs comparison, no estimator that takes them). The weights then do not change
+    between the old log-probs' forward and the update's, so the update's own log-probs,
+    detached, are the old ones and their separate forward pass over the batch is skipped."""
     return (
         config.actor.ppo_epochs == 1
         and samples <= config.actor.ppo_mini_batch_size * config.rollout.n

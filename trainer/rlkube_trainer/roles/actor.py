@@ -227,7 +227,7 @@ class Actor(Trainable):
             return torch.stack([scores.log_probs, scores.sum_pi_squared], dim=-1).cpu()
 
         log_probs, sum_pi_squared = self.log_prob_batching.map(batch, both).unbind(dim=-1)
-        return log_probs, sum_pi_squared
+        return log_probs.contiguous(), sum_pi_squared.contiguous()
 
     def update(self, batch: TrainBatch) -> Metrics:
         """The PPO update; on GPU also verl's perf/max_memory_*_gb, the peaks during it."""
