@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -268,6 +269,38 @@ def test_sum_pi_squared_from_known_logits() -> None:
         dtype=torch.float64,
     )
     torch.testing.assert_close(sum_pi_squared_from_logits(logits), torch.tensor([3 / 8, 1 / 3, 1 / 2]).double())
+
+
+class FixedLogits(nn.Module):
+    """A causal LM whose logits are given: [batch, seq, vocab] whatever the input."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.fixed = logits
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        return SimpleNamespace(logits=self.fixed)
+
+
+def test_response_sum_pi_squared_by_hand_at_the_masked_tokens() -> None:
+    # One prompt token, two response positions; row 1's second response token is padding.
+    # Logits at temperature 2 (doubled here): pi = (1/4, 1/4, 1/2) gives 3/8, uniform 1/3,
+    # (1/2, 1/2, ~0) gives 1/2.
+    half = torch.log(torch.tensor([1.0, 1.0, 2.0]))
+    logits = 2 * torch.stack(
+        [
+            torch.stack([half, torch.zeros(3), torch.zeros(3)]),
+            torch.stack([torch.tensor([0.0, 0.0, -30.0]), half, torch.zeros(3)]),
+        ]
+    )
+    input_ids = torch.tensor([[1, 2, 0], [1, 0, 0]])
+    attention_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    scores = response_scores(FixedLogits(logits), input_ids, attention_mask, 2, 2.0, with_sum_pi_squared=True)
+    assert scores.sum_pi_squared is not None
+    mask = attention_mask[:, -2:].bool()
+    torch.testing.assert_close(scores.sum_pi_squared[mask], torch.tensor([3 / 8, 1 / 3, 1 / 2]))
+    # The log-probs of the sampled tokens (2, then 0; 0 for row 1) from the same pass.
+    torch.testing.assert_close(scores.log_probs[mask], torch.tensor([1 / 2, 1 / 3, 1 / 2]).log(), atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("kind", ["llama-tied", "qwen2-untied", "without-logits-to-keep"])
