@@ -17,8 +17,7 @@ from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.kube_syntax import CONFIG_MAP_KEY_PATTERN, LONG_NAME
 from rlkube_api.roles import Roles
 
-# verl 0.9.1's registered estimators. Those whose
-# inputs the trainer does not produce yet are refused by AlgorithmConfig (UNSUPPORTED_ESTIMATORS).
+# verl 0.9.1's registered estimators.
 AdvEstimator = Literal[
     "gae",
     "grpo",
@@ -35,13 +34,9 @@ AdvEstimator = Literal[
     "grpo_vectorized",
     "rloo_vectorized",
 ]
-UNSUPPORTED_ESTIMATORS: dict[str, str] = {
-    "remax": "it needs the reward of a greedy baseline rollout per prompt, which rlkube does not generate yet",
-    "optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
-    "actor.calculate_sum_pi_squared), which rlkube does not compute yet",
-    "tir_optimal_token_baseline": "it needs the actor's sum of squared token probabilities (verl's "
-    "actor.calculate_sum_pi_squared), which rlkube does not compute yet",
-}
+# Estimators that read the actor's sum over the vocabulary of pi^2 (verl's sum_pi_squared), which
+# the trainer computes in the old log-prob pass.
+SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
 # Each estimator, and verl's straight-through "+" variant (its value, k2's gradient).
 KLPenalty = Literal[
     "kl",
@@ -76,6 +71,7 @@ GROUP_ESTIMATORS = (
     "grpo_passk",
     "gpg",
     "gdpo",
+    *SUM_PI_SQUARED_ESTIMATORS,
 )
 
 # Token budgets of dynamic micro-batches (verl's *_max_token_len_per_gpu), bounded for the same reason.
@@ -395,16 +391,7 @@ class RolloutCorrectionConfig(ApiModel):
 class AlgorithmConfig(ApiModel):
     """Advantage estimation and KL-in-reward."""
 
-    # Refused, not accepted and ignored: the estimator would run without its inputs.
     cel_rules = (
-        *(
-            CelRule(
-                f"!has(self.advEstimator) || self.advEstimator != '{name}'",
-                f"advEstimator {name} is not supported: {reason}",
-                ".advEstimator",
-            )
-            for name, reason in UNSUPPORTED_ESTIMATORS.items()
-        ),
         CelRule(
             "!has(self.advEstimator) || self.advEstimator != 'gdpo' || "
             "(has(self.gdpoRewardKeys) && size(self.gdpoRewardKeys) > 0)",
@@ -423,9 +410,10 @@ class AlgorithmConfig(ApiModel):
     adv_estimator: AdvEstimator = Field(
         "grpo",
         description="Advantage estimator (verl's names): gae (PPO with critic), grpo, rloo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, opo, grpo_passk, gpg, gdpo (gdpoRewardKeys), grpo_vectorized (grpo), "
-        "rloo_vectorized (rloo, a lone sample 0). remax, optimal_token_baseline and "
-        "tir_optimal_token_baseline are refused: their inputs are not produced yet.",
+        "reinforce_plus_plus_baseline, remax (a greedy response per prompt is generated and scored as its "
+        "baseline), opo, grpo_passk, gpg, gdpo (gdpoRewardKeys), optimal_token_baseline and "
+        "tir_optimal_token_baseline (the actor's old log-prob pass also computes its sum of pi^2), "
+        "grpo_vectorized (grpo), rloo_vectorized (rloo, a lone sample 0).",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
@@ -1180,6 +1168,16 @@ class TrainerConfig(ApiModel):
             "algorithm.rolloutCorrection.bypassMode replaces the policy loss with its own (ppo_clip or "
             "reinforce, rolloutCorrection.lossType): actor.policyLoss must be vanilla",
             ".actor.policyLoss",
+        ),
+        # verl's bypass mode takes the engine's log-probs as the old ones and skips the actor's pass,
+        # the one that computes sum_pi_squared.
+        CelRule(
+            f"!(self.algorithm.advEstimator in {list(SUM_PI_SQUARED_ESTIMATORS)}) || "
+            "!has(self.algorithm.rolloutCorrection) || !has(self.algorithm.rolloutCorrection.bypassMode) || "
+            "!self.algorithm.rolloutCorrection.bypassMode",
+            "algorithm.rolloutCorrection.bypassMode skips the actor's old log-prob pass, which computes the "
+            f"sum of pi^2 that advEstimator {' and '.join(SUM_PI_SQUARED_ESTIMATORS)} need",
+            ".algorithm.rolloutCorrection.bypassMode",
         ),
         CelRule(
             "self.algorithm.advEstimator != 'gae' || has(self.roles.critic)",

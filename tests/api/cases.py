@@ -115,11 +115,20 @@ INVALID = [
     Case("name-too-long", _set("metadata.name", "a" * 42), ("metadata.name",)),
     Case("name-not-dns-label", _set("metadata.name", "9-grpo"), ("metadata.name",)),
     Case("adv-estimator-unknown", _set("spec.algorithm.advEstimator", "ppo2"), ("spec.algorithm.advEstimator",)),
-    Case("adv-estimator-remax-refused", _set("spec.algorithm.advEstimator", "remax"), ("spec.algorithm.advEstimator",)),
     Case(
-        "adv-estimator-optimal-token-baseline-refused",
-        _set("spec.algorithm.advEstimator", "optimal_token_baseline"),
-        ("spec.algorithm.advEstimator",),
+        "optimal-token-baseline-needs-the-actors-pass",
+        _all(
+            _set("spec.algorithm.advEstimator", "optimal_token_baseline"),
+            _set("spec.algorithm.rolloutCorrection", {"bypassMode": True}),
+        ),
+        ("spec.algorithm.rolloutCorrection.bypassMode",),
+    ),
+    Case(
+        "tir-optimal-token-baseline-needs-n-above-1",
+        _all(
+            _set("spec.algorithm.advEstimator", "tir_optimal_token_baseline"), _set("spec.rollout.samplesPerPrompt", 1)
+        ),
+        ("spec.rollout.samplesPerPrompt",),
     ),
     Case("gdpo-needs-reward-keys", _set("spec.algorithm.advEstimator", "gdpo"), ("spec.algorithm.gdpoRewardKeys",)),
     Case(
@@ -545,6 +554,26 @@ VALID = [
     ),
     Case("image-without-tag", _set("spec.image", "ghcr.io/rlkube/trainer"), ()),
     Case("adv-estimator-opo", _set("spec.algorithm.advEstimator", "opo"), ()),
+    # ReMax compares each sample with its prompt's greedy response, so one sample per prompt will do.
+    Case(
+        "adv-estimator-remax",
+        _all(
+            _set("spec.algorithm.advEstimator", "remax"),
+            _set("spec.rollout.samplesPerPrompt", 1),
+            _set("spec.actor.ppoMicroBatchSizePerGpu", 1),
+            _set("spec.critic.ppoMicroBatchSizePerGpu", 1),
+        ),
+        (),
+    ),
+    Case("adv-estimator-optimal-token-baseline", _set("spec.algorithm.advEstimator", "optimal_token_baseline"), ()),
+    Case(
+        "adv-estimator-tir-optimal-token-baseline",
+        _all(
+            _set("spec.algorithm.advEstimator", "tir_optimal_token_baseline"),
+            _set("spec.algorithm.rolloutCorrection", {"rolloutIs": "token", "rolloutIsThreshold": "2.0"}),
+        ),
+        (),
+    ),
     Case(
         "gdpo-with-keys-and-weights",
         _all(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rlkube_api.placement import Engines, Role
-from rlkube_trainer.dispatch import generate, shard_sampling
+from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.dispatch import DataParallelActor, generate, shard_sampling
 from rlkube_trainer.rank_group import LocalRankGroup, split
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
@@ -83,3 +85,28 @@ def test_a_group_that_is_not_the_placed_engines_is_refused() -> None:
     _, group = _ranks(2)
     with pytest.raises(ValueError, match="4 engine ranks placed"):
         generate(group, [[1]], SamplingConfig(), Engines(4, 2))
+
+
+class LogProbRank:
+    """An actor rank whose log-prob of each token is its sample's first input id, and whose sum
+    of pi^2 is that plus 0.5: the gathered halves show where each row went."""
+
+    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        log_probs = batch.input_ids[:, :1].float().expand(-1, batch.response_length)
+        return log_probs, log_probs + 0.5
+
+
+def test_log_probs_and_sum_pi_squared_come_back_in_batch_order_over_ranks() -> None:
+    rows = 5
+    batch = TrainBatch(
+        input_ids=torch.arange(rows).unsqueeze(-1).expand(-1, 3).clone(),
+        attention_mask=torch.ones(rows, 3, dtype=torch.long),
+        responses=torch.zeros(rows, 2, dtype=torch.long),
+        response_mask=torch.ones(rows, 2),
+        group_index=torch.arange(rows),
+        prompt_lengths=torch.ones(rows, dtype=torch.long),
+    )
+    group = LocalRankGroup(Role.ACTOR, [LogProbRank(), LogProbRank()])  # type: ignore[list-item]
+    log_probs, sum_pi_squared = DataParallelActor(group).compute_log_prob_and_sum_pi_squared(batch)
+    assert log_probs[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert torch.equal(sum_pi_squared, log_probs + 0.5)

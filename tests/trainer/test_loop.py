@@ -15,6 +15,7 @@ import yaml
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout
 from rlkube_trainer.driver import run_in_process
+from rlkube_trainer.ppo import greedy_reward_baselines
 from rlkube_trainer.tiny_task import init
 
 
@@ -45,6 +46,8 @@ VARIANTS = [
         {"actor": {"entropy_coeff": 0.01, "optim": {"lr": 1e-3, "lr_warmup_steps": 2}}},
         ["actor/lr", "actor/entropy"],
     ),
+    ("remax", {}, ["actor/pg_loss"]),
+    ("optimal_token_baseline", {}, ["timing_s/old_log_prob", "variance_proxy/expected_w"]),
     (
         "grpo",
         {"rollout": {"calculate_log_probs": True}},
@@ -108,3 +111,18 @@ def test_the_vllm_engine_is_seeded_once_per_batch(tmp_path: Path, monkeypatch: p
     # The engine's scheduling settings come from the rollout section.
     assert built["enable_prefix_caching"] is config.rollout.enable_prefix_caching
     assert (built["max_num_seqs"], built["max_num_batched_tokens"]) == (None, None)
+
+
+def test_each_sample_gets_its_prompts_greedy_reward() -> None:
+    # Prompt 0 sampled three times, prompt 1 once, prompt 2 twice (interleaved, as after filtering
+    # or a sort); the greedy batch has one response per prompt, in another order.
+    baselines = greedy_reward_baselines([0, 0, 1, 2, 0, 2], [2, 0, 1], [0.25, 1.0, -0.5])
+    assert baselines.tolist() == [1.0, 1.0, -0.5, 0.25, 1.0, 0.25]
+    assert baselines.dtype == torch.float32
+
+
+def test_greedy_baselines_refuse_a_missing_or_doubled_prompt() -> None:
+    with pytest.raises(ValueError, match=r"prompts \[1\] have samples but no greedy response"):
+        greedy_reward_baselines([0, 1, 1], [0], [1.0])
+    with pytest.raises(ValueError, match="prompt 0 has more than one greedy response"):
+        greedy_reward_baselines([0], [0, 0], [1.0, 0.0])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.metrics import compute_data_metrics
+from rlkube_trainer.metrics import compute_data_metrics, compute_variance_proxy_metrics
 
 
 def batch_of(response_mask: list[list[float]], prompt_lengths: list[int]) -> TrainBatch:
@@ -49,3 +49,32 @@ def test_vf_explained_var_over_response_tokens() -> None:
     expected = 1 - statistics.variance(diffs) / (statistics.variance(returns) + 1e-5)
     metrics = compute_data_metrics(batch)
     assert metrics["critic/vf_explained_var"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_variance_proxy_by_hand() -> None:
+    # pi of each sampled token 1/2 and sum(pi^2) 1/2: every token's W term is 1 - 1 + 1/2 = 1/2,
+    # so W = (1, 1/2) over lengths 2 and 1; mean advantages A = (1, 2) (the padding's 99 unread).
+    batch = batch_of([[1, 1], [1, 0]], [4, 4])
+    batch.old_log_probs = torch.full((2, 2), 0.5).log()
+    batch.sum_pi_squared = torch.full((2, 2), 0.5)
+    batch.advantages = torch.tensor([[1.0, 1.0], [2.0, 99.0]])
+    metrics = compute_variance_proxy_metrics(batch, gradient_norm=1.0)
+    assert metrics == pytest.approx(
+        {
+            "variance_proxy/proxy1_signal_strength": 1.0,
+            "variance_proxy/proxy2_total_power": (1 * 1 + 4 * 0.5) / 2,
+            "variance_proxy/proxy3_pure_noise": (1.5 - 1.0) / (2 - 1),
+            "variance_proxy/expected_a_squared": (1 + 4) / 2,
+            "variance_proxy/expected_w": (1 + 0.5) / 2,
+        }
+    )
+    # Rollout-correction weights 2 and 1: W weighted by rho^2 token by token for expected_w,
+    # each sequence's term times its mean weight squared in the total power.
+    batch.rollout_is_weights = torch.tensor([[2.0, 2.0], [1.0, 1.0]])
+    weighted = compute_variance_proxy_metrics(batch)
+    assert weighted["variance_proxy/expected_w"] == pytest.approx((4 + 0.5) / 2)
+    assert weighted["variance_proxy/proxy2_total_power"] == pytest.approx((4 * 1 * 1 + 1 * 4 * 0.5) / 2)
+    assert weighted["variance_proxy/proxy1_signal_strength"] == weighted["variance_proxy/proxy3_pure_noise"] == 0.0
+    # Only where the actor computed sum(pi^2).
+    batch.sum_pi_squared = None
+    assert compute_variance_proxy_metrics(batch, gradient_norm=1.0) == {}

@@ -3,7 +3,9 @@ and right padding."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,8 +20,11 @@ from rlkube_trainer.models import (
     load_causal_lm,
     position_ids_from_mask,
     response_log_probs,
+    response_scores,
+    sum_pi_squared_from_logits,
     token_log_probs,
 )
+from rlkube_trainer.packing import enable_packed_attention
 from rlkube_trainer.tiny_task import build_model
 
 
@@ -251,3 +256,83 @@ def test_no_batch_by_response_by_vocab_logits_are_made() -> None:
         (log_probs.sum() + entropy.sum()).backward()
     assert seen.largest < batch * RESPONSE_WIDTH * 512
     assert seen.largest == 2 * 512  # one chunk of two positions
+
+
+# ---------------------------------------------------------------- sum of pi^2 (optimal token baseline)
+
+
+def test_sum_pi_squared_from_known_logits() -> None:
+    # pi = (1/4, 1/4, 1/2): 1/16 + 1/16 + 1/4 = 3/8; uniform over 3: 1/3; two equal huge logits
+    # beside a tiny one: 1/2, with no overflow.
+    logits = torch.tensor(
+        [[2.0, 2.0, 2.0 + torch.log(torch.tensor(2.0)).item()], [0.0, 0.0, 0.0], [1e4, 1e4, -1e4]],
+        dtype=torch.float64,
+    )
+    torch.testing.assert_close(sum_pi_squared_from_logits(logits), torch.tensor([3 / 8, 1 / 3, 1 / 2]).double())
+
+
+class FixedLogits(nn.Module):
+    """A causal LM whose logits are given: [batch, seq, vocab] whatever the input."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.fixed = logits
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        return SimpleNamespace(logits=self.fixed)
+
+
+def test_response_sum_pi_squared_by_hand_at_the_masked_tokens() -> None:
+    # One prompt token, two response positions; row 1's second response token is padding.
+    # Logits at temperature 2 (doubled here): pi = (1/4, 1/4, 1/2) gives 3/8, uniform 1/3,
+    # (1/2, 1/2, ~0) gives 1/2.
+    half = torch.log(torch.tensor([1.0, 1.0, 2.0]))
+    logits = 2 * torch.stack(
+        [
+            torch.stack([half, torch.zeros(3), torch.zeros(3)]),
+            torch.stack([torch.tensor([0.0, 0.0, -30.0]), half, torch.zeros(3)]),
+        ]
+    )
+    input_ids = torch.tensor([[1, 2, 0], [1, 0, 0]])
+    attention_mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    scores = response_scores(FixedLogits(logits), input_ids, attention_mask, 2, 2.0, with_sum_pi_squared=True)
+    assert scores.sum_pi_squared is not None
+    mask = attention_mask[:, -2:].bool()
+    torch.testing.assert_close(scores.sum_pi_squared[mask], torch.tensor([3 / 8, 1 / 3, 1 / 2]))
+    # The log-probs of the sampled tokens (2, then 0; 0 for row 1) from the same pass.
+    torch.testing.assert_close(scores.log_probs[mask], torch.tensor([1 / 2, 1 / 3, 1 / 2]).log(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["llama-tied", "qwen2-untied", "without-logits-to-keep"])
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.usefixtures("two_token_chunks")
+def test_response_sum_pi_squared_is_the_tempered_distributions(tmp_path: Path, kind: str, packed: bool) -> None:
+    """At every response token (the mask's), sum(pi^2) of softmax(logits / temperature) computed
+    the straightforward way; the log-probs come from the same pass unchanged."""
+    reference, vocab = make_model(kind, tmp_path)
+    reference.eval()
+    model = reference
+    if packed:
+        model = copy.deepcopy(reference)
+        enable_packed_attention(model)
+    input_ids, attention_mask = padded_batch(vocab)
+    mask = attention_mask[:, -RESPONSE_WIDTH:].bool()
+    with torch.no_grad():
+        scores = response_scores(
+            model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, packed=packed, with_sum_pi_squared=True
+        )
+        logits = reference(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask)
+        ).logits
+        want_log_probs, _ = full_logits_reference(reference, input_ids, attention_mask, 0.7)
+    probs = torch.softmax(logits[:, -RESPONSE_WIDTH - 1 : -1].double() / 0.7, dim=-1)
+    want = (probs**2).sum(-1)
+    assert scores.sum_pi_squared is not None and scores.entropy is None
+    torch.testing.assert_close(scores.sum_pi_squared.double()[mask], want[mask], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(scores.log_probs.double()[mask], want_log_probs[mask], atol=1e-5, rtol=1e-5)
+    # sum(pi^2) is at least the sampled token's pi^2, and at most 1.
+    assert torch.all(scores.sum_pi_squared[mask] >= scores.log_probs[mask].exp() ** 2 - 1e-6)
+    assert torch.all(scores.sum_pi_squared[mask] <= 1 + 1e-6)
+    with torch.no_grad():
+        without = response_scores(model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, packed=packed)
+    assert without.sum_pi_squared is None

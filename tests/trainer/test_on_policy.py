@@ -61,8 +61,18 @@ def test_the_update_without_old_log_probs_equals_the_one_with_them(tmp_path: Pat
         ({"actor": {"ppo_mini_batch_size": SAMPLES // 16}}, False),
         ({"algorithm": {"use_kl_in_reward": True}}, False),
         ({"rollout": {"calculate_log_probs": True}}, False),
+        ({"algorithm": {"adv_estimator": "optimal_token_baseline"}}, False),
+        ({"algorithm": {"adv_estimator": "remax"}}, True),
     ],
-    ids=["one-step", "two-epochs", "two-mini-batches", "kl-in-reward", "rollout-log-probs"],
+    ids=[
+        "one-step",
+        "two-epochs",
+        "two-mini-batches",
+        "kl-in-reward",
+        "rollout-log-probs",
+        "estimator-reads-old-log-probs",
+        "estimator-does-not",
+    ],
 )
 def test_on_policy_only_where_the_weights_cannot_change_first(
     tmp_path: Path, changes: dict[str, dict[str, Any]], expected: bool

@@ -136,6 +136,22 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
     )
 
 
+@pytest.mark.parametrize("estimator", ["remax", "optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_estimators_with_inputs_of_their_own_convert(estimator: str) -> None:
+    """ReMax's greedy rollout and the token baselines' sum_pi_squared are produced by the trainer;
+    verl's switch for the latter (which its optimal token baselines require) is accepted."""
+    config = convert(
+        variant(
+            **{
+                "algorithm.adv_estimator": estimator,
+                "actor_rollout_ref.rollout.n": 4,
+                "actor_rollout_ref.actor.calculate_sum_pi_squared": estimator != "remax",
+            }
+        )
+    ).config
+    assert config.algorithm.adv_estimator == estimator
+
+
 def test_fsdp_settings_arrive_for_each_role() -> None:
     config = convert(
         variant(
@@ -177,8 +193,6 @@ REFUSED = [
     ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: ${actor_rollout_ref.actor.nope} names no key"),
     ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
     ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
-    ("remax-needs-a-greedy-rollout", {"algorithm.adv_estimator": "remax"}, "greedy baseline rollout"),
-    ("sum-pi-squared", {"actor_rollout_ref.actor.calculate_sum_pi_squared": True}, "actor_rollout_ref.actor.calculate_sum_pi_squared: calculate_sum_pi_squared is not supported"),
     ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
 ]  # fmt: skip
 

@@ -32,6 +32,11 @@ class TrainBatch:
     rollout_log_probs: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
+    # The actor's sum over the vocabulary of pi^2 per response token, from the old log-prob pass
+    # (verl's sum_pi_squared), when the advantage estimator reads it (optimal token baseline).
+    sum_pi_squared: torch.Tensor | None = None
+    # ReMax's baseline, [batch]: the reward of the greedy response to each sample's prompt.
+    reward_baselines: torch.Tensor | None = None
     # Rollout correction's importance weights (decoupled mode; rollout_correction.py).
     rollout_is_weights: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None

@@ -33,6 +33,10 @@ class DataParallelActor:
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         return torch.cat(self.group.map_batch("compute_log_prob", batch))
 
+    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = self.group.map_batch("compute_log_prob_and_sum_pi_squared", batch)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
     def update(self, batch: TrainBatch) -> Metrics:
         return mean_metrics(self.group.map_batch("update_actor", batch))
 

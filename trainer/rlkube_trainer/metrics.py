@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkube_trainer.algos import masked_mean
+from rlkube_trainer.algos import masked_mean, masked_sum
 from rlkube_trainer.batch import TrainBatch
 
 Metrics = dict[str, float]
@@ -77,4 +77,43 @@ def compute_throughput_metrics(batch: TrainBatch, step_seconds: float, num_gpus:
         "perf/total_num_tokens": float(tokens),
         "perf/time_per_step": step_seconds,
         "perf/throughput": tokens / step_seconds / max(num_gpus, 1),
+    }
+
+
+def compute_variance_proxy_metrics(batch: TrainBatch, gradient_norm: float | None = None) -> Metrics:
+    """verl's variance_proxy/*: cheap estimates of the policy gradient's variance, reported
+    whenever the batch carries the actor's sum_pi_squared (here: the optimal token baselines).
+
+    Per sequence, ``W = sum_t (1 - 2*pi_t + sum(pi^2)_t)`` over its response tokens (the
+    squared norm of its score function, up to the model's Jacobian) and ``A`` its mean advantage.
+    proxy2_total_power is ``E[A^2 * max(W, 0)]``; with rollout-correction weights each term is
+    ``rho^2 * A^2 * max(W, 0)`` with rho a sequence's mean weight. proxy1_signal_strength is the
+    squared gradient norm of the update, and proxy3_pure_noise ``(proxy2 - proxy1) / (N - 1)``
+    (at least 0); both 0 without a gradient norm. expected_w is the mean of W, each token's term
+    times its squared weight when weighted."""
+    if batch.sum_pi_squared is None or batch.old_log_probs is None or batch.advantages is None:
+        return {}
+    mask = batch.response_mask
+    w_token = 1 - 2 * batch.old_log_probs.exp() + batch.sum_pi_squared
+    advantage = masked_mean(batch.advantages, mask, dim=-1)
+    weights = batch.rollout_is_weights
+    if weights is None:
+        w = masked_sum(w_token, mask, dim=-1)
+        total_power = (advantage**2 * w.clamp(min=0.0)).mean()
+    else:
+        # verl weighs W by rho^2 token by token, then judges each sequence by its mean weight.
+        w = masked_sum(w_token * weights**2, mask, dim=-1)
+        rho = masked_mean(weights, mask, dim=-1)
+        # W unweighted again, as verl recovers it (a weight below 1e-5 does not fully cancel).
+        unweighted = masked_sum(w_token * weights**2 / (weights**2).clamp(min=1e-10), mask, dim=-1)
+        total_power = (rho**2 * advantage**2 * unweighted.clamp(min=0.0)).mean()
+    signal = gradient_norm**2 if gradient_norm is not None else None
+    samples = advantage.shape[0]
+    noise = max(0.0, (total_power.item() - signal) / (samples - 1)) if signal is not None and samples > 1 else 0.0
+    return {
+        "variance_proxy/proxy1_signal_strength": signal if signal is not None else 0.0,
+        "variance_proxy/proxy2_total_power": total_power.item(),
+        "variance_proxy/proxy3_pure_noise": noise,
+        "variance_proxy/expected_a_squared": (advantage**2).mean().item(),
+        "variance_proxy/expected_w": w.mean().item(),
     }

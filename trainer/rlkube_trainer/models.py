@@ -15,6 +15,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -153,11 +154,20 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def _taken_token_log_probs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sum_pi_squared_from_logits(logits: torch.Tensor, logsumexp: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum_v pi(v)^2`` of softmax(logits) over the last dim, as ``exp(lse(2z) - 2*lse(z))``: no
+    [..., vocab] probability tensor is written, and large logits do not overflow. `logsumexp`
+    (of `logits`, when the caller has it) saves a pass over the vocabulary."""
+    lse = torch.logsumexp(logits, dim=-1) if logsumexp is None else logsumexp
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * lse)
+
+
+def _taken_token_scores(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool, with_sum_pi_squared: bool
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-prob of each target under softmax(logits / temperature), in fp32, and optionally the
-    entropy of that distribution. logits [..., vocab], targets [...]."""
+    entropy and the sum of squared probabilities of that distribution. logits [..., vocab],
+    targets [...]."""
     logits = logits.float()
     if temperature != 1.0 and temperature > 0:
         logits = logits / temperature
@@ -170,6 +180,16 @@ def _taken_token_log_probs(
         # algos.entropy_from_logits (logsumexp - sum(softmax * logits)), reusing the logsumexp
         # above rather than making a second pass over the vocabulary.
         entropy = logsumexp - torch.sum(torch.softmax(logits, dim=-1) * logits, dim=-1)
+    # Of the temperature-scaled distribution, as verl's actor: the policy the rollout sampled.
+    sum_pi_squared = sum_pi_squared_from_logits(logits, logsumexp) if with_sum_pi_squared else None
+    return log_probs, entropy, sum_pi_squared
+
+
+def _taken_token_log_probs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_taken_token_scores` without the sum of squared probabilities."""
+    log_probs, entropy, _ = _taken_token_scores(logits, targets, temperature, with_entropy, False)
     return log_probs, entropy
 
 
@@ -214,30 +234,45 @@ def _chunk_scores(
     targets: torch.Tensor,
     temperature: float,
     with_entropy: bool,
+    with_sum_pi_squared: bool = False,
 ) -> torch.Tensor:
-    """[tokens, 2]: log-prob of each target and the entropy (0 unless asked for), from one chunk
-    of hidden states through the LM head."""
-    log_probs, entropy = _taken_token_log_probs(
-        nn.functional.linear(hidden, weight, bias), targets, temperature, with_entropy
+    """[tokens, SCORES]: log-prob of each target, the entropy and the sum of squared probabilities
+    (each 0 unless asked for), from one chunk of hidden states through the LM head."""
+    log_probs, entropy, sum_pi_squared = _taken_token_scores(
+        nn.functional.linear(hidden, weight, bias), targets, temperature, with_entropy, with_sum_pi_squared
     )
-    return torch.stack([log_probs, entropy if entropy is not None else torch.zeros_like(log_probs)], dim=-1)
+    zeros = torch.zeros_like(log_probs)
+    return torch.stack(
+        [log_probs, zeros if entropy is None else entropy, zeros if sum_pi_squared is None else sum_pi_squared],
+        dim=-1,
+    )
+
+
+# The per-token numbers a chunk of the LM head yields: log-prob, entropy, sum of pi^2.
+SCORES = 3
 
 
 def chunked_scores(
-    hidden: torch.Tensor, head: nn.Linear, targets: torch.Tensor, temperature: float, with_entropy: bool
+    hidden: torch.Tensor,
+    head: nn.Linear,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    with_sum_pi_squared: bool = False,
 ) -> torch.Tensor:
-    """[batch, positions, 2] (log-prob, entropy) of `targets` [batch, positions] from hidden states
-    [batch, positions, hidden], chunk by chunk. With gradients each chunk is recomputed in the
-    backward (activation checkpointing), so at most one chunk of logits is alive at a time."""
+    """[batch, positions, SCORES] (log-prob, entropy, sum of pi^2) of `targets` [batch, positions]
+    from hidden states [batch, positions, hidden], chunk by chunk. With gradients each chunk is
+    recomputed in the backward (activation checkpointing), so at most one chunk of logits is
+    alive at a time."""
     batch, positions, width = hidden.shape
     per_chunk = max(1, LOGITS_CHUNK_ELEMENTS // head.out_features)
     parts = []
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
     hidden_chunks = torch.split(hidden.reshape(-1, width), per_chunk)
     for h, t in zip(hidden_chunks, torch.split(targets.reshape(-1), per_chunk), strict=True):
-        args = (h, head.weight, head.bias, t, temperature, with_entropy)
+        args = (h, head.weight, head.bias, t, temperature, with_entropy, with_sum_pi_squared)
         parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if needs_grad else _chunk_scores(*args))
-    return torch.cat(parts).view(batch, positions, 2)
+    return torch.cat(parts).view(batch, positions, SCORES)
 
 
 def _plain_head(model: nn.Module) -> nn.Linear | None:
@@ -263,16 +298,29 @@ def _head_returns(head: nn.Linear, forward: Callable[[torch.Tensor], torch.Tenso
 
 
 def _head_returns_scores(
-    head: nn.Linear, input_ids: torch.Tensor, temperature: float, with_entropy: bool
+    head: nn.Linear, input_ids: torch.Tensor, temperature: float, with_entropy: bool, with_sum_pi_squared: bool
 ) -> contextlib.AbstractContextManager[None]:
-    """The LM head returns the (log-prob, entropy) of each kept position's next token."""
+    """The LM head returns the (log-prob, entropy, sum of pi^2) of each kept position's next token."""
     # Position t scores token t + 1; the last position predicts past the sequence (target 0).
     targets = torch.cat([input_ids[:, 1:], input_ids.new_zeros(input_ids.shape[0], 1)], dim=1)
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        return chunked_scores(hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy)
+        return chunked_scores(
+            hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy, with_sum_pi_squared
+        )
 
     return _head_returns(head, forward)
+
+
+@dataclass
+class ResponseScores:
+    """Per response token, [batch, response_length]: the log-prob of the sampled token, and
+    (when asked for) the entropy and the sum over the vocabulary of pi^2 (verl's
+    sum_pi_squared, the optimal token baseline's input) of the distribution it was drawn from."""
+
+    log_probs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    sum_pi_squared: torch.Tensor | None = None
 
 
 def response_log_probs(
@@ -284,8 +332,24 @@ def response_log_probs(
     with_entropy: bool = False,
     packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """[batch, response_length] log-probs (and entropies) of the response tokens, for
-    sequences laid out as prompt (left-padded) followed by response (right-padded); 0 at
+    """[batch, response_length] log-probs (and entropies) of the response tokens: `response_scores`
+    without the sum of squared probabilities."""
+    scores = response_scores(model, input_ids, attention_mask, response_length, temperature, with_entropy, packed)
+    return scores.log_probs, scores.entropy
+
+
+def response_scores(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    response_length: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    packed: bool = False,
+    with_sum_pi_squared: bool = False,
+) -> ResponseScores:
+    """[batch, response_length] log-probs (and entropies, and sums of pi^2) of the response tokens,
+    for sequences laid out as prompt (left-padded) followed by response (right-padded); 0 at
     response padding when `packed`, whatever the model computes there otherwise.
 
     `packed`: the sequences run as one packed row (`packing.py`; the model must have
@@ -305,26 +369,33 @@ def response_log_probs(
     # version of the argument; it keeps one position too many, the last, whose logits predict
     # past the sequence and are dropped below (1/(response_length+1) extra head work).
     if packed:
-        return _packed_log_probs(model, pack(input_ids, attention_mask, response_length), temperature, with_entropy)
+        rows = pack(input_ids, attention_mask, response_length)
+        return _packed_scores(model, rows, temperature, with_entropy, with_sum_pi_squared)
     keep = _logits_to_keep_argument(model)
     extra = {keep: response_length + 1} if keep is not None else {}
     position_ids = position_ids_from_mask(attention_mask)
     head = _plain_head(model)
     if head is not None:
-        with _head_returns_scores(head, input_ids, temperature, with_entropy):
+        with _head_returns_scores(head, input_ids, temperature, with_entropy, with_sum_pi_squared):
             scores = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
         scores = scores.logits[:, -response_length - 1 : -1, :]
-        return scores[..., 0], scores[..., 1] if with_entropy else None
+        return ResponseScores(
+            scores[..., 0],
+            scores[..., 1] if with_entropy else None,
+            scores[..., 2] if with_sum_pi_squared else None,
+        )
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra).logits
     # Position t predicts token t+1: the response tokens [-R:] are scored at [-R-1:-1]. The
     # same slice is right whether the model kept R+1 positions or (ignoring the argument) all.
     logits = logits[:, -response_length - 1 : -1, :]
-    return _taken_token_log_probs(logits, input_ids[:, -response_length:], temperature, with_entropy)
+    return ResponseScores(
+        *_taken_token_scores(logits, input_ids[:, -response_length:], temperature, with_entropy, with_sum_pi_squared)
+    )
 
 
-def _packed_log_probs(
-    model: nn.Module, packed: PackedBatch, temperature: float, with_entropy: bool
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _packed_scores(
+    model: nn.Module, packed: PackedBatch, temperature: float, with_entropy: bool, with_sum_pi_squared: bool
+) -> ResponseScores:
     inputs = {
         "input_ids": packed.input_ids,
         "attention_mask": packed.attention_mask,
@@ -335,15 +406,23 @@ def _packed_log_probs(
         index, targets = packed.score_index, packed.targets.unsqueeze(0)
 
         def forward(hidden: torch.Tensor) -> torch.Tensor:
-            return chunked_scores(hidden[:, index], head, targets, temperature, with_entropy)
+            return chunked_scores(hidden[:, index], head, targets, temperature, with_entropy, with_sum_pi_squared)
 
         with _head_returns(head, forward):
             scores = model(**inputs).logits[0]
-        log_probs, entropy = scores[:, 0], scores[:, 1]
+        row = ResponseScores(
+            scores[:, 0], scores[:, 1] if with_entropy else None, scores[:, 2] if with_sum_pi_squared else None
+        )
     else:
         logits = model(**inputs).logits[0, packed.score_index]
-        log_probs, entropy = _taken_token_log_probs(logits, packed.targets, temperature, with_entropy)
-    return packed.unpack(log_probs), packed.unpack(entropy) if with_entropy else None
+        row = ResponseScores(
+            *_taken_token_scores(logits, packed.targets, temperature, with_entropy, with_sum_pi_squared)
+        )
+    return ResponseScores(
+        packed.unpack(row.log_probs),
+        None if row.entropy is None else packed.unpack(row.entropy),
+        None if row.sum_pi_squared is None else packed.unpack(row.sum_pi_squared),
+    )
 
 
 def response_values(

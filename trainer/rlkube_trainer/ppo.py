@@ -11,8 +11,9 @@ branches on an algorithm's name.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -27,10 +28,11 @@ from rlkube_trainer.algos import (
     get_kl_controller,
     keep_mixed_groups,
     masked_mean,
+    takes,
 )
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
 from rlkube_trainer.data import Prompt
-from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics
+from rlkube_trainer.metrics import compute_data_metrics, compute_throughput_metrics, compute_variance_proxy_metrics
 from rlkube_trainer.reward import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 from rlkube_trainer.rollout_correction import compute_rollout_correction_and_rejection_mask
@@ -40,6 +42,7 @@ Metrics = dict[str, float]
 
 class Actor(Protocol):
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor: ...
+    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
     def update(self, batch: TrainBatch) -> Metrics: ...
 
 
@@ -169,12 +172,29 @@ def reward_components(batch: TrainBatch, keys: list[str]) -> list[torch.Tensor]:
     return [batch.reward_extra[k] for k in keys]
 
 
+def greedy_reward_baselines(
+    sample_prompts: Sequence[Hashable], greedy_prompts: Sequence[Hashable], greedy_scores: Sequence[float]
+) -> torch.Tensor:
+    """ReMax's reward_baselines, [samples]: for each sample, the reward of the greedy response to
+    its prompt (`sample_prompts` and `greedy_prompts` name the prompts alike; each prompt has one
+    greedy response, however many samples it has)."""
+    baseline: dict[Hashable, float] = {}
+    for prompt, score in zip(greedy_prompts, greedy_scores, strict=True):
+        if prompt in baseline:
+            raise ValueError(f"prompt {prompt!r} has more than one greedy response")
+        baseline[prompt] = score
+    missing = [p for p in dict.fromkeys(sample_prompts) if p not in baseline]
+    if missing:
+        raise ValueError(f"prompts {missing} have samples but no greedy response")
+    return torch.tensor([baseline[p] for p in sample_prompts], dtype=torch.float32)
+
+
 def on_policy(config: TrainerConfig, samples: int) -> bool:
     """Whether the actor update is one optimizer step over the whole batch (one PPO epoch,
     one mini-batch) with nothing reading the old log-probs before it (no KL in the reward, no
-    rollout-probs comparison). The weights then do not change between the old log-probs'
-    forward and the update's, so the update's own log-probs, detached, are the old ones and
-    their separate forward pass over the batch is skipped."""
+    rollout-probs comparison, no estimator that takes them). The weights then do not change
+    between the old log-probs' forward and the update's, so the update's own log-probs,
+    detached, are the old ones and their separate forward pass over the batch is skipped."""
     return (
         config.actor.ppo_epochs == 1
         and samples <= config.actor.ppo_mini_batch_size * config.rollout.n
@@ -182,6 +202,9 @@ def on_policy(config: TrainerConfig, samples: int) -> bool:
         and not config.rollout.calculate_log_probs
         # Decoupled rollout correction compares the old log-probs with the engine's before the update.
         and not config.algorithm.rollout_correction.enabled
+        # The optimal token baseline's path variance reads them (and its sum_pi_squared comes
+        # from the same pass).
+        and not takes(get_adv_estimator_fn(config.algorithm.adv_estimator), "old_log_probs")
     )
 
 
@@ -208,6 +231,10 @@ class PPOTrainer:
         self.num_gpus = max(num_gpus, 1)
         algo = config.algorithm
         self.estimate_advantages = get_adv_estimator_fn(algo.adv_estimator)
+        # Inputs only some estimators read, produced only for them: ReMax's greedy baseline
+        # rollout, the optimal token baseline's sum of pi^2 from the old log-prob pass.
+        self.greedy_baseline = takes(self.estimate_advantages, "reward_baselines")
+        self.with_sum_pi_squared = takes(self.estimate_advantages, "sum_pi_squared")
         self.kl_ctrl = get_kl_controller(
             algo.kl_ctrl.type, algo.kl_ctrl.kl_coef, algo.kl_ctrl.target_kl, algo.kl_ctrl.horizon
         )
@@ -230,6 +257,13 @@ class PPOTrainer:
             ignore_eos=rollout.ignore_eos,
             # The engine's log-probs: diagnostics, or rollout correction's pi_rollout.
             logprobs=engine_log_probs_needed(self.config),
+        )
+
+    def greedy_sampling(self, step: int, round_: int = 0) -> SamplingConfig:
+        """One greedy response per prompt (verl's do_sample=False: temperature 0, no top-k or
+        top-p), ReMax's baseline."""
+        return dataclasses.replace(
+            self.sampling(step, round_), n=1, temperature=0.0, top_p=1.0, top_k=-1, logprobs=False
         )
 
     def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> Scored:
@@ -272,16 +306,29 @@ class PPOTrainer:
         kept_prompts: list[Prompt] = []
         kept_samples: list[RolloutSample] = []
         kept_scored: list[Scored] = []
+        kept_baselines: list[torch.Tensor] = []
         generated_groups = 0
         rounds = 0
         while True:
+            prompt_token_ids = [p.prompt_token_ids for p in prompts]
             with timer("gen"):
-                rollout = self.roles.rollout.generate(
-                    [p.prompt_token_ids for p in prompts], self.sampling(step, rounds)
+                rollout = self.roles.rollout.generate(prompt_token_ids, self.sampling(step, rounds))
+                # verl times ReMax's greedy rollout within gen (one request with the samples).
+                greedy = (
+                    self.roles.rollout.generate(prompt_token_ids, self.greedy_sampling(step, rounds))
+                    if self.greedy_baseline
+                    else None
                 )
-            rounds += 1
             with timer("reward"):
                 scored = self.score(prompts, rollout)
+                if greedy is not None:
+                    # Scored as the samples are (overlong penalty included), before any filtering.
+                    baselines = greedy_reward_baselines(
+                        [s.prompt_index for s in rollout.samples],
+                        [s.prompt_index for s in greedy.samples],
+                        self.score(prompts, greedy).scores,
+                    )
+            rounds += 1
             keep = [True] * len(rollout.samples)
             if filter_groups.enable:
                 index = [prompts[s.prompt_index].index for s in rollout.samples]
@@ -298,6 +345,8 @@ class PPOTrainer:
             ]
             kept_prompts += [prompts[p] for p in kept_here]
             kept_scored.append(scored.select(keep))
+            if greedy is not None:
+                kept_baselines.append(baselines[torch.tensor(keep, dtype=torch.bool)])
             generated_groups += len(prompts)
             if not filter_groups.enable or len(kept_prompts) >= wanted:
                 break
@@ -316,6 +365,8 @@ class PPOTrainer:
         scored = Scored.concat(kept_scored)
         batch.token_level_scores = token_level_scores(scored.scores, batch.response_mask)
         batch.reward_extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in scored.extra.items()}
+        if self.greedy_baseline:
+            batch.reward_baselines = torch.cat(kept_baselines)
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
         if filter_groups.enable:
             metrics["train/num_gen_batches"] = float(rounds)
@@ -348,7 +399,10 @@ class PPOTrainer:
             batch.old_log_probs = batch.rollout_log_probs
         elif not on_policy(self.config, len(batch)):
             with timer("old_log_prob"):
-                batch.old_log_probs = roles.actor.compute_log_prob(batch)
+                if self.with_sum_pi_squared:
+                    batch.old_log_probs, batch.sum_pi_squared = roles.actor.compute_log_prob_and_sum_pi_squared(batch)
+                else:
+                    batch.old_log_probs = roles.actor.compute_log_prob(batch)
         if self.config.rollout.calculate_log_probs:
             metrics.update(rollout_probs_diff(batch))
         if correction.enabled and not correction.bypass_mode:
@@ -387,6 +441,10 @@ class PPOTrainer:
                 values=batch.values,
                 response_mask=batch.response_mask,
                 index=batch.group_index.tolist(),
+                reward_baselines=batch.reward_baselines,
+                old_log_probs=batch.old_log_probs,
+                sum_pi_squared=batch.sum_pi_squared,
+                rollout_is_weights=batch.rollout_is_weights,
                 gamma=algo.gamma,
                 lam=algo.lam,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
@@ -404,6 +462,7 @@ class PPOTrainer:
     def step_metrics(self, batch: TrainBatch, metrics: Metrics, timer: Timer, synced: int) -> Metrics:
         """A step's metrics beyond its phases': data, timings, throughput (verl's names)."""
         metrics.update(compute_data_metrics(batch, self.config.data.max_prompt_length))
+        metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
         metrics.update(timer.seconds)
         metrics.update(compute_throughput_metrics(batch, timer.seconds["timing_s/step"], self.num_gpus))
         if synced and timer.seconds["timing_s/update_weights"] > 0:

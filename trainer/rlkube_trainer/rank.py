@@ -184,6 +184,10 @@ class Rank:
         assert self.actor is not None
         return self.actor.compute_log_prob(batch)
 
+    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.actor is not None
+        return self.actor.compute_log_prob_and_sum_pi_squared(batch)
+
     def update_actor(self, batch: TrainBatch) -> dict[str, float]:
         assert self.actor is not None
         return self.actor.update(batch)

@@ -243,10 +243,11 @@ RULES: dict[str, Rule] = {
         f"{_ACTOR}.policy_loss.{k}": To(f"actor.{k}")
         for k in ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub", "kl_cov_ratio", "ppo_kl_coef", "dro_beta")
     },
+    # verl asserts it is set for the optimal token baselines; rlkube computes it when the estimator
+    # takes it. verl's other use, the variance-proxy metrics of any estimator, rlkube does not report.
     f"{_ACTOR}.calculate_sum_pi_squared": Ignored(
-        "only the optimal token baseline reads it",
-        _falsy,
-        "calculate_sum_pi_squared is not supported (nor optimal_token_baseline, which needs it)",
+        "the old log-prob pass computes sum_pi_squared when algorithm.adv_estimator needs it "
+        "(optimal_token_baseline, tir_optimal_token_baseline)"
     ),
     f"{_ACTOR}.fsdp_config.fsdp_size": To("roles.actor.fsdp_size", _none_if_negative),
     **_micro_batch(_ACTOR),

@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["call_with", "lookup", "register"]
+__all__ = ["call_with", "lookup", "register", "takes"]
 
 _FnT = TypeVar("_FnT", bound=Callable[..., Any])
 
@@ -44,3 +44,9 @@ def call_with(fn: Callable[..., Any], **available: Any) -> Any:
     differ in what they need: values for gae, the group index for grpo, tau_pos for sapo, ...)."""
     params = inspect.signature(fn).parameters
     return fn(**{name: value for name, value in available.items() if name in params})
+
+
+def takes(fn: Callable[..., Any], name: str) -> bool:
+    """Whether fn names the argument `name`: the loop produces an input some estimators alone
+    read (ReMax's reward_baselines, the optimal token baseline's sum_pi_squared) only for those."""
+    return name in inspect.signature(fn).parameters

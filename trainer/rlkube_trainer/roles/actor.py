@@ -22,7 +22,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.lora import LoraSettings, apply_lora, merged_names, merged_weights
 from rlkube_trainer.lora.merge import BASE
-from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.models import ResponseScores, apply_liger, causal_lm_skeleton, load_causal_lm, response_scores
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
@@ -191,9 +191,9 @@ class Actor(Trainable):
         if config.rollout.layered_summon:
             self.sync_bucket_bytes = min(self.sync_bucket_bytes, decoder_layer_bytes(self.model))
 
-    def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _scores(self, batch: TrainBatch, with_entropy: bool, with_sum_pi_squared: bool = False) -> ResponseScores:
         with autocast(self.device):
-            return response_log_probs(
+            return response_scores(
                 self.model,
                 batch.input_ids,
                 batch.attention_mask,
@@ -201,13 +201,33 @@ class Actor(Trainable):
                 self.temperature,
                 with_entropy,
                 packed=self.packed,
+                with_sum_pi_squared=with_sum_pi_squared,
             )
+
+    def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        scores = self._scores(batch, with_entropy)
+        return scores.log_probs, scores.entropy
 
     @torch.no_grad()
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the sampled responses under the current policy (old_log_prob)."""
         self.model.eval()
         return self.log_prob_batching.map(batch, lambda m: self._log_probs(m.to(self.device), False)[0].cpu())
+
+    @torch.no_grad()
+    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The old log-probs and, from the same forward, each response position's sum over the
+        vocabulary of pi^2 (verl's actor.calculate_sum_pi_squared; the optimal token baseline's
+        path variance reads both)."""
+        self.model.eval()
+
+        def both(micro: TrainBatch) -> torch.Tensor:
+            scores = self._scores(micro.to(self.device), False, with_sum_pi_squared=True)
+            assert scores.sum_pi_squared is not None
+            return torch.stack([scores.log_probs, scores.sum_pi_squared], dim=-1).cpu()
+
+        log_probs, sum_pi_squared = self.log_prob_batching.map(batch, both).unbind(dim=-1)
+        return log_probs.contiguous(), sum_pi_squared.contiguous()
 
     def update(self, batch: TrainBatch) -> Metrics:
         """The PPO update; on GPU also verl's perf/max_memory_*_gb, the peaks during it."""
