@@ -49,12 +49,29 @@ log = logging.getLogger(__name__)
 
 
 def status_patch(status: RLJobStatus) -> dict[str, Any]:
-    """A merge patch: present fields set, fields now unset removed (null)."""
-    patch: dict[str, Any] = status.to_wire()
-    for name, info in RLJobStatus.model_fields.items():
-        if getattr(status, name) is None:
-            patch[info.alias or name] = None
+    """A merge patch from which the stored status comes out as `status`: present fields set,
+    and every field now unset removed (null), in nested objects too (an ended job's progress
+    drops the driver's last time remaining). Lists are replaced whole by a merge patch, so their
+    items carry no nulls, only what they hold. (A role the spec drops would keep its key in
+    `roles`: the patch names only the keys the status has.)"""
+    patch: dict[str, Any] = _removing_unset(status.model_dump(by_alias=True, mode="json"))
     return patch
+
+
+def _removing_unset(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _removing_unset(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_without_unset(item) for item in value]
+    return value
+
+
+def _without_unset(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _without_unset(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_unset(item) for item in value]
+    return value
 
 
 @dataclass

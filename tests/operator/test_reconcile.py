@@ -12,9 +12,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rlkube_api.conditions import State
-from rlkube_api.rljob import RunPolicy
+from rlkube_api.rljob import Condition, Progress, RLJobStatus, RoleStatus, RunPolicy
 from rlkube_operator.job_state import TrackedJob
-from rlkube_operator.reconcile import Reconciler, ReconcileResult
+from rlkube_operator.reconcile import Reconciler, ReconcileResult, status_patch
 from rlkube_operator.status import REFERENCE_RECHECK_SECONDS, name_volume_source
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
@@ -412,3 +412,43 @@ def test_a_stateful_set_that_cannot_create_its_pods_fails_the_job_after_the_time
     assert condition["reason"] == "PodsNotCreated"
     assert 'serviceaccount "missing" not found' in condition["message"]
     assert "StatefulSet tiny-cpu-rollout" in condition["message"]
+
+
+def _merge(stored: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    merged = dict(stored) if isinstance(stored, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            merged.pop(key, None)
+        else:
+            merged[key] = _merge(merged.get(key), value)
+    return merged
+
+
+def test_the_status_patch_leaves_the_stored_status_equal_to_the_new_one() -> None:
+    """Every field the new status leaves unset goes, nested ones too: an ended job's progress
+    loses the driver's last time remaining (kubectl's ETA column empties)."""
+    running = Condition(type="Running", status="True", reason="AllPodsReady", last_transition_time=iso(T0))
+    stored = RLJobStatus(
+        state=State.RUNNING,
+        conditions=[running.model_copy(update={"observed_generation": 1})],
+        roles={"actor": RoleStatus(replicas=2, active=2, ready=2)},
+        progress=Progress(step=59, total_steps=60, time_remaining="5s", estimated_completion_time=iso(T0)),
+        uncounted_restarts=1,
+        start_time=iso(T0),
+        gang_pod_uids=["a", "b"],
+    ).to_wire()
+    ended = RLJobStatus(
+        state=State.SUCCEEDED,
+        conditions=[running],
+        roles={"actor": RoleStatus(replicas=2)},
+        progress=Progress(step=60, total_steps=60),
+        start_time=iso(T0),
+        completion_time=iso(T0),
+    )
+    patch = status_patch(ended)
+    assert _merge(stored, patch) == ended.to_wire()
+    assert "timeRemaining" not in _merge(stored, patch)["progress"]
+    assert "observedGeneration" not in patch["conditions"][0]  # a list's items hold no nulls
