@@ -403,6 +403,15 @@ def test_driver_progress_is_mirrored_into_the_status(jobs: Jobs) -> None:
     job = jobs.wait(JOB, lambda j: j["status"]["progress"]["step"] == 4, "progress step 4")
     assert job["status"]["progress"]["lastCheckpointStep"] == 4
 
+    # An ended job has no time remaining: the stored status loses the driver's last estimate
+    # (a merge patch that only left the fields out would keep it), and the ETA column is empty.
+    jobs.finish_driver(JOB)
+    job = jobs.wait_state(JOB, "Succeeded")
+    ended = job["status"]["progress"]
+    assert "timeRemaining" not in ended and "estimatedCompletionTime" not in ended, ended
+    assert ended["step"] == 4
+    assert jobs.table("rlj", JOB, "-o", "wide")["ETA"] in ("", "<none>")
+
 
 def test_deleting_the_job_collects_every_child(jobs: Jobs) -> None:
     jobs.create(tiny_job(JOB, jobs.namespace))
