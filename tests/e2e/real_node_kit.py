@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import threading
@@ -118,12 +119,47 @@ def restricted_operator(real: RealCluster, namespace: str) -> Iterator[Kubectl]:
         release.uninstall(real.cluster.kubeconfig, namespace, name)
 
 
+# Seconds without a log line after which a followed log is opened again: a stream left hanging
+# by a dying pod's kubelet must not outlive that pod's next incarnation.
+READ_TIMEOUT = 20
+
+
+def _stamp_key(line: str) -> tuple[str, str]:
+    """The kubelet's timestamp of a `timestamps=True` log line, as a key that sorts in time:
+    RFC 3339 with the trailing zeros of its nanoseconds dropped ("…25.15652945Z"), so its
+    fraction is padded back to nine digits before it is compared."""
+    stamp, _, _ = line.partition(" ")
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return whole, fraction.ljust(9, "0")
+
+
+def merge_log_lines(seen: dict[str, None], chunk: str) -> str:
+    """Adds the complete lines of `chunk` (kubelet-timestamped log text) to `seen` and returns
+    the incomplete tail. A line read twice (the log followed again from its start, a
+    replaced pod's log read under the old one's stream) is kept once: its timestamp and text
+    are its identity."""
+    *lines, tail = chunk.split("\n")
+    for line in lines:
+        if line:
+            seen[line] = None
+    return tail
+
+
+def log_text(seen: dict[str, None]) -> str:
+    """The lines of `seen` in the kubelet's time order, without their timestamps."""
+    ordered = sorted(seen, key=_stamp_key)
+    return "".join(line.partition(" ")[2] + "\n" for line in ordered)
+
+
 class PodLogs:
-    """Every incarnation's log of one pod name's container, polled from the API while the
-    context is open: `text()` is their concatenation, oldest first. An incarnation is a pod
+    """Every incarnation's log of one pod name's container, followed from the API while the
+    context is open: `text()` is all lines ever read, oldest first. An incarnation is a pod
     UID (a StatefulSet pod deleted and made again gets a new one, and the kubelet drops the
-    old one's logs with it) and a run of its container (a container restarted in place shows
-    only its latest run's log)."""
+    old one's logs with it) or a run of its container (a container restarted in place shows
+    only its latest run). The log is followed, not polled: a stream opened at any time in an
+    incarnation's life reads it from its start to its container's end, where a poll must
+    land between a line and the pod's removal (seconds, for a driver killed right after it
+    resumed). Lines are merged by the kubelet's timestamps, so reading one twice is harmless."""
 
     def __init__(self, kubeconfig: Path, namespace: str, pod: str, interval: float = 0.5) -> None:
         from kubernetes.client import CoreV1Api  # noqa: PLC0415
@@ -132,10 +168,11 @@ class PodLogs:
         self._client = new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
         self._core = CoreV1Api(self._client)
         self._namespace, self._pod, self._interval = namespace, pod, interval
-        self._logs: dict[tuple[str, int], str] = {}  # by pod UID and restart count, in the order first seen
+        self._lines: dict[str, None] = {}  # kubelet-timestamped lines, as a set kept in arrival order
+        self.errors: list[str] = []  # transport errors the follower rode out, for a failing test to show
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name=f"logs-{pod}", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name=f"logs-{pod}", daemon=True)
 
     def __enter__(self) -> PodLogs:
         self._thread.start()
@@ -143,29 +180,44 @@ class PodLogs:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=READ_TIMEOUT + 5)
         self._client.close()
 
-    def _poll(self) -> None:
+    def _follow(self) -> None:
         from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
 
         while not self._stop.wait(self._interval):
             try:
-                run = self._run()
-                text = self._core.read_namespaced_pod_log(self._pod, self._namespace)
-                # The same incarnation before and after: a log is never filed under another's.
-                if self._run() != run:
-                    continue
-            except (ApiException, OSError):
-                continue  # not there yet, not started, or gone: the next poll sees the next one
-            with self._lock:
-                self._logs[run] = text
+                self._read_stream()
+            except ApiException:
+                continue  # not there yet, not started, or gone: the next try sees the next one
+            except Exception as error:
+                # A connection cut mid-read (urllib3's errors are not OSErrors) or a read timeout
+                # must not end the thread: a dead follower silently misses every later incarnation.
+                with self._lock:
+                    self.errors.append(f"{type(error).__name__}: {error}")
 
-    def _run(self) -> tuple[str, int]:
-        pod = self._core.read_namespaced_pod(self._pod, self._namespace)
-        statuses = pod.status.container_statuses or []
-        return pod.metadata.uid, statuses[0].restart_count if statuses else 0
+    def _read_stream(self) -> None:
+        response = self._core.read_namespaced_pod_log(
+            self._pod,
+            self._namespace,
+            follow=True,
+            timestamps=True,
+            _preload_content=False,
+            _request_timeout=(5, READ_TIMEOUT),
+        )
+        tail, decoder = "", codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            for chunk in response.stream(decode_content=True):
+                with self._lock:
+                    tail = merge_log_lines(self._lines, tail + decoder.decode(chunk))
+                if self._stop.is_set():
+                    return
+        finally:
+            response.release_conn()
 
     def text(self) -> str:
+        if self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set():
+            raise RuntimeError(f"the log follower of pod {self._pod} died; it rode out {self.errors}")
         with self._lock:
-            return "".join(self._logs.values())
+            return log_text(self._lines)

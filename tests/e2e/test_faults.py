@@ -214,6 +214,7 @@ def _kill_and_check(
     # trained at the kill (saved on SIGTERM: no work thrown away); after a kill while it
     # started up, from at least the checkpoint there was then.
     resumed = resumes()
+    assert len(resumed) == KILLS, (resumed, kills, driver_log.errors)
     assert resumed == sorted(resumed) and all(r > 0 for r in resumed), (resumed, kills)
     assert all(kill.checkpoint > 0 for kill in kills), kills  # every restart resumed
     for kill in kills:

@@ -246,8 +246,8 @@ def test_a_checkpoint_of_two_actor_pods_resumes_on_one_and_to_and_from_object_st
         assert final["restartCount"] == 1 and final["progress"]["step"] == total, final
         # The seed first (another run's, 2 ranks), then this run's own checkpoint in the store,
         # at least the one the driver saved on its SIGTERM (the step in progress).
-        assert resumes[0] == (f"{tinyjob.MOUNT}/seed/{seed.name}", seed_step), resumes
-        assert len(resumes) == 2 and resumes[1][0].startswith(f"{prefix}/step_"), resumes
+        assert resumes[0] == (f"{tinyjob.MOUNT}/seed/{seed.name}", seed_step), (resumes, driver_log.errors)
+        assert len(resumes) == 2 and resumes[1][0].startswith(f"{prefix}/step_"), (resumes, driver_log.errors)
         assert resumes[1][1] >= seed_step + 3, resumes
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.client_env()["AWS_ACCESS_KEY_ID"])
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.client_env()["AWS_SECRET_ACCESS_KEY"])
