@@ -14,10 +14,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 from celpy import celtypes
-from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic import Field, GetCoreSchemaHandler, GetJsonSchemaHandler
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import PydanticCustomError, core_schema
 
@@ -90,11 +90,35 @@ LABEL_VALUE_MAX: Final = 63
 LABEL_KEY_PATTERN: Final = rf"^({_DNS_LABEL}([.]{_DNS_LABEL})*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
 LABEL_KEY_PREFIX_TOO_LONG: Final = "^[^/]{254,}/"
 LABEL_KEY_MAX: Final = 253 + 1 + 63
+# An annotation key: the same, but ValidateAnnotations lower-cases the key before the check, so
+# the prefix may hold upper-case letters too.
+_DNS_LABEL_ANY_CASE: Final = "[a-zA-Z0-9]([-a-zA-Z0-9]*[a-zA-Z0-9])?"
+ANNOTATION_KEY_PATTERN: Final = (
+    rf"^({_DNS_LABEL_ANY_CASE}([.]{_DNS_LABEL_ANY_CASE})*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{{0,61}}[A-Za-z0-9])?$"
+)
+QUALIFIED_NAME_WHAT: Final = (
+    "an optional DNS subdomain and '/', then at most 63 characters: alphanumeric at both ends, '-', '_', '.' inside"
+)
 
 
 def cel_is_label_key(expr: str) -> str:
     """CEL that holds when the string `expr` is a label key (Kubernetes' IsQualifiedName)."""
     return f"({expr}.matches('{LABEL_KEY_PATTERN}') && !{expr}.matches('{LABEL_KEY_PREFIX_TOO_LONG}'))"
+
+
+def cel_is_annotation_key(expr: str) -> str:
+    """CEL that holds when the string `expr` is an annotation key (IsQualifiedName of its lower case)."""
+    return f"({expr}.matches('{ANNOTATION_KEY_PATTERN}') && !{expr}.matches('{LABEL_KEY_PREFIX_TOO_LONG}'))"
+
+
+# A label value, as a field's type (maps of them: nodeSelector, pod labels).
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
+# A qualified name as a field of its own (a scheduling gate's name).
+QUALIFIED_NAME: Final = KubeString(
+    "a qualified name: " + QUALIFIED_NAME_WHAT,
+    LABEL_KEY_PATTERN,
+    LABEL_KEY_MAX,
+)
 
 
 # --- environment variables ------------------------------------------------------------------------
@@ -106,6 +130,37 @@ ENV_NAME_PATTERN: Final = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # --- ConfigMap keys -------------------------------------------------------------------------------
 
 CONFIG_MAP_KEY_PATTERN: Final = r"^[-._a-zA-Z0-9]+$"
+# IsConfigMapKey whole: also not '.' or '..' and not starting with '..' (a key is a file name in
+# a mounted volume). RE2 has no look-ahead, so the leading dots are spelled out.
+CONFIG_MAP_KEY: Final = KubeString(
+    "a ConfigMap or Secret key (a-z, A-Z, 0-9, '-', '_', '.'; not '.' or '..', not starting with '..')",
+    r"^([-_a-zA-Z0-9][-._a-zA-Z0-9]*|\.[-_a-zA-Z0-9][-._a-zA-Z0-9]*)$",
+    253,
+)
+
+# --- paths inside volumes -------------------------------------------------------------------------
+
+# One element of a path that is not '..' (validatePathNoBacksteps splits on '/').
+_PATH_ELEMENT: Final = r"(|\.|[^./][^/]*|\.[^./][^/]*|\.\.[^/]+)"
+_FIRST_ELEMENT: Final = r"(\.|[^./][^/]*|\.[^./][^/]*|\.\.[^/]+)"
+# validateLocalDescendingPath (subPath, items' paths): relative and no '..' element.
+LOCAL_PATH: Final = KubeString(
+    "a relative path without '..' elements",
+    rf"^{_FIRST_ELEMENT}(/{_PATH_ELEMENT})*$",
+    4096,
+)
+# validateLocalNonReservedPath (a volume item's path): the same, and not starting with '..'.
+ITEM_PATH: Final = KubeString(
+    "a relative path without '..' elements, not starting with '..'",
+    rf"^(\.|[^./][^/]*|\.[^./][^/]*)(/{_PATH_ELEMENT})*$",
+    4096,
+)
+# validatePathNoBacksteps (hostPath's path): no '..' element.
+NO_BACKSTEPS_PATH: Final = KubeString(
+    "a path without '..' elements",
+    rf"^{_PATH_ELEMENT}(/{_PATH_ELEMENT})*$",
+    4096,
+)
 
 # --- image references (github.com/distribution/reference, regexp.go) ------------------------------
 
@@ -186,6 +241,10 @@ def _is_greater_than(left: Quantity, right: Quantity) -> celtypes.BoolType:
     return celtypes.BoolType(left.value > right.value)
 
 
+def _compare_to(left: Quantity, right: Quantity) -> celtypes.IntType:
+    return celtypes.IntType((left.value > right.value) - (left.value < right.value))
+
+
 # The functions of Kubernetes' CEL libraries that CelRules may use, for cel-python; a rule
 # calling anything else fails in pydantic with "undeclared reference", never silently.
 CEL_FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
@@ -193,6 +252,7 @@ CEL_FUNCTIONS: Final[dict[str, Callable[..., Any]]] = {
     "isQuantity": _is_quantity,
     "quantity": _quantity,
     "isGreaterThan": _is_greater_than,
+    "compareTo": _compare_to,
 }
 
 

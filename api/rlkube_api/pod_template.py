@@ -27,13 +27,26 @@ container itself (there is no command field; a sidecar may not be named `trainer
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
-from rlkube_api.kube_syntax import LONG_NAME
+from rlkube_api.kube_syntax import (
+    CONFIG_MAP_KEY,
+    ENV_NAME_PATTERN,
+    IMAGE,
+    LOCAL_PATH,
+    LONG_NAME,
+    QUALIFIED_NAME,
+    QUALIFIED_NAME_WHAT,
+    SHORT_NAME,
+    LabelValue,
+    cel_is_annotation_key,
+    cel_is_label_key,
+)
 from rlkube_api.names import CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
+from rlkube_api.volumes import VolumeSource
 
 # The trainer container's name; sidecars may not take it.
 TRAINER_CONTAINER = "trainer"
@@ -49,6 +62,34 @@ OPERATOR_KEY_PREFIX = "rlkube.dev/"
 OPERATOR_LABELS = ("app.kubernetes.io/managed-by",)
 
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+# The downward API's fields an environment variable may take (the core API's
+# validEnvDownwardAPIFieldPathExpressions), and one label or annotation by key.
+ENV_FIELD_PATHS = (
+    "metadata.name",
+    "metadata.namespace",
+    "metadata.uid",
+    "spec.nodeName",
+    "spec.serviceAccountName",
+    "status.hostIP",
+    "status.hostIPs",
+    "status.podIP",
+    "status.podIPs",
+)
+ENV_FIELD_PATH_PATTERN = (
+    "^(" + "|".join(path.replace(".", "[.]") for path in ENV_FIELD_PATHS) + ")$"
+    "|^metadata[.](labels|annotations)\\['[^']+'\\]$"
+)
+# Resources a variable may take (validEnvDownwardAPIResourcePathExpressions, and huge pages).
+ENV_RESOURCE_PATTERN = "^(limits|requests)[.](cpu|memory|ephemeral-storage|hugepages-.+)$"
+# The divisors the core API allows per resource (validateContainerResourceDivisor), compared as
+# quantities as it does (1000m is 1).
+CPU_DIVISORS = ("1m", "1")
+BYTE_DIVISORS = ("1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei")
+
+
+def _divisor_in(expr: str, divisors: tuple[str, ...]) -> str:
+    return f"{_json(divisors)}.exists(d, quantity({expr}).compareTo(quantity(d)) == 0)"
 
 
 def _json(values: tuple[str, ...]) -> str:
@@ -73,31 +114,59 @@ class _KubeObject(ApiModel):
 class SecretKeySelector(ApiModel):
     """A key of a Secret in the job's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="Secret name.")
-    key: str = Field(min_length=1, max_length=253, description="Key in the Secret.")
+    name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="Secret name.")
+    key: Annotated[str, CONFIG_MAP_KEY] = Field(min_length=1, max_length=253, description="Key in the Secret.")
     optional: bool | None = Field(None, description="Start even when the Secret or key is missing.")
 
 
 class ConfigMapKeySelector(ApiModel):
     """A key of a ConfigMap in the job's namespace."""
 
-    name: str = Field(min_length=1, max_length=253, description="ConfigMap name.")
-    key: str = Field(min_length=1, max_length=253, description="Key in the ConfigMap.")
+    name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="ConfigMap name.")
+    key: Annotated[str, CONFIG_MAP_KEY] = Field(min_length=1, max_length=253, description="Key in the ConfigMap.")
     optional: bool | None = Field(None, description="Start even when the ConfigMap or key is missing.")
 
 
 class ObjectFieldSelector(ApiModel):
     """A field of the pod (the downward API), e.g. metadata.name or spec.nodeName."""
 
-    field_path: str = Field(min_length=1, max_length=512, description="Path of the field.")
-    api_version: str | None = Field(None, max_length=64, description="Schema version of fieldPath (v1).")
+    field_path: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=ENV_FIELD_PATH_PATTERN,
+        description="Path of the field: " + ", ".join(ENV_FIELD_PATHS) + ", metadata.labels['KEY'] or "
+        "metadata.annotations['KEY'].",
+    )
+    api_version: Literal["v1"] | None = Field(None, description="Schema version of fieldPath (v1).")
 
 
 class ResourceFieldSelector(ApiModel):
     """A resource of the trainer container, e.g. limits.memory."""
 
-    resource: str = Field(min_length=1, max_length=253, description="Resource, e.g. limits.memory.")
-    container_name: str | None = Field(None, max_length=63, description="Container (default: trainer).")
+    cel_rules = (
+        CelRule(
+            "!has(self.divisor) || !self.resource.endsWith('.cpu') || isQuantity(self.divisor) && "
+            + _divisor_in("self.divisor", CPU_DIVISORS),
+            "with a cpu resource the divisor must be " + " or ".join(CPU_DIVISORS),
+            ".divisor",
+        ),
+        CelRule(
+            "!has(self.divisor) || !(self.resource.endsWith('.memory') || self.resource.endsWith('.ephemeral-storage'))"
+            " || isQuantity(self.divisor) && " + _divisor_in("self.divisor", BYTE_DIVISORS),
+            "with a memory or ephemeral-storage resource the divisor must be one of " + ", ".join(BYTE_DIVISORS),
+            ".divisor",
+        ),
+    )
+
+    resource: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=ENV_RESOURCE_PATTERN,
+        description="Resource: limits. or requests. and cpu, memory, ephemeral-storage or hugepages-SIZE.",
+    )
+    container_name: Annotated[str, SHORT_NAME] | None = Field(
+        None, max_length=63, description="Container (default: trainer)."
+    )
     divisor: str | None = Field(None, max_length=32, description="Unit of the value, e.g. 1Mi.")
 
 
@@ -130,7 +199,7 @@ class EnvVarOverride(ApiModel):
         CelRule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", ".valueFrom"),
     )
 
-    name: str = Field(min_length=1, max_length=256, description="Variable name.")
+    name: str = Field(min_length=1, max_length=256, pattern=ENV_NAME_PATTERN, description="Variable name.")
     value: str | None = Field(None, max_length=32768, description="Value.")
     value_from: EnvVarSource | None = Field(None, description="Value from a Secret, ConfigMap or the pod.")
 
@@ -151,10 +220,11 @@ class ExtraResources(ApiModel):
     limits: dict[str, str] | None = Field(None, max_length=32, description="Extra limits (quantities).")
 
 
-class VolumeOverride(_KubeObject):
+class VolumeOverride(VolumeSource):
     """A Kubernetes Volume added to the pod: {name, <source>: {...}}."""
 
-    cel_rules = (
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (
+        *VolumeSource.cel_rules,
         CelRule(
             "!(self.name in " + _json(OPERATOR_VOLUMES) + ")",
             "name is used by the operator: " + ", ".join(OPERATOR_VOLUMES),
@@ -165,8 +235,8 @@ class VolumeOverride(_KubeObject):
     name: str = Field(min_length=1, max_length=63, pattern=_NAME, description="Volume name (DNS label).")
 
 
-class VolumeMountOverride(_KubeObject):
-    """A Kubernetes VolumeMount added to the trainer container: {name, mountPath, readOnly, subPath}."""
+class VolumeMountOverride(ApiModel):
+    """A Kubernetes VolumeMount added to the trainer container."""
 
     cel_rules = (
         CelRule(
@@ -174,10 +244,34 @@ class VolumeMountOverride(_KubeObject):
             "mountPath is used by the operator: " + ", ".join(OPERATOR_MOUNT_PATHS),
             ".mountPath",
         ),
+        CelRule(
+            "!(has(self.subPath) && has(self.subPathExpr))", "set subPath or subPathExpr, not both", ".subPathExpr"
+        ),
+        CelRule(
+            "!has(self.recursiveReadOnly) || self.recursiveReadOnly == 'Disabled' || "
+            "(has(self.readOnly) && self.readOnly && (!has(self.mountPropagation) || self.mountPropagation == 'None'))",
+            "recursiveReadOnly needs readOnly: true and mountPropagation None",
+            ".recursiveReadOnly",
+        ),
     )
 
-    name: str = Field(min_length=1, max_length=63, description="Volume name.")
+    name: Annotated[str, SHORT_NAME] = Field(
+        min_length=1, max_length=63, description="The volume (podTemplate.volumes, spec.volumes or the operator's)."
+    )
     mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path.")
+    read_only: bool | None = Field(None, description="Mount read-only.")
+    sub_path: Annotated[str, LOCAL_PATH] | None = Field(
+        None, max_length=4096, description="Mount this path of the volume (relative, no '..')."
+    )
+    sub_path_expr: Annotated[str, LOCAL_PATH] | None = Field(
+        None, max_length=4096, description="subPath with $(VAR) references to the container's environment."
+    )
+    mount_propagation: Literal["None", "HostToContainer", "Bidirectional"] | None = Field(
+        None, description="How mounts propagate between the host and the container."
+    )
+    recursive_read_only: Literal["Disabled", "IfPossible", "Enabled"] | None = Field(
+        None, description="Make submounts read-only too."
+    )
 
 
 class ContainerOverride(_KubeObject):
@@ -192,6 +286,7 @@ class ContainerOverride(_KubeObject):
     )
 
     name: str = Field(min_length=1, max_length=63, pattern=_NAME, description="Container name (DNS label).")
+    image: Annotated[str, IMAGE] = Field(min_length=1, max_length=1024, description="The container's image.")
 
 
 class LocalObjectReference(ApiModel):
@@ -203,7 +298,7 @@ class LocalObjectReference(ApiModel):
 class SchedulingGate(ApiModel):
     """A pod scheduling gate: the pod stays unscheduled until a controller removes it."""
 
-    name: str = Field(min_length=1, max_length=316, description="Gate name.")
+    name: Annotated[str, QUALIFIED_NAME] = Field(min_length=1, max_length=316, description="Gate name.")
 
 
 def _keys_rule(field: str) -> CelRule:
@@ -221,6 +316,16 @@ class PodTemplate(ApiModel):
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         _keys_rule("labels"),
         _keys_rule("annotations"),
+        CelRule(
+            f"!has(self.labels) || self.labels.all(k, {cel_is_label_key('k')})",
+            "label keys must be qualified names: " + QUALIFIED_NAME_WHAT,
+            ".labels",
+        ),
+        CelRule(
+            f"!has(self.annotations) || self.annotations.all(k, {cel_is_annotation_key('k')})",
+            "annotation keys must be qualified names: " + QUALIFIED_NAME_WHAT,
+            ".annotations",
+        ),
         _unique("env"),
         _unique("volumes"),
         _unique("volumeMounts", "mountPath"),
@@ -228,7 +333,7 @@ class PodTemplate(ApiModel):
         _unique("sidecars"),
     )
 
-    labels: dict[str, str] | None = Field(None, max_length=64, description="Pod labels.")
+    labels: dict[str, LabelValue] | None = Field(None, max_length=64, description="Pod labels.")
     annotations: dict[str, str] | None = Field(None, max_length=64, description="Pod annotations.")
     env: list[EnvVarOverride] | None = Field(
         None, max_length=64, description="Trainer container env, with valueFrom (secretKeyRef, configMapKeyRef, ...)."
@@ -241,8 +346,10 @@ class PodTemplate(ApiModel):
     image_pull_secrets: list[LocalObjectReference] | None = Field(
         None, max_length=16, description="Extra Secrets for pulling images (sidecars' too)."
     )
-    priority_class_name: str | None = Field(None, max_length=253, description="The pods' PriorityClass.")
-    service_account_name: str | None = Field(
+    priority_class_name: Annotated[str, LONG_NAME] | None = Field(
+        None, max_length=253, description="The pods' PriorityClass."
+    )
+    service_account_name: Annotated[str, LONG_NAME] | None = Field(
         None, max_length=253, description="The pods' ServiceAccount (role templates only)."
     )
     pod_security_context: dict[str, Any] | None = Field(

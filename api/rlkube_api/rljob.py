@@ -6,7 +6,7 @@ operator reports.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
@@ -21,6 +21,7 @@ from rlkube_api.pod_template import (
     LocalObjectReference,
 )
 from rlkube_api.roles import Pool, Resources
+from rlkube_api.volumes import VolumeSource
 
 GROUP = "rlkube.dev"
 VERSION = "v1alpha1"
@@ -57,7 +58,7 @@ class PodVolume(ApiModel):
     name: Annotated[str, SHORT_NAME] = Field(min_length=1, max_length=63, description="Volume name (DNS label).")
     mount_path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path in containers.")
     read_only: bool = Field(False, description="Mount read-only.")
-    source: dict[str, Any] = Field(
+    source: VolumeSource = Field(
         description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: models}} or "
         "{hostPath: {path: /data}}.",
     )
@@ -231,7 +232,7 @@ class CheckpointSpec(CheckpointConfig):
         ),
     )
 
-    volume: dict[str, Any] | None = Field(
+    volume: VolumeSource | None = Field(
         None,
         description="A Kubernetes volume source (e.g. persistentVolumeClaim) mounted at dir in every pod.",
     )
@@ -310,6 +311,35 @@ _PATH_RULES = (
 )
 
 
+def _mounts_name_volumes(template: str, guards: tuple[str, ...]) -> CelRule:
+    """A pod-template mount must name a volume the pod has, as the core API requires ("Not
+    found" when the StatefulSet is created): the template's own, the job template's (every
+    pod gets those), spec.volumes' or the operator's. `guards` are the optional steps to
+    the template (the API server's has() tests only the last step)."""
+    mounts = f"self.{template}.volumeMounts"
+    named = (
+        f"m.name in {json.dumps(list(OPERATOR_VOLUMES))}",
+        f"(has(self.{template}.volumes) && self.{template}.volumes.exists(v, v.name == m.name))",
+        "(has(self.podTemplate) && has(self.podTemplate.volumes) && self.podTemplate.volumes.exists(v, v.name == m.name))",
+        "(has(self.volumes) && self.volumes.exists(v, v.name == m.name))",
+    )
+    checks = [f"!has(self.{step})" for step in (*guards, template, f"{template}.volumeMounts")]
+    return CelRule(
+        " || ".join([*checks, f"{mounts}.all(m, {' || '.join(named)})"]),
+        "each volumeMount must name a volume of the pod: one of this template's volumes, spec.podTemplate.volumes, "
+        "spec.volumes or " + ", ".join(OPERATOR_VOLUMES),
+        f".{template}.volumeMounts",
+    )
+
+
+_ROLES_WITH_PODS = ("actor", "critic", "reference", "reward", "rollout")
+_MOUNT_RULES = (
+    _mounts_name_volumes("podTemplate", ()),
+    _mounts_name_volumes("controller.podTemplate", ("controller",)),
+    *(_mounts_name_volumes(f"roles.{role}.podTemplate", (f"roles.{role}",)) for role in _ROLES_WITH_PODS),
+)
+
+
 class RLJobSpec(TrainerConfig):
     """What to train (the trainer's sections) and how to run it on Kubernetes."""
 
@@ -331,6 +361,7 @@ class RLJobSpec(TrainerConfig):
             ".volumes",
         ),
         *_PATH_RULES,
+        *_MOUNT_RULES,
     )
 
     image: Annotated[str, IMAGE] = Field(

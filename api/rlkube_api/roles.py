@@ -7,7 +7,7 @@ operator also reads the pool to place each role's pods.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -16,6 +16,7 @@ from rlkube_api.kube_syntax import (
     LABEL_KEY_MAX,
     LABEL_VALUE_MAX,
     LABEL_VALUE_PATTERN,
+    LabelValue,
     cel_is_label_key,
     cel_is_positive_quantity,
 )
@@ -82,9 +83,6 @@ class Toleration(ApiModel):
     )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(None, description="Effect.")
     toleration_seconds: int | None = Field(None, description="NoExecute: seconds to stay.")
-
-
-LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_MAX, pattern=LABEL_VALUE_PATTERN)]
 
 
 class Pool(ApiModel):

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from rlkube_api.validation import InvalidSpec, parse_rljob
-from tests.api.cases import Case, _set, example
+from tests.api.cases import Case, _all, _set, example
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -36,6 +36,45 @@ REFUSED = [
     Case("colocated-role-template", _set("spec.roles.reference.podTemplate", {"labels": {"a": "b"}}), ("spec.roles.reference.podTemplate", "has no pods")),
     Case("command", _set(TEMPLATE, {"command": ["sh"]}), ("spec.podTemplate.command",)),
 ]  # fmt: skip
+
+CM = {"name": "cfg", "key": "a"}
+VOLUME = {"name": "extra", "emptyDir": {}}
+# What the core API refuses only when the operator creates a StatefulSet or the kubelet a pod:
+# names, keys, paths and enumerations of the template's fields, refused at admission instead.
+CORE_RULES = [
+    Case("secret-name", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "Wandb", "key": "k"}}}]}), ("spec.podTemplate.env", "secretKeyRef.name")),
+    Case("secret-key-dotdot", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "w", "key": "..k"}}}]}), ("spec.podTemplate.env", "secretKeyRef.key", "not starting with '..'")),
+    Case("config-map-key-slash", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"configMapKeyRef": {**CM, "key": "a/b"}}}]}), ("spec.podTemplate.env", "configMapKeyRef.key")),
+    Case("env-name", _set(TEMPLATE, {"env": [{"name": "MY VAR", "value": "1"}]}), ("spec.podTemplate.env", "name")),
+    Case("field-path", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodename"}}}]}), ("spec.podTemplate.env", "fieldRef.fieldPath")),
+    Case("field-path-version", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name", "apiVersion": "v2"}}}]}), ("spec.podTemplate.env", "fieldRef.apiVersion")),
+    Case("resource-field", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.gpu"}}}]}), ("spec.podTemplate.env", "resourceFieldRef.resource")),
+    Case("cpu-divisor", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu", "divisor": "1Mi"}}}]}), ("spec.podTemplate.env", "resourceFieldRef.divisor", "1m or 1")),
+    Case("memory-divisor", _set(TEMPLATE, {"env": [{"name": "A", "valueFrom": {"resourceFieldRef": {"resource": "requests.memory", "divisor": "3Mi"}}}]}), ("spec.podTemplate.env", "resourceFieldRef.divisor", "1Ki")),
+    Case("label-key", _set(TEMPLATE, {"labels": {"team/cost/center": "a"}}), ("spec.podTemplate.labels", "qualified names")),
+    Case("label-value", _set(TEMPLATE, {"labels": {"team": "a b"}}), ("spec.podTemplate.labels",)),
+    Case("annotation-key", _set(ACTOR, {"annotations": {"-bad": "x"}}), ("spec.roles.actor.podTemplate.annotations", "qualified names")),
+    Case("gate-name", _set(TEMPLATE, {"schedulingGates": [{"name": "example.com/a/b"}]}), ("spec.podTemplate.schedulingGates", "qualified name")),
+    Case("priority-class", _set(TEMPLATE, {"priorityClassName": "High"}), ("spec.podTemplate.priorityClassName",)),
+    Case("service-account", _set(ACTOR, {"serviceAccountName": "Trainer"}), ("spec.roles.actor.podTemplate.serviceAccountName",)),
+    Case("sidecar-image-missing", _set(TEMPLATE, {"sidecars": [{"name": "log"}]}), ("spec.podTemplate.sidecars", "image")),
+    Case("sidecar-image", _set(TEMPLATE, {"sidecars": [{"name": "log", "image": "Fluent/Bit"}]}), ("spec.podTemplate.sidecars", "image")),
+    Case("mount-unknown-volume", _set(ACTOR, {"volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]}), ("spec.roles.actor.podTemplate.volumeMounts", "must name a volume")),
+    Case("job-mount-role-volume", _all(_set(ACTOR, {"volumes": [VOLUME]}), _set("spec.podTemplate.volumeMounts", [{"name": "extra", "mountPath": "/x"}])), ("spec.podTemplate.volumeMounts", "must name a volume")),
+    Case("mount-sub-path", _set(TEMPLATE, {"volumes": [VOLUME], "volumeMounts": [{"name": "extra", "mountPath": "/x", "subPath": "a/../../etc"}]}), ("spec.podTemplate.volumeMounts", "subPath", "without '..'")),
+    Case("mount-propagation", _set(TEMPLATE, {"volumes": [VOLUME], "volumeMounts": [{"name": "extra", "mountPath": "/x", "mountPropagation": "Shared"}]}), ("spec.podTemplate.volumeMounts", "mountPropagation")),
+    Case("volume-two-sources", _set(TEMPLATE, {"volumes": [{"name": "x", "emptyDir": {}, "configMap": {"name": "c"}}]}), ("spec.podTemplate.volumes", "exactly one volume source")),
+    Case("volume-no-source", _set(TEMPLATE, {"volumes": [{"name": "x"}]}), ("spec.podTemplate.volumes", "exactly one volume source")),
+    Case("volume-unknown-source", _set(TEMPLATE, {"volumes": [{"name": "x", "emptydir": {}}]}), ("spec.podTemplate.volumes", "emptydir")),
+    Case("volume-item-path", _set(TEMPLATE, {"volumes": [{"name": "x", "configMap": {"name": "c", "items": [{"key": "a", "path": "/etc/a"}]}}]}), ("spec.podTemplate.volumes", "items", "path")),
+    Case("volume-mode", _set(TEMPLATE, {"volumes": [{"name": "x", "secret": {"secretName": "s", "defaultMode": 1000}}]}), ("spec.podTemplate.volumes", "defaultMode")),
+    Case("volume-claim-name", _set("spec.volumes", [{"name": "m", "mountPath": "/m", "source": {"persistentVolumeClaim": {"claimName": "My_Models"}}}]), ("spec.volumes", "claimName")),
+    Case("volume-host-path", _set("spec.volumes", [{"name": "m", "mountPath": "/m", "source": {"hostPath": {"path": "/data/../etc"}}}]), ("spec.volumes", "hostPath.path")),
+    Case("volume-host-path-type", _set("spec.volumes", [{"name": "m", "mountPath": "/m", "source": {"hostPath": {"path": "/d", "type": "Dir"}}}]), ("spec.volumes", "hostPath.type")),
+    Case("volume-size-limit", _set(TEMPLATE, {"volumes": [{"name": "x", "emptyDir": {"sizeLimit": "-1Gi"}}]}), ("spec.podTemplate.volumes", "sizeLimit")),
+    Case("checkpoint-volume-sources", _set("spec.checkpoint.volume", {"persistentVolumeClaim": {"claimName": "c"}, "emptyDir": {}}), ("spec.checkpoint.volume", "exactly one volume source")),
+]  # fmt: skip
+REFUSED += CORE_RULES
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)

@@ -273,7 +273,8 @@ def test_the_command_writes_an_rljob(tmp_path: Path) -> None:
     assert job.metadata.name == "dapo-qwen" and job.spec.image == "registry.example/rlkube:1"
     assert yaml.safe_load(out.read_text())["spec"]["rollout"]["samplesPerPrompt"] == 16
     # verl's default_local_dir (a path on one machine) goes on a claim every pod mounts.
-    assert job.spec.checkpoint.volume == {"persistentVolumeClaim": {"claimName": "dapo-qwen-checkpoints"}}
+    assert job.spec.checkpoint.volume is not None
+    assert job.spec.checkpoint.volume.to_pod() == {"persistentVolumeClaim": {"claimName": "dapo-qwen-checkpoints"}}
     assert job.spec.checkpoint.dir.startswith("/checkpoints/checkpoints/"), job.spec.checkpoint.dir
 
 
@@ -281,7 +282,8 @@ def test_a_converted_rljob_keeps_its_checkpoints_where_it_is_told(tmp_path: Path
     source = tmp_path / "verl.yaml"
     source.write_text(yaml.safe_dump(variant(**{"trainer.default_local_dir": "/mnt/ckpt/run"})))
     to_claim = to_rljob(convert(yaml.safe_load(source.read_text())).config, "a", "i:1", "shared-rwx")
-    assert (to_claim.spec.checkpoint.dir, to_claim.spec.checkpoint.volume) == (
+    volume = to_claim.spec.checkpoint.volume
+    assert (to_claim.spec.checkpoint.dir, volume and volume.to_pod()) == (
         "/mnt/ckpt/run",
         {"persistentVolumeClaim": {"claimName": "shared-rwx"}},
     )

@@ -146,10 +146,10 @@ def volumes_and_mounts(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str,
     ]
     checkpoint = job.spec.checkpoint
     if checkpoint.volume is not None:
-        volumes.append({"name": "checkpoints", **checkpoint.volume})
+        volumes.append({"name": "checkpoints", **checkpoint.volume.to_pod()})
         mounts.append({"name": "checkpoints", "mountPath": checkpoint.dir})
     for volume in job.spec.volumes or []:
-        volumes.append({"name": volume.name, **volume.source})
+        volumes.append({"name": volume.name, **volume.source.to_pod()})
         mounts.append({"name": volume.name, "mountPath": volume.mount_path, "readOnly": volume.read_only})
     function = job.spec.reward.function
     if function is not None and function.config_map is not None:
