@@ -232,6 +232,17 @@ class RolloutRoleSpec(_PodRole):
         _REPLICAS_IMMUTABLE,
         CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
         CelRule("self.placement == 'separate' || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
+        # A colocated rollout runs in the actor's workers, one engine per tensorParallelSize of them.
+        CelRule(
+            "self.placement == 'separate' || !has(self.resources)",
+            "colocated rollout has no pods: resources has no effect (set the actor's)",
+            ".resources",
+        ),
+        CelRule(
+            "self.placement == 'separate' || self.replicas == 1",
+            "colocated rollout has no pods: replicas has no effect (its engines follow the actor's ranks)",
+            ".replicas",
+        ),
     )
 
     placement: Literal["colocated", "separate"] = Field(

@@ -69,6 +69,12 @@ def _all(*mutations: Callable[[Job], None]) -> Callable[[Job], None]:
 
 
 INVALID = [
+    Case("colocated-rollout-replicas", _set("spec.roles.rollout", {"replicas": 3}), ("spec.roles.rollout.replicas",)),
+    Case(
+        "colocated-rollout-resources",
+        _set("spec.roles.rollout", {"resources": {"cpu": "2"}}),
+        ("spec.roles.rollout.resources",),
+    ),
     Case("replicas-zero", _set("spec.roles.actor.replicas", 0), ("spec.roles.actor.replicas",)),
     Case("actor-missing", _delete("spec.roles.actor"), ("spec.roles.actor",)),
     Case(
