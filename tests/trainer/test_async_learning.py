@@ -21,17 +21,10 @@ STEPS = 6
 THRESHOLD = 2  # span <= 2: one step off at most
 
 
-@pytest.mark.trainer
-def test_colocate_async_trains_one_step_off_within_the_bound(tmp_path: Path) -> None:
-    config = init(tmp_path, "grpo", STEPS)
-    raw = yaml.safe_load(config.read_text())
-    raw["trainer"].update({"test_freq": -1, "val_before_train": False})
-    raw["trainer"]["v1"] = {
-        "trainer_mode": "colocate_async",
-        "sampler": {"max_off_policy_threshold": THRESHOLD, "max_off_policy_strategy": "drop"},
-    }
-    raw["rollout"]["free_cache_engine"] = False  # refused otherwise: the engine generates while the actor trains
-    config.write_text(yaml.safe_dump(raw))
+SAVED_AT = 3  # a checkpoint mid-run, written while the next batch generates
+
+
+def _run(config: Path) -> list[dict[str, float]]:
     result = subprocess.run(
         [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--in-process", "--no-progress"],
         capture_output=True,
@@ -40,7 +33,29 @@ def test_colocate_async_trains_one_step_off_within_the_bound(tmp_path: Path) -> 
         check=False,
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    out = Path(yaml.safe_load(config.read_text())["checkpoint"]["dir"])
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def async_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, float]]]:
+    tmp_path = tmp_path_factory.mktemp("async")
+    config = init(tmp_path, "grpo", STEPS)
+    raw = yaml.safe_load(config.read_text())
+    raw["trainer"].update({"test_freq": -1, "val_before_train": False, "save_freq": SAVED_AT})
+    raw["trainer"]["v1"] = {
+        "trainer_mode": "colocate_async",
+        "sampler": {"max_off_policy_threshold": THRESHOLD, "max_off_policy_strategy": "drop"},
+    }
+    raw["rollout"]["free_cache_engine"] = False  # refused otherwise: the engine generates while the actor trains
+    raw["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    config.write_text(yaml.safe_dump(raw))
+    return config, _run(config)
+
+
+@pytest.mark.trainer
+def test_colocate_async_trains_one_step_off_within_the_bound(async_run: tuple[Path, list[dict[str, float]]]) -> None:
+    _, rows = async_run
     assert len(rows) == STEPS
     staleness = [r["training/off_policy/trajectory_staleness/max"] for r in rows]
     worst = [r["training/off_policy/trajectory_staleness_worst/max"] for r in rows]
@@ -54,3 +69,22 @@ def test_colocate_async_trains_one_step_off_within_the_bound(tmp_path: Path) -> 
     assert len({r["data/order_checksum"] for r in rows}) > 1
     # colocate_async pushes the weights after every update, between generations.
     assert all(r["timing_s/update_weights"] > 0 for r in rows[1:])
+
+
+@pytest.mark.trainer
+def test_a_resumed_async_run_trains_the_batches_that_were_in_flight(
+    async_run: tuple[Path, list[dict[str, float]]], tmp_path: Path
+) -> None:
+    """The step-3 checkpoint was written while batch 4 generated (and its prompts were drawn):
+    resumed from it, the run trains batch 4's prompts at step 4 and goes on as the uninterrupted
+    run did, so no batch is skipped and none trained twice."""
+    config, rows = async_run
+    raw = yaml.safe_load(config.read_text())
+    seed = Path(raw["checkpoint"]["dir"]) / f"step_{SAVED_AT:06d}"
+    assert (seed / "COMPLETE").exists(), seed
+    raw["checkpoint"].update({"dir": str(tmp_path / "resumed"), "resume_from": str(seed)})
+    resumed_config = tmp_path / "resumed.yaml"
+    resumed_config.write_text(yaml.safe_dump(raw))
+    resumed = _run(resumed_config)
+    assert [r["training/batch_index"] for r in resumed] == [r["training/batch_index"] for r in rows[SAVED_AT:]]
+    assert [r["data/order_checksum"] for r in resumed] == [r["data/order_checksum"] for r in rows[SAVED_AT:]]

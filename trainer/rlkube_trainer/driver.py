@@ -36,7 +36,7 @@ from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, lo
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
-from rlkube_trainer.data import Prompt, PromptDataset, PromptLoader
+from rlkube_trainer.data import LoaderState, Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.dispatch import (
     ColocatedRollout,
     DataParallelActor,
@@ -226,6 +226,18 @@ def validates_at(config: TrainerConfig, step: int, total_steps: int) -> bool:
 # --- the loop -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the data resumes: the loader's state and the index (seed step) of the next batch.
+    In the asynchronous modes a checkpoint keeps the position just after the last *trained*
+    batch's draws, not the live loader's: batches generating or waiting in the buffer when it
+    is written are generated again after a resume, with the resumed weights, so none of their
+    samples is lost and none trained twice."""
+
+    loader: LoaderState
+    next_batch_index: int
+
+
 @dataclass
 class Sampled:
     """One batch generated (and scored) by the asynchronous schedule's worker thread."""
@@ -235,6 +247,7 @@ class Sampled:
     batch: TrainBatch
     metrics: dict[str, float]
     timer: Timer
+    after: DataPosition  # the data position once this batch (and any extra DAPO draws) was drawn
 
 
 @dataclass
@@ -277,6 +290,10 @@ class TrainingRun:
         self.last_checkpoint_step: int | None = None
         # (step, score) of the latest validation: kept in checkpoints for the RLJob status.
         self.last_validation: tuple[int, float] | None = None
+        # Set by the asynchronous modes after each update (DataPosition says why); the
+        # synchronous loop draws only inside a step, so there the live loader is the position.
+        self.trained_position: DataPosition | None = None
+        self.next_batch_index = 1
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -287,6 +304,8 @@ class TrainingRun:
         driver = load_torch(found.path / "driver.pt")
         self.step = int(driver["step"])
         self.loader.load_state_dict(driver["loader"])
+        # Checkpoints before the asynchronous modes kept it have their next batch at step + 1.
+        self.next_batch_index = int(driver.get("next_batch_index", self.step + 1))
         self.ppo.kl_ctrl.load_state_dict(driver["kl_ctrl"])
         restore_rng(driver["rng"])
         self.last_checkpoint_step = self.step
@@ -299,11 +318,13 @@ class TrainingRun:
     def save(self) -> CheckpointPath:
         staging = self.checkpoints.staging(self.step)
         files = self.state.save(staging)
+        position = self.trained_position or DataPosition(self.loader.state_dict(), self.step + 1)
         save_torch(
             staging / "driver.pt",
             {
                 "step": self.step,
-                "loader": self.loader.state_dict(),
+                "loader": position.loader,
+                "next_batch_index": position.next_batch_index,
                 "kl_ctrl": self.ppo.kl_ctrl.state_dict(),
                 "rng": capture_rng(),
                 "validation": self.last_validation,
@@ -381,12 +402,15 @@ class TrainingRun:
         seed step (drawn batches, dropped ones included), so the data order and seeds do not
         depend on the interleaving."""
         v1, ppo = self.config.trainer.v1, self.ppo
-        drawn = itertools.count(self.step + 1)
+        drawn = itertools.count(self.next_batch_index)
+        # Read before the worker thread starts: from then on it is the loader's only reader.
+        self.trained_position = DataPosition(self.loader.state_dict(), self.next_batch_index)
 
         def generate() -> list[Sampled]:  # the worker thread: the only reader of `batches` now
             index, prompts, timer = next(drawn), next(batches), Timer()
             batch, metrics = ppo.sample(prompts, index, lambda: next(batches), timer)
-            return [Sampled(index, prompts, batch, metrics, timer)]
+            after = DataPosition(self.loader.state_dict(), index + 1)
+            return [Sampled(index, prompts, batch, metrics, timer, after)]
 
         pushes: list[tuple[float, int]] = []  # (seconds, bytes) since the last update's row
 
@@ -412,6 +436,7 @@ class TrainingRun:
             metrics = ppo.step_metrics(sampled.batch, metrics, timer, synced)
             metrics["data/order_checksum"] = float(order_checksum(sampled.prompts))
             metrics["training/batch_index"] = float(sampled.index)
+            self.trained_position = sampled.after
             return metrics
 
         sampler = v1.sampler
