@@ -1141,13 +1141,6 @@ ASYNC_RULES: tuple[CelRule, ...] = (
         "while the actor trains)",
         ".rollout.freeCacheEngine",
     ),
-    # Validation would generate on the engine a batch may be generating on (not serialised yet).
-    CelRule(
-        f"{_MODE} == 'sync' || self.trainer.testFreq == -1",
-        "trainer.testFreq: validation during training is not supported with an asynchronous "
-        "trainer.v1.trainerMode yet (set -1)",
-        ".trainer.testFreq",
-    ),
 )
 
 

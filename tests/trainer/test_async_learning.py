@@ -1,9 +1,11 @@
 """trainer.v1.trainer_mode colocate_async on the tiny task, end to end: `rlkube-trainer run
 --in-process` with the real vLLM CPU engine generating the next batch on the rollout thread
-while the actor updates. The rows must show every batch trained within the staleness bound
-(training/off_policy/*), batches after the first generated one version behind (the generation
-overlapped the previous update: it started before those weights existed), a weight push per
-update, and distinct, consecutive batches (each seeded by its own index)."""
+while the actor updates. The run must learn the task as the synchronous one does (test_learning's
+bar), with validation every 10 steps quiescing the schedule; its rows must show every batch
+trained within the staleness bound (training/off_policy/*), batches one version behind (the
+generation overlapped the previous update), a weight push per update, and distinct, consecutive
+batches (each seeded by its own index). A run resumed from a checkpoint written while a batch
+was in flight trains what the uninterrupted run trained."""
 
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny_task import DATA_SOURCE, init
 
-STEPS = 6
+STEPS = 60  # test_learning's budget for synchronous GRPO
 THRESHOLD = 2  # span <= 2: one step off at most
 
 
-SAVED_AT = 3  # a checkpoint mid-run, written while the next batch generates
+VAL = f"val-core/{DATA_SOURCE}/reward/mean@1"
+SAVED_AT = 57  # a checkpoint near the end, written while the next batch generates
 
 
 def _run(config: Path) -> list[dict[str, float]]:
@@ -42,7 +45,7 @@ def async_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
     tmp_path = tmp_path_factory.mktemp("async")
     config = init(tmp_path, "grpo", STEPS)
     raw = yaml.safe_load(config.read_text())
-    raw["trainer"].update({"test_freq": -1, "val_before_train": False, "save_freq": SAVED_AT})
+    raw["trainer"].update({"test_freq": 10, "val_before_train": False, "save_freq": SAVED_AT})
     raw["trainer"]["v1"] = {
         "trainer_mode": "colocate_async",
         "sampler": {"max_off_policy_threshold": THRESHOLD, "max_off_policy_strategy": "drop"},
@@ -54,7 +57,7 @@ def async_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict
 
 
 @pytest.mark.trainer
-def test_colocate_async_trains_one_step_off_within_the_bound(async_run: tuple[Path, list[dict[str, float]]]) -> None:
+def test_colocate_async_learns_one_step_off_within_the_bound(async_run: tuple[Path, list[dict[str, float]]]) -> None:
     _, rows = async_run
     assert len(rows) == STEPS
     staleness = [r["training/off_policy/trajectory_staleness/max"] for r in rows]
@@ -63,6 +66,12 @@ def test_colocate_async_trains_one_step_off_within_the_bound(async_run: tuple[Pa
     assert max(staleness + worst) <= THRESHOLD - 1, staleness
     assert staleness[0] == 0  # the first batch waits for the initial weights' generation
     assert staleness[1:].count(1) >= STEPS - 2, f"the schedule did not overlap: {staleness}"
+    # Learned as the synchronous run learns it (test_learning's bar), validated with the newest
+    # weights every 10 steps while the schedule waited.
+    scores = [r["critic/score/mean"] for r in rows]
+    assert scores[0] < 0.3 and sum(scores[-5:]) / 5 >= 0.8, f"reward curve {scores}"
+    val = [r[VAL] for r in rows if VAL in r]
+    assert len(val) == STEPS // 10 and val[-1] >= 0.7 and val[-1] > val[0], f"validation scores {val}"
     assert all(r["training/off_policy/evicted_samples"] == 0 for r in rows)  # one step off never exceeds 2
     assert all(r["timing_s/gen"] > 0 and "timing_s/wait_trainer" in r for r in rows)
     assert [r["training/batch_index"] for r in rows] == [float(i) for i in range(1, STEPS + 1)]
@@ -75,8 +84,8 @@ def test_colocate_async_trains_one_step_off_within_the_bound(async_run: tuple[Pa
 def test_a_resumed_async_run_trains_the_batches_that_were_in_flight(
     async_run: tuple[Path, list[dict[str, float]]], tmp_path: Path
 ) -> None:
-    """The step-3 checkpoint was written while batch 4 generated (and its prompts were drawn):
-    resumed from it, the run trains batch 4's prompts at step 4 and goes on as the uninterrupted
+    """The step-57 checkpoint was written while batch 58 generated (and its prompts were drawn):
+    resumed from it, the run trains batch 58's prompts at step 58 and goes on as the uninterrupted
     run did, so no batch is skipped and none trained twice."""
     config, rows = async_run
     raw = yaml.safe_load(config.read_text())

@@ -89,3 +89,32 @@ def test_wait_trainer_is_the_rollout_idle_time() -> None:
     # One step off, generation is restarted as soon as a batch is taken: almost no idle time.
     _, overlapped, _ = run(threshold=2, strategy="wait", sync_step=1, updates=6)
     assert sum(r["timing_s/wait_trainer"] for r in overlapped) < 0.5 * sum(r["timing_s/wait_trainer"] for r in strict)
+
+
+def test_quiesce_between_rows_frees_the_engine_with_the_newest_weights_and_loses_nothing() -> None:
+    """Validation's way in: between two rows no generation may be running, the engine must hold
+    the actor's weights, and the batch that was in flight is trained as usual afterwards."""
+    sides = Sides()
+    buffer: OffPolicyBuffer[int] = OffPolicyBuffer(2, "drop")
+    schedule = OneStepOff(buffer, 2, 1, sides.generate, sides.push)
+    generated: list[int] = []
+    generate = sides.generate
+
+    def counting() -> list[int]:
+        groups = generate()
+        generated.append(len(groups))
+        return groups
+
+    schedule.generate = counting
+    rows = 0
+    for _ in schedule.run(6, sides.train):
+        rows += 1
+        if rows in (2, 4):
+            schedule.quiesce()
+            assert schedule.running is None
+            assert sides.engine_weights == sides.actor  # validation would see the newest weights
+    assert rows == 6 and len(sides.spans) == 12  # six updates, two groups each
+    # Every generated group was trained, except what the last update left in the buffer or in
+    # flight; after the last update nothing new starts.
+    assert sum(generated) - len(sides.spans) <= 2
+    assert max(sides.spans) <= 2

@@ -294,6 +294,8 @@ class TrainingRun:
         # synchronous loop draws only inside a step, so there the live loader is the position.
         self.trained_position: DataPosition | None = None
         self.next_batch_index = 1
+        # The asynchronous modes' schedule while it runs (validation quiesces it).
+        self.schedule: OneStepOff[Sampled] | None = None
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -359,6 +361,8 @@ class TrainingRun:
     def validate(self) -> dict[str, float]:
         assert self.validation is not None
         start = time.perf_counter()
+        if self.schedule is not None:  # the engine to itself, with the newest weights
+            self.schedule.quiesce()
         metrics = self.validation.run(self.step)
         metrics["timing_s/testing"] = time.perf_counter() - start  # verl's name for it
         score = headline_score(metrics)
@@ -447,10 +451,13 @@ class TrainingRun:
         buffer: OffPolicyBuffer[Sampled] = OffPolicyBuffer(
             sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
         )
-        schedule = OneStepOff(buffer, 1, sync_step, generate, push)
-        for metrics in schedule.run(self.total_steps - self.step, train):
-            self.step += 1
-            yield metrics
+        self.schedule = OneStepOff(buffer, 1, sync_step, generate, push)
+        try:
+            for metrics in self.schedule.run(self.total_steps - self.step, train):
+                self.step += 1
+                yield metrics
+        finally:
+            self.schedule = None
 
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config

@@ -8,7 +8,8 @@
 
 One generation runs at a time, on a worker thread (the in-process vLLM CPU engine generates
 safely off the main thread while torch trains on it, measured 2026-12-02); weights are pushed
-only between generations, never during one. Generation, training and the weight push are
+only between generations, never during one. Validation quiesces the schedule between rows
+(`quiesce`): it waits for the generation in flight and validates with the newest weights. Generation, training and the weight push are
 callables, so the same loop drives colocated and separate placements.
 """
 
@@ -64,7 +65,7 @@ class OneStepOff(Generic[T]):
     def run(self, updates: int, train: Train[T]) -> Iterator[Metrics]:
         try:
             self._start_generation(self.versions.actor)
-            for _ in range(updates):
+            for done in range(1, updates + 1):
                 wait_start = time.perf_counter()
                 while (taken := self.buffer.take(self.batch_groups, self.versions.actor)) is None:
                     self._collect()
@@ -84,13 +85,24 @@ class OneStepOff(Generic[T]):
                 metrics["timing_s/wait_trainer"], self.rollout_idle = self.rollout_idle, 0.0
                 self.versions.actor += 1
                 yield metrics
-                if self.running is None:
+                # Between rows the consumer may have quiesced the engine (validation); after the
+                # last update nothing more is generated.
+                if self.running is None and done < updates:
                     self._start_generation(self.versions.actor)
         finally:
             # A generation already running finishes before the engine can close; a queued one never starts.
             if self.running is not None and not self.running[0].cancel():
                 self.running[0].exception()
             self.pool.shutdown(wait=True)
+
+    def quiesce(self) -> None:
+        """Between rows of `run`: let the generation in flight finish (its groups go to the
+        buffer, trained as usual) and give the engine the actor's newest weights, so another
+        caller (validation) may use the engine until `run` goes on."""
+        self._collect()
+        if self.versions.engine != self.versions.actor:
+            self.push_weights()
+            self.versions.engine = self.versions.actor
 
     def _collect(self) -> None:
         """Block until the generation in flight finishes; its groups go to the buffer."""
