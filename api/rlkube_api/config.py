@@ -325,7 +325,8 @@ class RolloutCorrectionConfig(ApiModel):
 
     rollout_is: Literal["token", "sequence"] | None = Field(
         None,
-        description="Importance weights pi_old/pi_rollout per token, or per sequence (their product); unset: none.",
+        description="Importance weights pi_old/pi_rollout per token, or per sequence (their product); unset: "
+        "none with trainer.v1.trainerMode sync, token (TIS) in the asynchronous modes.",
     )
     rollout_is_threshold: str = Field(
         "2.0",
@@ -1219,3 +1220,13 @@ class TrainerConfig(ApiModel):
     trainer: TrainerSection = Field(default_factory=TrainerSection, description="Loop and logging.")
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     roles: Roles = Field(description="Workers per role: replicas, GPUs, parallelism, placement.")
+
+    @property
+    def rollout_correction(self) -> RolloutCorrectionConfig:
+        """algorithm.rollout_correction as it applies. In the asynchronous trainer modes every
+        batch comes from older weights than the actor's, so an unset rollout_is means token-level
+        TIS there (at rollout_is_threshold, 2.0 by default); in sync, unset means none."""
+        correction = self.algorithm.rollout_correction
+        if self.trainer.v1.trainer_mode == "sync" or correction.rollout_is is not None or correction.bypass_mode:
+            return correction
+        return correction.model_copy(update={"rollout_is": "token"})

@@ -132,3 +132,16 @@ def test_admitted_objects_skip_cel_but_not_types() -> None:
     wrong_type = Case("replicas", lambda job: job["spec"]["roles"]["actor"].update(replicas="two"), ()).job()
     with pytest.raises(InvalidSpec, match=r"spec\.roles\.actor\.replicas"):
         parse_rljob(wrong_type, admitted=True)
+
+
+def test_rollout_correction_is_token_tis_by_default_only_in_the_asynchronous_modes() -> None:
+    sync = parse_rljob(base_job()).spec
+    assert sync.rollout_correction.rollout_is is None and not sync.rollout_correction.enabled
+    job = base_job()
+    job["spec"].setdefault("trainer", {})["v1"] = {"trainerMode": "separate_async"}
+    asynchronous = parse_rljob(job).spec
+    assert asynchronous.rollout_correction.rollout_is == "token"
+    assert asynchronous.rollout_correction.rollout_is_threshold == "2.0"
+    assert asynchronous.algorithm.rollout_correction.rollout_is is None  # the spec itself is unchanged
+    job["spec"].setdefault("algorithm", {})["rolloutCorrection"] = {"rolloutIs": "sequence"}
+    assert parse_rljob(job).spec.rollout_correction.rollout_is == "sequence"  # an explicit choice stands

@@ -201,7 +201,7 @@ def on_policy(config: TrainerConfig, samples: int) -> bool:
         and not config.algorithm.use_kl_in_reward
         and not config.rollout.calculate_log_probs
         # Decoupled rollout correction compares the old log-probs with the engine's before the update.
-        and not config.algorithm.rollout_correction.enabled
+        and not config.rollout_correction.enabled
         # The optimal token baseline's path variance reads them (and its sum_pi_squared comes
         # from the same pass).
         and not takes(get_adv_estimator_fn(config.algorithm.adv_estimator), "old_log_probs")
@@ -215,7 +215,7 @@ def engine_log_probs_needed(config: TrainerConfig) -> bool:
     algorithm.rolloutCorrection needs pi_rollout to correct that staleness."""
     return (
         config.rollout.calculate_log_probs
-        or config.algorithm.rollout_correction.enabled
+        or config.rollout_correction.enabled
         or config.trainer.v1.trainer_mode != "sync"
     )
 
@@ -391,7 +391,7 @@ class PPOTrainer:
         caller's (between generations)."""
         roles, algo = self.roles, self.config.algorithm
         metrics: Metrics = {}
-        correction = algo.rollout_correction
+        correction = self.config.rollout_correction
         if correction.enabled and batch.rollout_log_probs is None:
             raise ValueError("algorithm.rollout_correction needs the engine's log-probs, which it did not return")
         if correction.bypass_mode:

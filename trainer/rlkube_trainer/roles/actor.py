@@ -181,7 +181,7 @@ class Actor(Trainable):
             offload_optimizer=config.actor.fsdp_config.optimizer_offload,
         )
         self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
-        self.correction = config.algorithm.rollout_correction
+        self.correction = config.rollout_correction  # the asynchronous modes' default applied
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a
         # metric alone it would cost a softmax over the vocabulary at every response position
         # and its backward. `actor/entropy` is then not reported.
