@@ -456,6 +456,18 @@ class Progress(ApiModel):
         description="The time left when the driver last reported, as kubectl prints durations (3m20s, 2h5m): "
         "from estimatedCompletionTime; absent once the job has ended.",
     )
+    rollout_weight_version: int | None = Field(
+        None,
+        ge=0,
+        description="Asynchronous trainer modes: the actor weight version (updates done) the rollout engines "
+        "held at the last step; step minus this is how far generation lags the actor.",
+    )
+    staleness: int | None = Field(
+        None,
+        ge=0,
+        description="Asynchronous trainer modes: the most weight versions any sample of the last step was "
+        "behind the actor when trained (training/off_policy/trajectory_staleness/max).",
+    )
     updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
     attempt: int | None = Field(
         None,

@@ -74,6 +74,10 @@ def test_colocate_async_learns_one_step_off_within_the_bound(async_run: tuple[Pa
     assert len(val) == STEPS // 10 and val[-1] >= 0.7 and val[-1] > val[0], f"validation scores {val}"
     assert all(r["training/off_policy/evicted_samples"] == 0 for r in rows)  # one step off never exceeds 2
     assert all(r["timing_s/gen"] > 0 and "timing_s/wait_trainer" in r for r in rows)
+    # The engine's weights lag the actor's by at most the bound (shown in status.progress).
+    assert all(0 <= i - r["training/rollout_weight_version"] <= THRESHOLD for i, r in enumerate(rows, 1)), [
+        r["training/rollout_weight_version"] for r in rows
+    ]
     assert [r["training/batch_index"] for r in rows] == [float(i) for i in range(1, STEPS + 1)]
     assert len({r["data/order_checksum"] for r in rows}) > 1
     # colocate_async pushes the weights after every update, between generations.

@@ -72,6 +72,20 @@ def test_progress_payload_maps_verl_metrics_to_the_progress_fields() -> None:
     assert "attempt" not in progress_payload(3, 30, {}, None)
 
 
+def test_progress_payload_shows_how_far_generation_lags_in_the_asynchronous_modes() -> None:
+    metrics = {
+        **STEP_METRICS,
+        "training/rollout_weight_version": 6.0,
+        "training/off_policy/trajectory_staleness/max": 1.0,
+    }
+    payload = progress_payload(7, 30, metrics, 0)
+    assert (payload["rolloutWeightVersion"], payload["staleness"]) == (6, 1)
+    progress = Progress.model_validate(payload)
+    assert (progress.rollout_weight_version, progress.staleness) == (6, 1)
+    # The synchronous loop reports neither.
+    assert not {"rolloutWeightVersion", "staleness"} & set(progress_payload(7, 30, STEP_METRICS, 0))
+
+
 def test_progress_payload_estimates_the_completion_time_from_the_pace() -> None:
     before = datetime.now(UTC).replace(microsecond=0)
     payload = progress_payload(25, 100, {}, None, seconds_per_step=12.0)

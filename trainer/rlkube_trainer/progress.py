@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rlkube_api.durations import short_duration
 from rlkube_api.names import ANNOTATION_PROGRESS, Env
 from rlkube_api.rljob import Progress
+from rlkube_trainer.async_training.schedule import ROLLOUT_WEIGHT_VERSION
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -50,6 +51,11 @@ def _finite(value: Any) -> float | None:
 
 def _rfc3339(when: datetime) -> str:
     return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _whole(value: Any) -> int | None:
+    finite = _finite(value)
+    return None if finite is None else int(finite)
 
 
 def progress_payload(
@@ -88,6 +94,8 @@ def progress_payload(
         percent_done=percent,
         estimated_completion_time=eta,
         time_remaining=remaining,
+        rollout_weight_version=_whole(metrics.get(ROLLOUT_WEIGHT_VERSION)),
+        staleness=_whole(metrics.get("training/off_policy/trajectory_staleness/max")),
         updated_at=_rfc3339(now),
         attempt=attempt,
     )

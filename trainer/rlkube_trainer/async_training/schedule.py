@@ -25,6 +25,8 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 
 T = TypeVar("T")
 Metrics = dict[str, float]
+# Each row's actor version the engine held: the status shows how far generation lags (progress.py).
+ROLLOUT_WEIGHT_VERSION = "training/rollout_weight_version"
 # Generation with the engine's current weights: the groups of one batch of prompts.
 Generate = Callable[[], list[T]]
 # One actor update on a batch handed out by the buffer; returns its metrics.
@@ -83,6 +85,7 @@ class OneStepOff(Generic[T]):
                 # The rollout idle (waiting for the trainer: the bound, or a batch already waiting)
                 # since the previous row.
                 metrics["timing_s/wait_trainer"], self.rollout_idle = self.rollout_idle, 0.0
+                metrics[ROLLOUT_WEIGHT_VERSION] = float(self.versions.engine)
                 self.versions.actor += 1
                 yield metrics
                 # Between rows the consumer may have quiesced the engine (validation); after the
