@@ -1,32 +1,29 @@
 """Run untrusted Python code in its own process with hard limits.
 
-Limits are kernel-enforced rlimits set in the child before exec (CPU time,
-address space, process count, file size), plus a wall-clock kill of the whole
-process group and an output cap. The network is removed by unsharing a network
-namespace: as root directly, as non-root through a user namespace. Where the
-kernel or the pod's seccomp profile forbids both (restricted PSS with
-RuntimeDefault may), ``require_no_network`` makes the run refuse rather than
-silently run with network access.
-
-Not done yet: the filesystem view is only the scratch dir as cwd; reading
-absolute paths such as /etc/passwd is NOT blocked (needs a mount namespace or
-Landlock).
+The child is `sandbox_exec.py`, a wrapper that confines itself and then execs the interpreter on
+the code: kernel-enforced rlimits (CPU time, address space, process count, file size), a
+network namespace of its own, and Landlock (read and execute only the interpreter's
+installation, read and write only a fresh scratch directory; no TCP, no signals or abstract
+UNIX sockets outside). Here: a wall-clock kill of the whole process group and an output cap.
+Where the kernel or the pod's seccomp profile refuses the namespace or Landlock (restricted PSS
+with RuntimeDefault may), `require_no_network` / `require_filesystem_isolation` make the run
+refuse with a clear error rather than run unconfined.
 """
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
-import resource
 import signal
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-_CLONE_NEWUSER = 0x10000000
-_CLONE_NEWNET = 0x40000000
+from rlkube_trainer.rollout.agent.sandbox_exec import NO_LANDLOCK, NO_NETWORK
+
+_WRAPPER = Path(__file__).with_name("sandbox_exec.py")
 
 
 @dataclass(frozen=True)
@@ -38,6 +35,7 @@ class SandboxLimits:
     max_output_bytes: int = 16 * 1024
     max_file_bytes: int = 16 * 1024 * 1024
     require_no_network: bool = True
+    require_filesystem_isolation: bool = True
 
 
 @dataclass(frozen=True)
@@ -48,43 +46,21 @@ class SandboxResult:
     error: str | None
 
 
-def _drop_network() -> bool:
-    # os.unshare exists only from Python 3.12; the trainer image runs 3.11.
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) == 0:
-        return True
-    return bool(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) == 0)
-
-
-def _child_setup(limits: SandboxLimits) -> None:
-    if not _drop_network() and limits.require_no_network:
-        os.write(2, b"rlkube-sandbox: cannot unshare the network namespace\n")
-        os._exit(97)
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes, limits.max_file_bytes))
-    # RLIMIT_NPROC counts every process of the uid; root ignores it, so the
-    # fork-bomb guard for root is the process-group kill on wall timeout.
-    resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-
-
 def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
     """Run ``code`` with ``limits`` in a fresh scratch dir; never raises for the code's faults."""
     with tempfile.TemporaryDirectory(prefix="rlkube-sandbox-") as scratch:
         script = Path(scratch) / "main.py"
         script.write_text(code)
+        # No preexec_fn: tools call this from threads, where forking Python code is unsafe;
+        # the wrapper sets everything up in its own process before exec.
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(script)],
+            [sys.executable, "-I", "-S", str(_WRAPPER), json.dumps(asdict(limits)), scratch, str(script)],
             cwd=scratch,
             env={"PATH": "/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            # Limits and the namespace must be set between fork and exec. preexec_fn is
-            # unsafe in a threaded process: before the multi-turn rollout calls this from
-            # its tool threads, the setup moves into a small wrapper executable.
-            preexec_fn=lambda: _child_setup(limits),  # noqa: PLW1509
         )
         timed_out = False
         try:
@@ -98,8 +74,10 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
         stderr = err[:cap].decode(errors="replace")
         if timed_out:
             return SandboxResult(False, stdout, stderr, f"timed out after {limits.wall_seconds}s")
-        if proc.returncode == 97:
+        if proc.returncode == NO_NETWORK:
             return SandboxResult(False, stdout, stderr, "sandbox unavailable: no network namespace")
+        if proc.returncode == NO_LANDLOCK:
+            return SandboxResult(False, stdout, stderr, "sandbox unavailable: no Landlock to confine the filesystem")
         if proc.returncode < 0:
             sig = signal.Signals(-proc.returncode).name
             return SandboxResult(False, stdout, stderr, f"killed by {sig} (resource limit)")
