@@ -50,6 +50,8 @@ class PodView:
     # When the pod was bound to a node (its PodScheduled condition turned True).
     scheduled_at: datetime | None = None
     unschedulable_message: str | None = None
+    # spec.schedulingGates: what holds the pod back from the scheduler (Kueue's admission gate).
+    scheduling_gates: tuple[str, ...] = ()
     waiting_reason: str | None = None
     waiting_message: str | None = None
     # A container that ended: (exit code, reason), from its state or, after a restart, its last state.
@@ -134,6 +136,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,
+        scheduling_gates=tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []),
         waiting_reason=waiting_reason,
         waiting_message=waiting_message,
         terminated=terminated,
