@@ -98,6 +98,16 @@ def queues(kueue: dict[str, str], jobs: Jobs, kubectl: Kubectl) -> Iterator[Queu
     delete(kubectl, "clusterqueues.kueue.x-k8s.io", cluster_queue)
 
 
+def wait_gang(jobs: Jobs, name: str) -> list[Obj]:
+    """Every pod of the job's gang, once the StatefulSets have made them all."""
+
+    def probe() -> list[Obj] | None:
+        pods = jobs.pods(name)
+        return pods if len(pods) == TINY_PODS else None
+
+    return wait_for(probe, f"{TINY_PODS} pods of job {name}", timeout=60)
+
+
 def gated(pod: Obj) -> bool:
     return any(g.get("name") == ADMISSION_GATE for g in pod["spec"].get("schedulingGates") or [])
 
@@ -118,7 +128,7 @@ def test_a_queue_with_room_for_half_the_gang_admits_none_of_it(
 ) -> None:
     queues(TINY_PODS // 2)
     jobs.create(tiny_job("half", jobs.namespace, KUEUE_JOB))
-    pods = wait_for(lambda: (p := jobs.pods("half")) if len(p) == TINY_PODS else None, f"{TINY_PODS} pods", timeout=60)
+    pods = wait_gang(jobs, "half")
 
     # Kueue sees one group of the whole gang (one Workload), not a workload per pod or per role.
     (workload,) = wait_for(lambda: workloads(kubectl, jobs.namespace) or None, "the gang's Workload")
@@ -158,9 +168,7 @@ def test_a_queue_with_room_for_the_gang_admits_it_whole_and_frees_it_after(
 
     # The queue is full: a second gang waits, whole...
     jobs.create(tiny_job("second", jobs.namespace, KUEUE_JOB))
-    second = wait_for(
-        lambda: (p := jobs.pods("second")) if len(p) == TINY_PODS else None, "the second gang's pods", timeout=60
-    )
+    wait_gang(jobs, "second")
     time.sleep(3)
     second = jobs.pods("second")
     assert all(gated(p) for p in second)
