@@ -177,7 +177,7 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     ]
     return {
         "metadata": slim_meta,
-        "spec": {key: spec[key] for key in ("nodeName", "schedulerName") if key in spec},
+        "spec": {key: spec[key] for key in ("nodeName", "schedulerName", "schedulingGates") if key in spec},
         "status": slim_status,
     }
 
