@@ -94,6 +94,7 @@ def queues(kueue: dict[str, str], jobs: Jobs, kubectl: Kubectl) -> Iterator[Queu
 
     yield make
     jobs.delete_all()
+    wait_no_pods_left(kubectl, namespace)
     delete(kubectl, "localqueues.kueue.x-k8s.io", LOCAL_QUEUE, namespace)
     delete(kubectl, "clusterqueues.kueue.x-k8s.io", cluster_queue)
 
@@ -106,6 +107,29 @@ def wait_gang(jobs: Jobs, name: str) -> list[Obj]:
         return pods if len(pods) == TINY_PODS else None
 
     return wait_for(probe, f"{TINY_PODS} pods of job {name}", timeout=60)
+
+
+def end_deleted_pods(kubectl: Kubectl, namespace: str) -> None:
+    """What a kubelet does to a pod being deleted once its containers stop: the terminal phase
+    (Failed). kwok's pod-delete stage only deletes, so a pod Kueue admitted would stay Running
+    with Kueue's finalizer forever; Failed, its group (unretriable) is finished, and Kueue
+    releases the quota and the finalizers."""
+    listing = json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    for pod in listing:
+        if pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") not in ("Failed", "Succeeded"):
+            patch = json.dumps({"status": {"phase": "Failed"}})
+            name = pod["metadata"]["name"]
+            kubectl(
+                "patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", patch, check=False
+            )
+
+
+def wait_no_pods_left(kubectl: Kubectl, namespace: str) -> None:
+    def gone() -> bool:
+        end_deleted_pods(kubectl, namespace)
+        return not json.loads(kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+
+    wait_for(gone, f"no pods left in {namespace}", timeout=60, interval=1)
 
 
 def gated(pod: Obj) -> bool:
@@ -174,4 +198,11 @@ def test_a_queue_with_room_for_the_gang_admits_it_whole_and_frees_it_after(
     assert all(gated(p) for p in second)
     # ...until the first is deleted and its quota released.
     jobs.delete("first")
+    wait_for(lambda: not jobs.exists("first"), "job first to be gone")
+
+    def first_gone() -> bool:
+        end_deleted_pods(kubectl, jobs.namespace)
+        return not jobs.pods("first", include_deleting=True)
+
+    wait_for(first_gone, "the first gang's pods to be gone", timeout=60, interval=1)
     jobs.wait_running("second", timeout=90)
