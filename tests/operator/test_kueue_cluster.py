@@ -95,6 +95,9 @@ def queues(kueue: dict[str, str], jobs: Jobs, kubectl: Kubectl) -> Iterator[Queu
     yield make
     jobs.delete_all()
     wait_no_pods_left(kubectl, namespace)
+    # Workloads carry Kueue's finalizer: gone while Kueue runs, they cannot hold the namespace's
+    # deletion after it stops.
+    wait_for(lambda: not workloads(kubectl, namespace), f"no Workloads left in {namespace}", timeout=60, interval=1)
     delete(kubectl, "localqueues.kueue.x-k8s.io", LOCAL_QUEUE, namespace)
     delete(kubectl, "clusterqueues.kueue.x-k8s.io", cluster_queue)
 
