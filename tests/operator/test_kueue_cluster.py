@@ -62,6 +62,10 @@ def kueue(kubectl: Kubectl, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         delete(kubectl, "resourceflavors.kueue.x-k8s.io", FLAVOR)
     finally:
         controller.stop()
+    # Nothing of Kueue's is left in the way of the session's other tests.
+    for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations"):
+        names = kubectl("get", kind, "-o", "name").stdout.split()
+        assert not [n for n in names if controller.name in n], names
 
 
 @pytest.fixture
