@@ -27,6 +27,9 @@ BAD_IMAGE_REASONS = frozenset(
 
 # The pod condition that marks a disruption: preempted, evicted, deleted with its node.
 DISRUPTION_TARGET = "DisruptionTarget"
+# The condition Kueue sets on a pod it stops (its Workload preempted or evicted) before deleting
+# it: a disruption too, and the gang goes back to its queue.
+KUEUE_TERMINATION_TARGET = "TerminationTarget"
 # The most of a termination message a condition and an Event carry (its end: where the error is).
 MESSAGE_TAIL = 1024
 
@@ -94,6 +97,12 @@ class PodView:
         return "pod failed"
 
 
+def _stopped_by_kueue(status: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == KUEUE_TERMINATION_TARGET and c.get("status") == "True" for c in status.get("conditions") or []
+    )
+
+
 def view_pod(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     status = pod.get("status", {}) or {}
@@ -143,7 +152,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         termination_message=termination_message,
         conditions=frozenset(
             [(str(c.get("type")), str(c.get("status"))) for c in status.get("conditions") or []]
-            + ([(DISRUPTION_TARGET, "True")] if status.get("reason") == "Evicted" else [])
+            + ([(DISRUPTION_TARGET, "True")] if status.get("reason") == "Evicted" or _stopped_by_kueue(status) else [])
         ),
         restarts=restarts,
         progress=progress if isinstance(progress, dict) else {},
