@@ -213,3 +213,25 @@ def test_a_queue_with_room_for_the_gang_admits_it_whole_and_frees_it_after(
 
     wait_for(first_gone, "the first gang's pods to be gone", timeout=60, interval=1)
     jobs.wait_running("second", timeout=90)
+
+
+def test_a_restarted_gang_is_a_new_group_admitted_once_the_old_one_ended(
+    queues: QueueFactory, jobs: Jobs, kubectl: Kubectl
+) -> None:
+    """Room for exactly one gang: the restarted gang (attempt 1, a new group) can only be
+    admitted once the old gang's pods have ended and its quota is released."""
+    queues(TINY_PODS)
+    jobs.create(tiny_job("restart", jobs.namespace, KUEUE_JOB))
+    jobs.wait_running("restart", timeout=90)
+    jobs.fail_pod("restart-actor-1")
+
+    def restarted() -> bool:
+        end_deleted_pods(kubectl, jobs.namespace)  # the kubelet's part for the old gang's pods
+        status = jobs.get("restart").get("status") or {}
+        return status.get("restartCount") == 1 and status.get("state") == "Running"
+
+    wait_for(restarted, "the restarted gang to run", timeout=90, interval=1)
+    pods = jobs.wait_pods("restart", TINY_PODS, at_attempt=1)
+    groups = {p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pods}
+    assert groups == {"restart-attempt-1"}
+    assert {w["metadata"]["name"]: admitted(w) for w in workloads(kubectl, jobs.namespace)}.get("restart-attempt-1")
