@@ -43,7 +43,7 @@ $(DEPS_STAMP): $(UV)
 venv: $(DEPS_STAMP) ## create the Python environment (.venv)
 
 .PHONY: toolchain
-toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kubelet, kube-proxy, CoreDNS, kwok, helm and promtool (cached)
+toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kubelet, kube-proxy, CoreDNS, kwok, helm, promtool, gofakes3 and Kueue (cached)
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps

@@ -13,6 +13,8 @@
 #     module's versions are v0.3XX.Y for Prometheus 3.XX.Y)
 #   $RLKUBE_CACHE/gofakes3-v1.2.0/bin/gofakes3  (the S3-compatible server the object-storage
 #     checkpoint tests start on loopback, its state in a bbolt file: docs/reliability.md says why)
+#   $RLKUBE_CACHE/kueue-v0.17.0/bin/kueue, with crd/*.yaml and webhook/manifests.yaml copied from
+#     the module (the Kueue controller the gang admission tests run on loopback: e2e/rlkube_e2e/kueue.py)
 # A component already in the cache is not rebuilt. Prints progress while building.
 set -euo pipefail
 
@@ -25,6 +27,7 @@ HELM_VERSION=${HELM_VERSION:-3.21.4}
 PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
 COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 GOFAKES3_VERSION=${GOFAKES3_VERSION:-1.2.0}
+KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
 CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
 export CGO_ENABLED=0
 export GOFLAGS=${GOFLAGS:--trimpath}
@@ -213,6 +216,21 @@ build_promtool() {
   go_install promtool github.com/prometheus/prometheus/cmd/promtool "$PROMTOOL_VERSION" remove_all_sd
 }
 
+# Kueue's controller, plus its CRDs and webhook manifests copied out of the module, so the
+# runner (e2e/rlkube_e2e/kueue.py) needs only the cache dir, not the Go module cache.
+build_kueue() {
+  local dir=$CACHE/kueue-v$KUEUE_VERSION
+  [[ -x $dir/bin/kueue && -s $dir/webhook/manifests.yaml ]] && return
+  go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION"
+  local src
+  src=$(go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  mkdir -p "$dir/crd" "$dir/webhook"
+  cp "$src"/config/components/crd/bases/*.yaml "$dir/crd/"
+  cp "$src/config/components/webhook/manifests.yaml" "$dir/webhook/manifests.yaml"
+  chmod -R u+w "$dir/crd" "$dir/webhook"
+  log "kueue: $dir"
+}
+
 build() {
   local what=$1
   case $what in
@@ -225,6 +243,7 @@ build() {
     coredns) build_coredns ;;
     pause) build_pause ;;
     s3) go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION" ;;
+    kueue) build_kueue ;;
     all)
       # Small ones first so a failure there shows before the long build.
       (build_kwok)
@@ -234,6 +253,7 @@ build() {
       (build_etcd)
       (build_k8s)
       (build_k8s_node)
+      (build_kueue)
       (build_coredns)
       ;;
     demo)
@@ -256,8 +276,9 @@ build() {
       echo "COREDNS_BIN=$CACHE/coredns-v$COREDNS_VERSION/bin"
       echo "PAUSE_ARCHIVE=$CACHE/pause-v$K8S_VERSION/pause.oci.tar"
       echo "GOFAKES3_BIN=$CACHE/gofakes3-v$GOFAKES3_VERSION/bin"
+      echo "KUEUE_DIR=$CACHE/kueue-v$KUEUE_VERSION"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|s3|all|demo|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|s3|kueue|all|demo|paths)"; exit 2 ;;
   esac
 }
 

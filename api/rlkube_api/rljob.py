@@ -68,7 +68,9 @@ class GangPolicy(ApiModel):
     """Gang scheduling: all pods of the job start together or not at all."""
 
     scheduler: Literal["volcano", "coscheduling", "kueue"] = Field(
-        description="volcano (PodGroup), coscheduling (scheduler-plugins PodGroup) or kueue (suspend + queue)."
+        description="volcano (PodGroup), coscheduling (scheduler-plugins PodGroup) or kueue (every pod of an attempt "
+        "joins one Kueue pod group, so Kueue's pod integration admits the whole gang or none of it; the pods wait "
+        "behind Kueue's admission gate meanwhile, with no pending timeout)."
     )
     # Kueue reads the queue from a label on the pods, so there it is a label value too.
     cel_rules = (
@@ -80,7 +82,10 @@ class GangPolicy(ApiModel):
     )
 
     queue: Annotated[str, LONG_NAME] | None = Field(
-        None, max_length=253, description="Volcano queue or Kueue LocalQueue."
+        None,
+        max_length=253,
+        description="Volcano queue, or Kueue LocalQueue (the pods' kueue.x-k8s.io/queue-name label; without it, "
+        "the namespace's default LocalQueue, if any).",
     )
     priority_class_name: Annotated[str, LONG_NAME] | None = Field(
         None, max_length=253, description="PriorityClass of the gang."
@@ -387,7 +392,10 @@ class RLJobSpec(TrainerConfig):
     pod_template: JobPodTemplate | None = Field(
         None, description="Additions to every pod of the job (labels, env from Secrets, sidecars, ...)."
     )
-    suspend: bool = Field(False, description="Delete the pods and keep the job (Kueue admits by unsuspending).")
+    suspend: bool = Field(
+        False,
+        description="Delete the pods and keep the job; false brings them back. Set by users only: Kueue admits the pods.",
+    )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="Isolate the job's pods with a NetworkPolicy (off by default)."
     )

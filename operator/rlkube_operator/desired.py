@@ -33,10 +33,9 @@ def desired_children(job: RLJob, uid: str, attempt: int, pods_wanted: bool, ray_
     for role in pod_roles(job):
         children.append(headless_service(job, role))
         replicas = role.replicas if pods_wanted else 0
-        children.append(stateful_set(job, role, attempt, replicas, gang.pod_patch(job, role.name)))
+        children.append(stateful_set(job, role, attempt, replicas, gang.pod_patch(job, role.name, attempt)))
     owner = owner_reference(job, uid)
     for child in children:
         meta = child["metadata"]
         meta["ownerReferences"] = [owner]
-        meta["labels"] = {**meta.get("labels", {}), **gang.job_labels(job)}
     return children

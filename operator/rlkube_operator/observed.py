@@ -27,6 +27,9 @@ BAD_IMAGE_REASONS = frozenset(
 
 # The pod condition that marks a disruption: preempted, evicted, deleted with its node.
 DISRUPTION_TARGET = "DisruptionTarget"
+# The condition Kueue sets on a pod it stops (its Workload preempted or evicted) before deleting
+# it: a disruption too, and the gang goes back to its queue.
+KUEUE_TERMINATION_TARGET = "TerminationTarget"
 # The most of a termination message a condition and an Event carry (its end: where the error is).
 MESSAGE_TAIL = 1024
 
@@ -50,6 +53,8 @@ class PodView:
     # When the pod was bound to a node (its PodScheduled condition turned True).
     scheduled_at: datetime | None = None
     unschedulable_message: str | None = None
+    # spec.schedulingGates: what holds the pod back from the scheduler (Kueue's admission gate).
+    scheduling_gates: tuple[str, ...] = ()
     waiting_reason: str | None = None
     waiting_message: str | None = None
     # A container that ended: (exit code, reason), from its state or, after a restart, its last state.
@@ -90,6 +95,12 @@ class PodView:
         if self.lost_reason:
             return self.lost_reason
         return "pod failed"
+
+
+def _stopped_by_kueue(status: dict[str, Any]) -> bool:
+    return any(
+        c.get("type") == KUEUE_TERMINATION_TARGET and c.get("status") == "True" for c in status.get("conditions") or []
+    )
 
 
 def view_pod(pod: dict[str, Any]) -> PodView:
@@ -134,13 +145,14 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,
+        scheduling_gates=tuple(str(g.get("name", "")) for g in (pod.get("spec") or {}).get("schedulingGates") or []),
         waiting_reason=waiting_reason,
         waiting_message=waiting_message,
         terminated=terminated,
         termination_message=termination_message,
         conditions=frozenset(
             [(str(c.get("type")), str(c.get("status"))) for c in status.get("conditions") or []]
-            + ([(DISRUPTION_TARGET, "True")] if status.get("reason") == "Evicted" else [])
+            + ([(DISRUPTION_TARGET, "True")] if status.get("reason") == "Evicted" or _stopped_by_kueue(status) else [])
         ),
         restarts=restarts,
         progress=progress if isinstance(progress, dict) else {},
@@ -174,7 +186,7 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     ]
     return {
         "metadata": slim_meta,
-        "spec": {key: spec[key] for key in ("nodeName", "schedulerName") if key in spec},
+        "spec": {key: spec[key] for key in ("nodeName", "schedulerName", "schedulingGates") if key in spec},
         "status": slim_status,
     }
 

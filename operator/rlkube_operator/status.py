@@ -23,6 +23,8 @@ settles the job's fate ends it (RULES below):
   pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
 - pods not created: a StatefulSet failing to create its pods (FailedCreate: a missing
   ServiceAccount, a quota) for pendingTimeoutSeconds → Failed/PodsNotCreated;
+- awaiting admission: pods held by Kueue's admission gate → Running=False/AwaitingAdmission,
+  naming the queue; pendingTimeoutSeconds does not run out on a queue (it may hold a job for hours);
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
@@ -47,6 +49,7 @@ from rlkube_operator.child_errors import describe
 from rlkube_operator.children.references import Reference, job_references
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
+from rlkube_operator.gang.kueue import ADMISSION_GATE
 from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
@@ -65,6 +68,7 @@ INVALID_CHILD = "InvalidChild"
 CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 PODS_NOT_CREATED = "PodsNotCreated"
 MISSING_REFERENCE = "MissingReference"
+AWAITING_ADMISSION = "AwaitingAdmission"
 # While an object the pods name is missing, it is looked up again this often (nothing
 # watched would wake the job when it is created).
 REFERENCE_RECHECK_SECONDS = 5.0
@@ -306,7 +310,17 @@ def suspended(p: _Pass) -> Fate | None:
     return Fate.SUSPENDED
 
 
+def _first_gang_held_for_admission(p: _Pass) -> bool:
+    """The job's first gang, not yet admitted by Kueue (its pods carry the admission gate)."""
+    never_ran = state_of(p.prev.state) in (None, State.PENDING, State.CREATED) and p.status.restart_count == 0
+    return never_ran and any(ADMISSION_GATE in pod.scheduling_gates for pod in p.current)
+
+
 def past_deadline(p: _Pass) -> Fate | None:
+    if _first_gang_held_for_admission(p):
+        # Counted from admission: as for a Job Kueue unsuspends, time in the queue is no run time.
+        p.status.start_time = None
+        return None
     # As for Jobs, the deadline counts from when the job first wanted pods, running or not.
     p.status.start_time = p.status.start_time or _iso(p.now)
     deadline = p.job.spec.run_policy.active_deadline_seconds
@@ -604,6 +618,27 @@ def pods_not_created(p: _Pass) -> Fate | None:
     return None
 
 
+def awaiting_admission(p: _Pass) -> Fate | None:
+    """Pods Kueue holds back (its admission gate) until the queue admits the whole gang: the
+    job waits, however long the queue takes; no pending timeout runs out meanwhile."""
+    gated = [pod for pod in p.current if ADMISSION_GATE in pod.scheduling_gates]
+    if not gated:
+        return None
+    gang = p.job.spec.run_policy.gang
+    queue = f"queue {gang.queue}" if gang is not None and gang.queue else "the namespace's default queue"
+    wanted = _wanted(p.status)
+    p.conds.set(
+        ConditionType.RUNNING,
+        "False",
+        AWAITING_ADMISSION,
+        f"waiting for Kueue admission in {queue}: {len(gated)}/{wanted} pods are held by the {ADMISSION_GATE} gate",
+    )
+    p.conds.clear(ConditionType.UNSCHEDULABLE, AWAITING_ADMISSION, "the pods wait for Kueue admission")
+    restarting = p.conds.is_true(ConditionType.RESTARTING)
+    p.status.state = State.RESTARTING.value if restarting else State.CREATED.value
+    return Fate.ACTIVE
+
+
 def unschedulable(p: _Pass) -> Fate | None:
     """Only a condition: the job waits for a node (the deadline, if any, ends it)."""
     timeout = p.job.spec.run_policy.pending_timeout_seconds
@@ -669,6 +704,7 @@ RULES: tuple[Rule, ...] = (
     bad_image,
     stuck_before_start,
     pods_not_created,
+    awaiting_admission,
     unschedulable,
     readiness,
 )

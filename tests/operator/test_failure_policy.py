@@ -9,7 +9,7 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.rljob import PodFailurePolicy, RLJob
 from rlkube_operator.failure_policy import FailureAction, classify
-from rlkube_operator.observed import view_pod
+from rlkube_operator.observed import as_lost, view_pod
 from rlkube_operator.plan import ScaleToZero
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import after, cond, events, run, running
@@ -43,6 +43,16 @@ def disrupted(role: str, attempt: int = 0) -> Obj:
     return found
 
 
+def stopped_by_kueue(role: str) -> Obj:
+    """A running pod Kueue stopped (its Workload preempted): the condition it sets before the
+    delete, and the pod as the operator keeps a member lost while it ran (observed.as_lost)."""
+    found = as_lost(pod("tiny-cpu", role, 0), "the pod was deleted while the job ran")
+    found["status"]["conditions"].append(
+        {"type": "TerminationTarget", "status": "True", "reason": "WorkloadEvictedDueToPreempted"}
+    )
+    return found
+
+
 def policy(*rules: dict[str, object]) -> PodFailurePolicy:
     return PodFailurePolicy.model_validate({"rules": list(rules)})
 
@@ -54,6 +64,7 @@ def policy(*rules: dict[str, object]) -> PodFailurePolicy:
         pytest.param(crashed("controller", 1), None, "Count", "PodFailed", id="error"),
         pytest.param(crashed("actor", 137, "OOMKilled"), None, "Count", "OOMKilled", id="oom"),
         pytest.param(disrupted("actor"), None, "Ignore", "PodDisrupted", id="preempted"),
+        pytest.param(stopped_by_kueue("actor"), None, "Ignore", "PodDisrupted", id="stopped-by-kueue"),
         pytest.param(
             {**pod("tiny-cpu", "actor", phase="Failed"), "status": {"phase": "Failed", "reason": "Evicted"}},
             None,

@@ -1,5 +1,5 @@
 """Gang-scheduling plugins behind plugin_for(job): Volcano and coscheduling PodGroups,
-Kueue's queue label, and nothing at all without spec.runPolicy.gang."""
+Kueue's pod-group labels, and nothing at all without spec.runPolicy.gang."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 VOLCANO_TASK = "volcano.sh/task-spec"
 COSCHEDULING_GROUP = "scheduling.x-k8s.io/pod-group"
 KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+KUEUE_RETRIABLE = "kueue.x-k8s.io/retriable-in-group"
+# Kueue's pod-group annotations on every pod of the GPU example (7 pods) at attempt 0.
+KUEUE_ANNOTATIONS = {KUEUE_COUNT: "7", KUEUE_RETRIABLE: "false"}
 # 2×(64, 900Gi, 8) + 4×(16, 200Gi, 2) + the controller's defaults (1, 4Gi)
 GPU_REQUESTS = {"cpu": "193", "memory": "2604Gi", "nvidia.com/gpu": "24"}
 
@@ -133,10 +138,20 @@ POD_PATCHES = [
         {},
         id="coscheduling",
     ),
-    pytest.param([gang("kueue", queue="team-a")], None, None, {KUEUE_QUEUE: "team-a"}, {}, id="kueue"),
-    pytest.param([gang("kueue")], None, None, {}, {}, id="kueue-without-queue"),
+    pytest.param(
+        [gang("kueue", queue="team-a")],
+        None,
+        None,
+        {KUEUE_QUEUE: "team-a", KUEUE_GROUP: f"{GPU_JOB}-attempt-0"},
+        KUEUE_ANNOTATIONS,
+        id="kueue",
+    ),
+    # A namespace's default LocalQueue may still take the pods: they form one group all the same.
+    pytest.param(
+        [gang("kueue")], None, None, {KUEUE_GROUP: f"{GPU_JOB}-attempt-0"}, KUEUE_ANNOTATIONS, id="kueue-without-queue"
+    ),
 ]
-GANG_KEYS = {VOLCANO_GROUP, VOLCANO_TASK, COSCHEDULING_GROUP, KUEUE_QUEUE}
+GANG_KEYS = {VOLCANO_GROUP, VOLCANO_TASK, COSCHEDULING_GROUP, KUEUE_QUEUE, KUEUE_GROUP, KUEUE_COUNT, KUEUE_RETRIABLE}
 
 
 @pytest.mark.parametrize(("mutations", "scheduler", "priority", "labels", "annotations"), POD_PATCHES)
@@ -163,14 +178,42 @@ def test_pod_templates_join_the_gang(
         assert set(meta["labels"]) >= {LABEL_JOB, LABEL_ROLE}
 
 
-@pytest.mark.parametrize(("mutations", "queue"), [([gang("kueue", queue="team-a")], "team-a"), ([], None)])
-def test_kueue_queue_label_on_every_child(mutations: list[Mutation], queue: str | None) -> None:
-    job = load_job(GPU, *mutations)
-    objs = children(job)
-    for child in objs:
-        assert child["metadata"]["labels"].get(KUEUE_QUEUE) == queue, child["metadata"]["name"]
-    for sts in (c for c in objs if c["kind"] == "StatefulSet"):
-        assert KUEUE_QUEUE not in sts["spec"]["selector"]["matchLabels"]
+@pytest.mark.parametrize("mutations", [[gang("kueue", queue="team-a")], []], ids=["kueue", "no-gang"])
+def test_kueue_labels_only_the_pods(mutations: list[Mutation]) -> None:
+    """Kueue's keys are on pod templates only: on a StatefulSet, Kueue's statefulset
+    integration (if a cluster enables it) would admit each role as a gang of its own."""
+    for child in children(load_job(GPU, *mutations)):
+        assert not set(child["metadata"]["labels"]) & GANG_KEYS, child["metadata"]["name"]
+        assert not set(child["metadata"].get("annotations") or {}) & GANG_KEYS, child["metadata"]["name"]
+        if child["kind"] == "StatefulSet":
+            assert not set(child["spec"]["selector"]["matchLabels"]) & GANG_KEYS
+
+
+@pytest.mark.parametrize(
+    ("example", "mutations", "pods"),
+    [
+        pytest.param(GPU, [], 7, id="gpu-example"),
+        pytest.param(CPU, [set_path("spec.roles.rollout.replicas", 3)], 6, id="cpu-three-rollouts"),
+    ],
+)
+def test_kueue_group_counts_every_pod_of_every_role(example: str, mutations: list[Mutation], pods: int) -> None:
+    """The group's total count is the whole gang: the controller and every role's replicas,
+    the same on every pod (Kueue admits the group once that many pods exist)."""
+    job = load_job(example, gang("kueue", queue="team-a"), *mutations)
+    replicas = {
+        c["metadata"]["labels"][LABEL_ROLE]: c["spec"]["replicas"] for c in children(job) if c["kind"] == "StatefulSet"
+    }
+    assert sum(replicas.values()) == pods
+    for template in templates(children(job)).values():
+        assert template["metadata"]["annotations"][KUEUE_COUNT] == str(pods)
+
+
+def test_kueue_group_is_new_for_each_attempt() -> None:
+    """A restarted gang is admitted as a new group: the old attempt's group ends with its pods."""
+    job = load_job(GPU, gang("kueue", queue="team-a"))
+    for attempt in (0, 3):
+        groups = {t["metadata"]["labels"][KUEUE_GROUP] for t in templates(children_of(job, attempt=attempt)).values()}
+        assert groups == {f"{GPU_JOB}-attempt-{attempt}"}
 
 
 # mutations, summed requests of every pod

@@ -113,8 +113,8 @@ def test_coscheduling_gets_a_podgroup_and_labelled_pods(jobs: Jobs) -> None:
 
 
 @pytest.mark.usefixtures("podgroup_crds")
-def test_kueue_admits_by_unsuspending_and_the_pods_carry_the_queue(jobs: Jobs) -> None:
-    # Kueue's way: the job is created suspended and Kueue unsuspends it once admitted.
+def test_kueue_labels_the_pods_only_and_suspend_stays_the_users(jobs: Jobs) -> None:
+    # Kueue admits the pods (test_kueue_cluster runs it); spec.suspend is a plain user field.
     gang = {"scheduler": "kueue", "queue": "team-a"}
     jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.gang": gang, "spec.suspend": True}))
     job = jobs.wait_state(JOB, "Suspended")
@@ -125,13 +125,15 @@ def test_kueue_admits_by_unsuspending_and_the_pods_carry_the_queue(jobs: Jobs) -
     assert not jobs.pods(JOB, include_deleting=True)
 
     jobs.patch(JOB, {"spec": {"suspend": False}})
-    # No scheduler of its own: the pods run, labelled for Kueue.
+    # No Kueue watches this namespace: the pods run, each labelled as a member of the gang's group.
     pods = jobs.wait_pods(JOB, TINY_PODS)
     for pod in pods:
         assert pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+        assert pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] == f"{JOB}-attempt-0"
+        assert pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == str(TINY_PODS)
         assert pod["spec"]["schedulerName"] == "default-scheduler"
     for key, child in jobs.children(JOB).items():
-        assert child["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a", key
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in child["metadata"]["labels"]), key
     assert not jobs.podgroups(*VOLCANO) and not jobs.podgroups(*COSCHEDULING)
     job = jobs.wait_running(JOB)
     assert not is_true(job, "Suspended")

@@ -218,3 +218,12 @@ def test_the_pods_a_pass_judges() -> None:
     assert [p for p in judged if uid(p) == uid(deleting)] == [lost]
     assert view_pod(lost).failed and not view_pod(deleting).failed
     assert pods_to_judge([running], {}) == [running]
+
+
+def test_a_gated_pods_gates_are_seen_and_kept_in_the_slim_pod() -> None:
+    """Kueue's admission gate decides the job's status (status.awaiting_admission): the
+    operator's index must keep it."""
+    obj = pod(JOB, "actor", phase="Pending", ready=False)
+    obj["spec"] = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+    assert view_pod(obj).scheduling_gates == ("kueue.x-k8s.io/admission",)
+    assert view_pod(slim_pod(obj)) == view_pod(obj)

@@ -794,3 +794,68 @@ def test_counts_and_messages_alone_wait_for_the_interval_but_transitions_do_not(
     assert reported.status is not None
     with_progress = reported.status.model_copy(update={"progress": Progress(step=3)})
     assert is_transition(reported.status, with_progress)  # the driver's progress goes out at once
+
+
+# --- Kueue admission ----------------------------------------------------------------------------
+
+KUEUE = set_path("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"})
+
+
+def gated(job: RLJob, created_at: float = 0) -> list[Obj]:
+    """The job's pods as Kueue's pod webhook leaves them until admission: held by its
+    scheduling gate, Pending, and marked SchedulingGated by the API server."""
+    pods = gang_pods(job, ready=False, created=at(created_at))
+    for p in pods:
+        p["spec"] = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}
+        p["status"] = {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}],
+        }
+    return pods
+
+
+@pytest.mark.parametrize(("queue", "named"), [("team-a", "queue team-a"), (None, "the namespace's default queue")])
+def test_pods_held_for_kueue_admission_wait_past_the_pending_timeout(queue: str | None, named: str) -> None:
+    """A queue may hold a gang for hours: the job waits, saying so, and never fails for it (nor
+    for activeDeadlineSeconds, 1800 s here: it counts from admission, as for a Job Kueue unsuspends)."""
+    job = created(load_job(CPU, set_path("spec.runPolicy.gang", {"scheduler": "kueue", "queue": queue})))
+    timeout = job.spec.run_policy.pending_timeout_seconds
+    for seconds in (1, timeout, 10 * timeout):
+        d = run(job, gated(job), seconds)
+        c = cond(d.status, "Running")
+        assert (c.status, c.reason) == ("False", "AwaitingAdmission")
+        assert c.message == (
+            f"waiting for Kueue admission in {named}: 4/4 pods are held by the kueue.x-k8s.io/admission gate"
+        )
+        assert d.status.state == "Created"
+        assert not has_cond(d.status, "Unschedulable")
+        assert not has_cond(d.status, "Failed")
+        assert d.status.start_time is None
+        assert d.pods_wanted
+        job = after(job, d)
+
+
+def test_admitted_gang_runs_and_the_wait_clears() -> None:
+    job = created(load_job(CPU, KUEUE))
+    waiting = after(job, run(job, gated(job), 5))
+    admitted = run(waiting, gang_pods(waiting), 20)
+    c = cond(admitted.status, "Running")
+    assert (c.status, c.reason) == ("True", "AllPodsReady")
+    assert admitted.status.state == "Running"
+    assert admitted.status.start_time == iso(at(20))  # activeDeadlineSeconds counts from here
+
+
+def test_a_restarting_gang_held_for_admission_stays_restarting() -> None:
+    """After a gang restart the new attempt's group queues afresh: the job is Restarting meanwhile."""
+    job = running(load_job(CPU, KUEUE))
+    failed = replace_pod(gang_pods(job), pod("tiny-cpu", "actor", 1, phase="Failed", terminated=(1, "Error")))
+    restarting = after(job, run(job, failed, 20))
+    assert restarting.status is not None and restarting.status.restart_count == 1
+    new_gang = [
+        {**p, "metadata": {**p["metadata"], "annotations": {ANNOTATION_ATTEMPT: "1"}}}
+        for p in gated(job, created_at=25)
+    ]
+    d = run(restarting, new_gang, 30)
+    assert d.status.state == "Restarting"
+    assert cond(d.status, "Running").reason == "AwaitingAdmission"
+    assert cond(d.status, "Restarting").status == "True"

@@ -94,7 +94,7 @@ def job_references(job: RLJob) -> list[Reference]:
     own = {("ConfigMap", config_map_name(job.metadata.name or "")), ("Secret", ray_secret_name(job))}
     found: dict[tuple[str, str], Reference] = {}
     for role in pod_roles(job):
-        template = pod_template(job, role, 0, gang.pod_patch(job, role.name))
+        template = pod_template(job, role, 0, gang.pod_patch(job, role.name, 0))
         for ref in pod_references(template["spec"]):
             if (ref.kind, ref.name) not in own:
                 found.setdefault((ref.kind, ref.name), ref)

@@ -25,10 +25,8 @@ class GangPlugin(Protocol):
         """Objects the plugin needs (e.g. a PodGroup), owned by the job like the rest."""
         ...
 
-    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch: ...
-
-    def job_labels(self, job: RLJob) -> dict[str, str]:
-        """Labels for every child object (Kueue reads its queue from them)."""
+    def pod_patch(self, job: RLJob, role: str, attempt: int) -> PodSchedulingPatch:
+        """What the role's pods of this attempt (a gang restart's count) need."""
         ...
 
 
@@ -40,8 +38,5 @@ class NoGang:
     def children(self, job: RLJob) -> list[dict[str, Any]]:
         return []
 
-    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
+    def pod_patch(self, job: RLJob, role: str, attempt: int) -> PodSchedulingPatch:
         return PodSchedulingPatch()
-
-    def job_labels(self, job: RLJob) -> dict[str, str]:
-        return {}

@@ -22,7 +22,7 @@ class Coscheduling:
         assert gang is not None
         return [pod_group(job, "scheduling.x-k8s.io/v1alpha1", scheduleTimeoutSeconds=gang.schedule_timeout_seconds)]
 
-    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
+    def pod_patch(self, job: RLJob, role: str, attempt: int) -> PodSchedulingPatch:
         gang = job.spec.run_policy.gang
         assert gang is not None
         return PodSchedulingPatch(
@@ -30,6 +30,3 @@ class Coscheduling:
             priority_class_name=gang.priority_class_name,
             labels={GROUP_LABEL: job.metadata.name or ""},
         )
-
-    def job_labels(self, job: RLJob) -> dict[str, str]:
-        return {}

@@ -27,7 +27,7 @@ class Volcano:
             spec["priorityClassName"] = gang.priority_class_name
         return [pod_group(job, "scheduling.volcano.sh/v1beta1", **spec)]
 
-    def pod_patch(self, job: RLJob, role: str) -> PodSchedulingPatch:
+    def pod_patch(self, job: RLJob, role: str, attempt: int) -> PodSchedulingPatch:
         gang = job.spec.run_policy.gang
         assert gang is not None
         return PodSchedulingPatch(
@@ -35,6 +35,3 @@ class Volcano:
             priority_class_name=gang.priority_class_name,
             annotations={GROUP_ANNOTATION: job.metadata.name or "", TASK_ANNOTATION: role},
         )
-
-    def job_labels(self, job: RLJob) -> dict[str, str]:
-        return {}
