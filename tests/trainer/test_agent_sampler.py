@@ -106,7 +106,7 @@ def trainer_config(workdir: Path) -> dict[str, Any]:
         "model": {"path": str(workdir / "model")},
         "data": {
             "train_files": [str(workdir / "train.jsonl")],
-            "max_prompt_length": 32,
+            "max_prompt_length": 64,
             "max_response_length": RESPONSE_LENGTH,
             "train_batch_size": 2,
         },
