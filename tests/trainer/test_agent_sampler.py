@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from tiny_model import build_tiny_model
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from tiny_model import build_tiny_model, teach
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_api.validation import parse_trainer_config
@@ -77,18 +77,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     # As an episode's context holds it: the template's "\n" after the model's <|im_end|> belongs
     # to the rendering of the model's turn, which the episode keeps as sampled.
-    text = str(prompt) + CALL + TOOL_TURN + ANSWER
-    sequence = torch.tensor([ids(tokenizer, text)])
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    torch.manual_seed(0)
-    for _ in range(300):
-        loss = model(sequence, labels=sequence).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.01, f"the tiny model did not learn the tool conversation (loss {loss.item():.3f})"
-    model.save_pretrained(path)
+    loss = teach(path, [str(prompt) + CALL + TOOL_TURN + ANSWER], steps=300)
+    assert loss < 0.01, f"the tiny model did not learn the tool conversation (loss {loss:.3f})"
     (root / "tools.py").write_text(TOOL_FILE)
     (root / "reward.py").write_text(REWARD_FILE)
     row = {
