@@ -27,7 +27,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch, build_batch
 from rlkube_trainer.data import Prompt
 from rlkube_trainer.roles.actor import Actor
-from rlkube_trainer.rollout import RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.sampler import EpisodeSampler
 
 pytestmark = pytest.mark.trainer
@@ -216,3 +216,22 @@ def test_the_trainer_runs_tool_calling_episodes(workdir: Path, tmp_path: Path) -
         assert row["tool_call_counts/mean"] >= 0.5 and row["tool_call_counts/max"] >= 1.0
         assert 2.0 <= row["num_turns/min"] <= row["num_turns/max"] <= 6.0 and row["num_turns/max"] >= 4.0
         assert row["agent_loop/tool_calls/max"] > 0.0 and row["tool_call_errors/mean"] == 0.0
+
+
+class NoEngine:
+    """Generation must not start: the refusal comes first."""
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch:
+        raise AssertionError("the engine was asked to generate")
+
+
+def test_a_prompt_the_tool_schemas_lengthen_past_max_prompt_length_is_refused(workdir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(workdir / "model")
+    rows = prompts(tokenizer, 1)
+    # A template that renders the tools, as real chat models' do (the tiny one does not).
+    tokenizer.chat_template = "{% if tools %}{{ tools | tojson }}{% endif %}" + str(tokenizer.chat_template)
+    section = MultiTurnConfig(enable=True, function_tool_path=str(workdir / "tools.py"))
+    limit = len(rows[0].prompt_token_ids) + 10
+    sampler = EpisodeSampler(NoEngine(), tokenizer, section, RESPONSE_LENGTH, max_prompt_length=limit)
+    with pytest.raises(ValueError, match=f"train.jsonl#0: .* more than data.max_prompt_length={limit}"):
+        sampler.generate(rows, SamplingConfig(n=2, max_tokens=RESPONSE_LENGTH))

@@ -523,7 +523,7 @@ def train(
         if config.reward.model is None:  # a function, or the built-in scorers by data_source
             function_reward = build_reward_scorer(config.reward)
         roles = build_roles(config, placement, groups, function_reward)
-        episodes = episode_sampler(roles.rollout, tokenizer, config.rollout.multi_turn, config.data.max_response_length)
+        episodes = episode_sampler(roles.rollout, tokenizer, config)
         ppo = PPOTrainer(
             config,
             roles,

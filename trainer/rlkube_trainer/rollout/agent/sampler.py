@@ -16,7 +16,7 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from rlkube_api.config import MultiTurnConfig
+from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_trainer.data import Prompt, RawPrompt
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.config import load_tools, settings_from_multi_turn
@@ -70,16 +70,23 @@ class EpisodeSampler:
     """The tools, settings and chat format of a run, loaded once; `generate` per step."""
 
     def __init__(
-        self, engine: Engine, tokenizer: PreTrainedTokenizerBase, section: MultiTurnConfig, response_length: int
+        self,
+        engine: Engine,
+        tokenizer: PreTrainedTokenizerBase,
+        section: MultiTurnConfig,
+        response_length: int,
+        max_prompt_length: int | None = None,
     ) -> None:
         verl_section = section.model_dump()
         self.engine = engine
+        self.max_prompt_length = max_prompt_length
         self.settings = settings_from_multi_turn(verl_section, response_length)
         self.tools = load_tools(verl_section)
         self.chat = TemplateChatFormat(tokenizer)
 
     def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch:
         """`sampling.n` episodes per prompt, grouped in prompt order as an engine's samples are."""
+        self.check_prompt_lengths(prompts)
         order = [i for i in range(len(prompts)) for _ in range(sampling.n)]
         # One continuation per request: the n samples of a prompt are n episodes, each its own
         # request in the engine's batch (and so its own seed).
@@ -99,9 +106,25 @@ class EpisodeSampler:
         ]
         return RolloutBatch(samples, sampling.n)
 
+    def check_prompt_lengths(self, prompts: list[Prompt]) -> None:
+        """A chat template that renders the tools' schemas into the prompt makes it longer than the
+        dataset's check saw; the engine's context (max_prompt_length + max_response_length) would
+        then overflow mid-episode, so it is refused here, by name, before any generation."""
+        if self.max_prompt_length is None:
+            return
+        schemas = [t.tool_schema.model_dump(exclude_none=True) for t in self.tools.values()]
+        for prompt in prompts:
+            length = len(self.chat.initial(messages_of(prompt.raw_prompt), schemas))
+            if length > self.max_prompt_length:
+                raise ValueError(
+                    f"{prompt.uid}: the prompt with the tools' schemas rendered by the chat template is "
+                    f"{length} tokens, more than data.max_prompt_length={self.max_prompt_length}; raise it"
+                )
 
-def episode_sampler(
-    engine: Engine, tokenizer: PreTrainedTokenizerBase, section: MultiTurnConfig, response_length: int
-) -> EpisodeSampler | None:
+
+def episode_sampler(engine: Engine, tokenizer: PreTrainedTokenizerBase, config: TrainerConfig) -> EpisodeSampler | None:
     """The run's episode sampler, or None when rollout.multi_turn is off (one response per sample)."""
-    return EpisodeSampler(engine, tokenizer, section, response_length) if section.enable else None
+    section, data = config.rollout.multi_turn, config.data
+    if not section.enable:
+        return None
+    return EpisodeSampler(engine, tokenizer, section, data.max_response_length, data.max_prompt_length)
