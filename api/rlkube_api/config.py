@@ -683,6 +683,66 @@ class ValidationSampling(ApiModel):
     do_sample: bool = Field(False, description="Sample; false decodes greedily whatever the temperature.")
 
 
+class MultiTurnConfig(ApiModel):
+    """Multi-turn rollout with tool calls (verl 0.9.1's rollout.multi_turn): the model's tool calls
+    are parsed from its output, run, and their results appended as tool turns until it answers
+    without a call or a limit is hit. Only the model's own tokens are trained."""
+
+    cel_rules = (
+        CelRule(
+            "!self.enable || has(self.toolConfigPath) || has(self.functionToolPath)",
+            "multiTurn.enable needs tools: set toolConfigPath or functionToolPath",
+            ".enable",
+        ),
+        CelRule(
+            "self.enable || !(has(self.toolConfigPath) || has(self.functionToolPath))",
+            "toolConfigPath and functionToolPath are only read when multiTurn.enable is true",
+            ".enable",
+        ),
+        # verl 0.9.1 has no interactions either; the field is here so a verl recipe that names one
+        # is refused clearly rather than as an unknown key.
+        CelRule(
+            "!has(self.interactionConfigPath)",
+            "multiTurn.interactionConfigPath is not supported yet: interactions are not implemented",
+            ".interactionConfigPath",
+        ),
+    )
+
+    enable: bool = Field(False, description="Run multi-turn episodes with tool calls instead of one response.")
+    max_assistant_turns: int | None = Field(
+        None, ge=1, le=1024, description="Most model turns per episode (unlimited when unset)."
+    )
+    max_user_turns: int | None = Field(
+        None, ge=1, le=1024, description="Most tool (user-side) turns per episode (unlimited when unset)."
+    )
+    max_parallel_calls: int = Field(
+        1, ge=1, le=1024, description="Most tool calls of one model turn that run (at once); the rest are dropped."
+    )
+    max_tool_response_length: int = Field(
+        256, ge=1, description="Characters of a tool's response kept in the conversation (truncated beyond)."
+    )
+    tool_response_truncate_side: Literal["left", "right", "middle"] = Field(
+        "middle", description="Which part of a long tool response is cut: left, right or middle."
+    )
+    format: Literal["hermes"] = Field(
+        "hermes", description="Tool-call syntax the model writes: hermes (<tool_call>{json}</tool_call>)."
+    )
+    tool_config_path: FilePath | None = Field(
+        None, description="verl's tool config YAML (tools: class_name, config, tool_schema), in the image."
+    )
+    function_tool_path: FilePath | None = Field(
+        None, description="Python file whose @function_tool functions are tools (schema from their signatures)."
+    )
+    tokenization_sanity_check_mode: Literal["strict"] = Field(
+        "strict",
+        description="strict: a chat template that renders earlier turns differently once tool turns follow "
+        "ends the run with an error (rlkube extends the tokens turn by turn, never re-renders).",
+    )
+    interaction_config_path: FilePath | None = Field(
+        None, description="verl's interaction config (user-simulating environments); not supported yet."
+    )
+
+
 class RolloutConfig(ApiModel):
     """Sampling and engine settings (where rollout runs is roles.rollout)."""
 
@@ -733,6 +793,10 @@ class RolloutConfig(ApiModel):
     )
     val_kwargs: ValidationSampling = Field(
         default_factory=ValidationSampling, description="Sampling during validation."
+    )
+    multi_turn: MultiTurnConfig = Field(
+        default_factory=MultiTurnConfig,
+        description="Multi-turn episodes with tool calls, in training and validation alike.",
     )
 
 

@@ -490,10 +490,36 @@ INVALID = [
         "service-account-ends-in-a-newline", _set("spec.serviceAccountName", "trainer\n"), ("spec.serviceAccountName",)
     ),
     Case("train-batch-size-too-large", _set("spec.data.trainBatchSize", 2**40), ("spec.data.trainBatchSize",)),
+    Case(
+        "multi-turn-without-tools", _set("spec.rollout.multiTurn", {"enable": True}), ("spec.rollout.multiTurn.enable",)
+    ),
+    Case(
+        "multi-turn-tools-while-disabled",
+        _set("spec.rollout.multiTurn", {"functionToolPath": "/tools/lookup.py"}),
+        ("spec.rollout.multiTurn.enable",),
+    ),
+    Case(
+        "multi-turn-interactions",
+        _set(
+            "spec.rollout.multiTurn",
+            {"enable": True, "functionToolPath": "/t.py", "interactionConfigPath": "/i.yaml"},
+        ),
+        ("spec.rollout.multiTurn.interactionConfigPath",),
+    ),
+    Case(
+        "multi-turn-format-not-hermes",
+        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/t.py", "format": "llama3_json"}),
+        ("format",),
+    ),
 ]
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    Case(
+        "multi-turn-with-function-tools",
+        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py", "maxUserTurns": 2}),
+        (),
+    ),
     Case(
         "checkpoints-on-object-storage",
         _all(_delete("spec.checkpoint.volume"), _set("spec.checkpoint.uri", "s3://ckpt/run")),

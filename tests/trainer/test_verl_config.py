@@ -194,7 +194,39 @@ REFUSED = [
     ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
     ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
     ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
+    ("multi-turn-interactions", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "interaction_config_path": "/i.yaml"}}, "interactionConfigPath"),
+    ("multi-turn-format", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "format": "llama3_json"}}, "format"),
+    ("multi-turn-sanity-check", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "tokenization_sanity_check_mode": "disable"}}, "tokenization_sanity_check_mode"),
+    ("multi-turn-reinference", {"actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": True}, "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template: use_inference_chat_template"),
+    ("multi-turn-repeats", {"actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": 2}, "num_repeat_rollouts is not supported"),
+    ("multi-turn-without-tools", {"actor_rollout_ref.rollout.multi_turn.enable": True}, "needs tools"),
 ]  # fmt: skip
+
+
+def test_multi_turn_keys_map_to_rollout_multi_turn() -> None:
+    """verl 0.9.1's rollout.multi_turn block as its yaml writes it (defaults, a tool file, limits)."""
+    section = {
+        "_target_": "verl.workers.config.MultiTurnConfig",
+        "enable": True,
+        "max_assistant_turns": 4,
+        "tool_config_path": None,
+        "function_tool_path": "/tools/lookup.py",
+        "max_user_turns": 3,
+        "max_parallel_calls": 2,
+        "max_tool_response_length": 128,
+        "tool_response_truncate_side": "left",
+        "use_inference_chat_template": False,
+        "tokenization_sanity_check_mode": "strict",
+        "format": "hermes",
+        "num_repeat_rollouts": None,
+    }
+    result = convert(variant(**{"actor_rollout_ref.rollout.multi_turn": section}))
+    multi_turn = result.config.rollout.multi_turn
+    assert multi_turn.enable and multi_turn.function_tool_path == "/tools/lookup.py"
+    assert (multi_turn.max_assistant_turns, multi_turn.max_user_turns, multi_turn.max_parallel_calls) == (4, 3, 2)
+    assert (multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side) == (128, "left")
+    assert multi_turn.tool_config_path is None
+    assert ("actor_rollout_ref.rollout.multi_turn.enable", "rollout.multi_turn.enable") in result.mapped
 
 
 @pytest.mark.parametrize(("changes", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])

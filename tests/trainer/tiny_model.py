@@ -140,3 +140,21 @@ def save_reward_model(path: Path, causal_lm: bool = False) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def teach(path: Path, texts: list[str], steps: int, lr: float = 3e-3) -> float:
+    """Supervised steps of the saved model at `path` on `texts` (whole sequences, one batch of
+    equal token lengths), saved back; returns the last loss. Tests use it to give a random model
+    a behaviour RL alone would need far longer to find (writing a tool call)."""
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    sequences = torch.tensor([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+    model = Qwen2ForCausalLM.from_pretrained(path, dtype=torch.float32)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        loss = model(sequences, labels=sequences).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(path)
+    return float(loss.item())

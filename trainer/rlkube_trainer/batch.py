@@ -47,6 +47,9 @@ class TrainBatch:
     # The reward function's other per-sample numbers by key (verl's reward_extra_info): GDPO's
     # reward components. Indexed with the samples like every tensor field.
     reward_extra: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # A multi-turn episode's numbers by metric name (num_turns, tool_call_counts, ...; verl's
+    # __num_turns__ and tool_call_counts), per sample; empty for single responses.
+    episode: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -80,9 +83,13 @@ class TrainBatch:
 
 def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int) -> TrainBatch:
     """Pads prompts on the left and responses on the right into one batch; sample i
-    answers prompt i // n."""
+    answers prompt i // n. A multi-turn sample brings its own rendered prompt and its mask
+    (tool turns attended, out of the response mask)."""
     samples = rollout.samples
-    prompt_ids = [prompts[s.prompt_index].prompt_token_ids for s in samples]
+    prompt_ids = [
+        s.prompt_token_ids if s.prompt_token_ids is not None else prompts[s.prompt_index].prompt_token_ids
+        for s in samples
+    ]
     prompt_length = max(len(p) for p in prompt_ids)
     response_length = max(1, *(len(s.token_ids) for s in samples))
     batch = len(samples)
@@ -99,14 +106,24 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
         attention_mask[i, prompt_length:end] = 1
         if sample.logprobs is not None:
             rollout_log_probs[i, : len(sample.logprobs)] = torch.tensor(sample.logprobs)
+    response_mask = attention_mask[:, prompt_length:].float()
+    for i, sample in enumerate(samples):
+        if sample.response_mask is not None:
+            response_mask[i, : len(sample.response_mask)] = torch.tensor(sample.response_mask, dtype=torch.float32)
+    episodes = [s.episode for s in samples if s.episode is not None]
     return TrainBatch(
         input_ids=input_ids,
         attention_mask=attention_mask,
         responses=input_ids[:, prompt_length:],
-        response_mask=attention_mask[:, prompt_length:].float(),
+        response_mask=response_mask,
         group_index=torch.tensor([prompts[s.prompt_index].index for s in samples]),
         prompt_lengths=torch.tensor([len(p) for p in prompt_ids]),
         rollout_log_probs=rollout_log_probs if with_log_probs else None,
+        episode=(
+            {k: torch.tensor([e[k] for e in episodes], dtype=torch.float32) for k in episodes[0]}
+            if len(episodes) == len(samples) and episodes
+            else {}
+        ),
     )
 
 

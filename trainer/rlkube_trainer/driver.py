@@ -53,6 +53,7 @@ from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env
 from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import LocalRankGroup, RankGroup
 from rlkube_trainer.reward import RewardScorer, build_reward_scorer
+from rlkube_trainer.rollout.agent.sampler import episode_sampler
 from rlkube_trainer.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.tracking import Tracker
 from rlkube_trainer.validation import Validation, headline_score, validation_prompts
@@ -554,7 +555,15 @@ def train(
         if config.reward.model is None:  # a function, or the built-in scorers by data_source
             function_reward = build_reward_scorer(config.reward)
         roles = build_roles(config, placement, groups, function_reward)
-        ppo = PPOTrainer(config, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=max(placement.num_gpus, 1))
+        episodes = episode_sampler(roles.rollout, tokenizer, config)
+        ppo = PPOTrainer(
+            config,
+            roles,
+            tokenizer.decode,
+            tokenizer.pad_token_id,
+            num_gpus=max(placement.num_gpus, 1),
+            episodes=episodes,
+        )
         validation = None
         if val_prompts is not None:
             validation = Validation(config, val_prompts, ppo, Path(config.checkpoint.dir))

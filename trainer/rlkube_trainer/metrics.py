@@ -67,6 +67,9 @@ def compute_data_metrics(batch: TrainBatch, max_prompt_length: int | None = None
     metrics.update(_stats("prompt_length", batch.prompt_lengths))
     if max_prompt_length is not None:
         metrics["prompt_length/clip_ratio"] = (batch.prompt_lengths >= max_prompt_length).float().mean().item()
+    # Multi-turn episodes: num_turns/*, tool_call_counts/*, agent_loop/tool_calls/* (verl's), ...
+    for name, values in batch.episode.items():
+        metrics.update(_stats(name, values))
     return metrics
 
 

@@ -220,12 +220,25 @@ def engine_log_probs_needed(config: TrainerConfig) -> bool:
     )
 
 
+class Episodes(Protocol):
+    """rollout.multi_turn's sampler (rollout/agent/sampler.py): whole tool-calling episodes."""
+
+    def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch: ...
+
+
 class PPOTrainer:
     def __init__(
-        self, config: TrainerConfig, roles: Roles, decode: Detokenize, pad_token_id: int, num_gpus: int = 1
+        self,
+        config: TrainerConfig,
+        roles: Roles,
+        decode: Detokenize,
+        pad_token_id: int,
+        num_gpus: int = 1,
+        episodes: Episodes | None = None,
     ) -> None:
         self.config = config
         self.roles = roles
+        self.episodes = episodes
         self.decode = decode
         self.pad_token_id = pad_token_id
         self.num_gpus = max(num_gpus, 1)
@@ -265,6 +278,13 @@ class PPOTrainer:
         return dataclasses.replace(
             self.sampling(step, round_), n=1, temperature=0.0, top_p=1.0, top_k=-1, logprobs=False
         )
+
+    def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch:
+        """The samples of `prompts`: one response each from the engine, or with
+        rollout.multi_turn a whole tool-calling episode each."""
+        if self.episodes is not None:
+            return self.episodes.generate(prompts, sampling)
+        return self.roles.rollout.generate([p.prompt_token_ids for p in prompts], sampling)
 
     def score(self, prompts: list[Prompt], rollout: RolloutBatch) -> Scored:
         """Scores each response (decoded without special tokens) against its prompt's ground
@@ -310,15 +330,10 @@ class PPOTrainer:
         generated_groups = 0
         rounds = 0
         while True:
-            prompt_token_ids = [p.prompt_token_ids for p in prompts]
             with timer("gen"):
-                rollout = self.roles.rollout.generate(prompt_token_ids, self.sampling(step, rounds))
+                rollout = self.generate(prompts, self.sampling(step, rounds))
                 # verl times ReMax's greedy rollout within gen (one request with the samples).
-                greedy = (
-                    self.roles.rollout.generate(prompt_token_ids, self.greedy_sampling(step, rounds))
-                    if self.greedy_baseline
-                    else None
-                )
+                greedy = self.generate(prompts, self.greedy_sampling(step, rounds)) if self.greedy_baseline else None
             with timer("reward"):
                 scored = self.score(prompts, rollout)
                 if greedy is not None:
@@ -339,7 +354,7 @@ class PPOTrainer:
             position = {p: len(kept_prompts) + i for i, p in enumerate(kept_here)}
             keep = [k and s.prompt_index in position for s, k in zip(rollout.samples, keep, strict=True)]
             kept_samples += [
-                RolloutSample(position[s.prompt_index], s.token_ids, s.logprobs, s.finish_reason)
+                dataclasses.replace(s, prompt_index=position[s.prompt_index])
                 for s, k in zip(rollout.samples, keep, strict=True)
                 if k
             ]

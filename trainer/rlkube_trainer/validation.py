@@ -184,7 +184,7 @@ class Validation:
         parts: list[Scored] = []
         for start in range(0, len(self.prompts), chunk):
             prompts = list(self.prompts[start : start + chunk])
-            rollout = self.ppo.roles.rollout.generate([p.prompt_token_ids for p in prompts], self.sampling(step))
+            rollout = self.ppo.generate(prompts, self.sampling(step))
             parts.append(self.ppo.score(prompts, rollout))
             for sample in rollout.samples:
                 prompt = prompts[sample.prompt_index]

@@ -306,8 +306,30 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": To("actor.log_prob_max_token_len_per_gpu"),
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
     f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
-    f"{_ROLLOUT}.multi_turn": Ignored(
-        "single-turn generation", lambda v: not v or not v.get("enable"), "multi-turn rollout is not supported"
+    **{
+        f"{_ROLLOUT}.multi_turn.{k}": To(f"rollout.multi_turn.{k}")
+        for k in (
+            "enable",
+            "max_assistant_turns",
+            "max_user_turns",
+            "max_parallel_calls",
+            "max_tool_response_length",
+            "tool_response_truncate_side",
+            "format",
+            "tool_config_path",
+            "function_tool_path",
+            "tokenization_sanity_check_mode",
+            "interaction_config_path",
+        )
+    },
+    f"{_ROLLOUT}.multi_turn._target_": Ignored("verl's Hydra class"),
+    f"{_ROLLOUT}.multi_turn.use_inference_chat_template": Ignored(
+        "past turns keep the tokens the model sampled",
+        _is(False, None),
+        "use_inference_chat_template (re-rendering past turns) is not supported",
+    ),
+    f"{_ROLLOUT}.multi_turn.num_repeat_rollouts": Ignored(
+        "rollout.n repeats each prompt", _is(None), "num_repeat_rollouts is not supported: set rollout.n"
     ),
     f"{_ROLLOUT}.agent": Ignored("no agent loop"),
     f"{_ROLLOUT}.profiler": Ignored("profiling is a benchmark concern here"),

@@ -69,6 +69,12 @@ class RolloutSample:
     # Log-prob of each token in `token_ids` (same length); None when not requested.
     logprobs: list[float] | None
     finish_reason: FinishReason
+    # Set by a multi-turn episode (rollout/agent/sampler.py), None for one response: the prompt
+    # as the episode rendered it (a chat template may render the tools into it), 1 on the tokens
+    # the model sampled and 0 on tool turns, and the episode's numbers by metric name.
+    prompt_token_ids: list[int] | None = None
+    response_mask: list[int] | None = None
+    episode: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

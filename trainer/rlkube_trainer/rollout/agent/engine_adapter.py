@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from typing import Protocol
 
 from rlkube_trainer.rollout.agent.episode import Generation
-from rlkube_trainer.rollout.base import RolloutEngine, SamplingConfig
+from rlkube_trainer.rollout.base import RolloutBatch, SamplingConfig
+
+
+class Engine(Protocol):
+    """What episodes need of an engine (a `RolloutEngine`, or the trainer's rollout role)."""
+
+    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch: ...
 
 
 class BatchingGenerator:
-    def __init__(self, engine: RolloutEngine, sampling: SamplingConfig) -> None:
+    def __init__(self, engine: Engine, sampling: SamplingConfig) -> None:
         if sampling.n != 1:
             raise ValueError("multi-turn episodes sample one continuation per request (n=1); repeat the prompt")
         self.engine = engine
