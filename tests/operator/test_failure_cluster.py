@@ -17,8 +17,9 @@ from tests.operator.cluster_kit import TINY_PODS, Jobs, condition, tiny_job
 pytestmark = pytest.mark.cluster
 
 JOB = "tiny"
-# Free-form in the RLJob (CEL cannot see into volume sources); the StatefulSet is refused.
-BAD_VOLUME = [{"name": "work", "mountPath": "/rlkube", "source": {"hostPath": {"path": ""}}}]
+# A source the RLJob passes through as written (rlkube_api/volumes.py checks five others): an nfs
+# volume without its server. Admission accepts it; the API server refuses the StatefulSet.
+BAD_VOLUME = [{"name": "work", "mountPath": "/rlkube", "source": {"nfs": {"path": "/exports"}}}]
 
 
 def test_a_refused_child_starts_no_pod_and_fails_naming_the_field(jobs: Jobs) -> None:
@@ -27,7 +28,7 @@ def test_a_refused_child_starts_no_pod_and_fails_naming_the_field(jobs: Jobs) ->
     failed = condition(job, "Failed")
     assert failed is not None and failed["reason"] == "InvalidChild"
     assert "from RLJob field spec.volumes[0] (work)" in failed["message"]
-    assert "hostPath.path" in failed["message"]
+    assert "nfs.server" in failed["message"]
     # All or nothing: no StatefulSet was created, so no pod of the job exists, let alone runs.
     time.sleep(2)
     assert jobs.statefulsets(JOB) == {}

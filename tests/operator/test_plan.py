@@ -30,6 +30,7 @@ from rlkube_operator.status import (
     pod_loss_breaks_gang,
 )
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
+from tests.operator.test_status import gated
 
 GRACE = RunPolicy().termination_grace_period_seconds  # the default
 
@@ -88,6 +89,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "bad_image",
         "stuck_before_start",
         "pods_not_created",
+        "awaiting_admission",
         "unschedulable",
         "readiness",
     ]
@@ -206,6 +208,15 @@ def test_unschedulable_only_reports_and_keeps_the_pods() -> None:
     assert any(c.type == ConditionType.UNSCHEDULABLE and c.status == "True" for c in p.status.conditions)
     assert kinds(p) == [ApplyChildren, WriteStatus]
     assert p.pods_wanted
+
+
+def test_pods_awaiting_kueue_admission_are_kept_past_the_pending_timeout() -> None:
+    kueue = load_job(CPU, set_path("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"}))
+    job = after(kueue, plan(kueue, [], 0))
+    pods = gated(job)
+    p = plan(job, pods, 10 * job.spec.run_policy.pending_timeout_seconds)
+    assert kinds(p) == [ApplyChildren, WriteStatus]
+    assert p.pods_wanted and not is_terminal(p.status.state)
 
 
 def test_a_finished_job_applies_nothing_and_deletes_its_children_after_the_ttl() -> None:
