@@ -81,22 +81,24 @@ class KeyToPath(ApiModel):
     mode: int | None = Field(None, ge=0, le=FILE_MODE_MAX, description="The file's mode (0 to 0777).")
 
 
-class ConfigMapSource(ApiModel):
+class _KeysAsFiles(ApiModel):
+    """What configMap and secret volumes share: which keys, at which paths, with which mode."""
+
+    items: list[KeyToPath] | None = Field(None, max_length=MAX_ITEMS, description="Only these keys, at these paths.")
+    default_mode: int | None = Field(None, ge=0, le=FILE_MODE_MAX, description="The files' mode (0 to 0777).")
+    optional: bool | None = Field(None, description="Start even when the object or a key is missing.")
+
+
+class ConfigMapSource(_KeysAsFiles):
     """A ConfigMap's keys as files."""
 
     name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="The ConfigMap.")
-    items: list[KeyToPath] | None = Field(None, max_length=MAX_ITEMS, description="Only these keys, at these paths.")
-    default_mode: int | None = Field(None, ge=0, le=FILE_MODE_MAX, description="The files' mode (0 to 0777).")
-    optional: bool | None = Field(None, description="Start even when the ConfigMap or a key is missing.")
 
 
-class SecretSource(ApiModel):
+class SecretSource(_KeysAsFiles):
     """A Secret's keys as files."""
 
     secret_name: Annotated[str, LONG_NAME] = Field(min_length=1, max_length=253, description="The Secret.")
-    items: list[KeyToPath] | None = Field(None, max_length=MAX_ITEMS, description="Only these keys, at these paths.")
-    default_mode: int | None = Field(None, ge=0, le=FILE_MODE_MAX, description="The files' mode (0 to 0777).")
-    optional: bool | None = Field(None, description="Start even when the Secret or a key is missing.")
 
 
 class ClaimSource(ApiModel):

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from rlkube_api.config import TrainerConfig
+from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, parse_rljob, parse_trainer_config
 
@@ -306,22 +306,8 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": To("actor.log_prob_max_token_len_per_gpu"),
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
     f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
-    **{
-        f"{_ROLLOUT}.multi_turn.{k}": To(f"rollout.multi_turn.{k}")
-        for k in (
-            "enable",
-            "max_assistant_turns",
-            "max_user_turns",
-            "max_parallel_calls",
-            "max_tool_response_length",
-            "tool_response_truncate_side",
-            "format",
-            "tool_config_path",
-            "function_tool_path",
-            "tokenization_sanity_check_mode",
-            "interaction_config_path",
-        )
-    },
+    # Every key of the API's MultiTurnConfig is verl's own, under the same name.
+    **{f"{_ROLLOUT}.multi_turn.{k}": To(f"rollout.multi_turn.{k}") for k in MultiTurnConfig.model_fields},
     f"{_ROLLOUT}.multi_turn._target_": Ignored("verl's Hydra class"),
     f"{_ROLLOUT}.multi_turn.use_inference_chat_template": Ignored(
         "past turns keep the tokens the model sampled",
