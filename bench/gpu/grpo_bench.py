@@ -962,87 +962,133 @@ def phase_mp_engine(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 
 
-def report(paths: list[Path]) -> int:
-    data = {p.stem: json.loads(p.read_text()) for p in paths if p.exists()}
-    rl = data.get("rlkube", {})
-    lines = []
-    env = rl.get("env", {})
-    ceil = rl.get("ceilings", {})
-    lines.append(f"env: {env}")
-    lines.append(f"ceilings: {ceil}; engine: {rl.get('engine')}")
-    rate = ceil.get("bf16_matmul_tflops")
-    lines.append("")
-    lines.append(
-        "| run | tokens/s/GPU | step s | gen s | gen tok/s | old_log_prob s | ref s | values s | update_critic s | update_actor s | update_weights s | actor MFU |"
+# Issue 34's goals, printed beside what one run measured.
+GOALS = {"tokens_per_s": 60_000.0, "vs_trl": 2.5, "vs_verl": 1.3, "ppo_vs_grpo": 0.75, "update_mfu": 0.40}
+STEP_PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights")
+
+
+def _cell(value: float | None, spec: str = ".2f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _step_row(label: str, s: dict[str, Any], mfu: float | None) -> str:
+    phases = " | ".join(_cell(s.get(f"timing_s/{phase}")) for phase in STEP_PHASES)
+    return (
+        f"| {label} | {s['perf/throughput']:,.0f} | {s['timing_s/step']:.2f} | {phases} | "
+        f"{_cell(s.get('gen_tokens_per_s'), ',.0f')} | {_cell(mfu, '.1%')} |"
     )
-    lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for key in ("grpo", "grpo_kl", "ppo"):
-        s = rl.get(key)
-        if not s:
+
+
+def report(paths: list[Path]) -> int:
+    """One table from the JSON files of one machine's run: every rlkube run (grpo_bench.py rlkube:
+    its GRPO and PPO rows), TRL, verl (verl_bench.py), the actor update's variants
+    (liger_bench.py) and the model sizes (scale_bench.py), then each goal of issue 34 with the
+    ratio this run measured. Files are recognised by what they hold, not by name."""
+    rlkube: dict[str, dict[str, Any]] = {}
+    trl: dict[str, dict[str, Any]] = {}
+    verl: dict[str, dict[str, Any]] = {}
+    updates: dict[str, dict[str, Any]] = {}
+    sizes: list[dict[str, Any]] = []
+    for path in paths:
+        if not path.exists():
             continue
-
-        def g(name: str, s: dict[str, Any] = s) -> str:
-            v = s.get(f"timing_s/{name}")
-            return f"{v:.2f}" if v is not None else "-"
-
-        mfu = "-"
-        if rate and "timing_s/update_actor" in s and "model" in rl:
-            flops = train_flops(rl["model"]["matmul_parameters"], QWEN25_05B, 512, 768)
-            mfu = f"{flops / s['timing_s/update_actor'] / (rate * 1e12):.1%}"
+        data = json.loads(path.read_text())
+        if isinstance(data, list):
+            sizes += [row for row in data if isinstance(row, dict) and "arch" in row]
+        elif path.stem.startswith("verl"):
+            verl[path.stem] = data
+        elif isinstance(data.get("summary"), dict) and "generation" in data["summary"]:
+            trl[path.stem] = data
+        elif "grpo" in data or "grpo_steps" in data:
+            rlkube[path.stem] = data
+        elif any(isinstance(v, dict) and ("update_s" in v or "error" in v) for v in data.values()):
+            updates[path.stem] = data
+    lines: list[str] = []
+    first = next(iter(rlkube.values()), next(iter(updates.values()), {}))
+    rate = first.get("ceilings", {}).get("bf16_matmul_tflops")
+    lines.append(f"env: {json.dumps(first.get('env', {}))}")
+    lines.append(f"bf16 matmul: {_cell(rate, '.0f')} TFLOP/s measured")
+    lines.append("")
+    lines.append("| run | tokens/s/GPU | step s | " + " | ".join(f"{p} s" for p in STEP_PHASES) + " | gen tok/s | actor MFU |")
+    lines.append("|---|" + "---|" * (len(STEP_PHASES) + 4))
+    best_grpo: tuple[str, float] | None = None
+    ppo_ratios: list[str] = []
+    mfus: list[tuple[str, float]] = []
+    for name, run in rlkube.items():
+        for key in ("grpo", "grpo_kl", "ppo"):
+            s = run.get(key)
+            if not s:
+                continue
+            mfu = s.get("actor_update_mfu")
+            if mfu is None and rate and "timing_s/update_actor" in s and "model" in run:
+                flops = train_flops(run["model"]["matmul_parameters"], QWEN25_05B, 512, 768)
+                mfu = flops / s["timing_s/update_actor"] / (rate * 1e12)
+            if mfu is not None:
+                mfus.append((f"{name} {key}", mfu))
+            lines.append(_step_row(f"rlkube {key} ({name})", s, mfu))
+            if key == "grpo" and (best_grpo is None or s["perf/throughput"] > best_grpo[1]):
+                best_grpo = (name, s["perf/throughput"])
+        if run.get("grpo") and run.get("ppo"):
+            ratio = run["ppo"]["perf/throughput"] / run["grpo"]["perf/throughput"]
+            ppo_ratios.append(f"{name} {ratio:.2f}x")
+    for name, run in trl.items():
+        s = run["summary"]
         lines.append(
-            f"| rlkube {key} | {s['perf/throughput']:.0f} | {s['timing_s/step']:.2f} | {g('gen')} | {s['gen_tokens_per_s']:.0f} | "
-            f"{g('old_log_prob')} | {g('ref')} | {g('values')} | {g('update_critic')} | {g('update_actor')} | {g('update_weights')} | {mfu} |"
+            f"| TRL GRPOTrainer, {s['generation']} generation ({name}) | {s['throughput']:,.0f} | {s['step_s']:.2f} |"
+            + " |" * (len(STEP_PHASES) + 2)
         )
-    for key in sorted(k for k in data if k.startswith("trl")):
-        s = data[key].get("summary")
+    for name, run in verl.items():
+        s = run.get("summary")
         if s:
+            lines.append(_step_row(f"verl {run.get('env', {}).get('verl_site_verl', '')} GRPO ({name})", s, None))
+        for error in run.get("errors", {}).values() if isinstance(run.get("errors"), dict) else []:
+            lines.append(f"\n{name} error: {str(error)[:300]}")
+    if updates:
+        lines += ["", "| actor update variant | update s | model TFLOP/s | share of matmul rate | peak GiB | log-prob diff |"]
+        lines.append("|---|---|---|---|---|---|")
+        for name, run in updates.items():
+            for variant, row in run.items():
+                if not isinstance(row, dict) or variant in ("env", "ceilings"):
+                    continue
+                if "error" in row:
+                    lines.append(f"| {variant} ({name}) | failed: {str(row['error'])[:160]} | | | | |")
+                    continue
+                times = ", ".join(f"{t:.2f}" for t in row["update_s"])
+                lines.append(
+                    f"| {variant} ({name}) | {times} | {row['model_tflops']:.0f} | {_cell(row.get('mfu'), '.1%')} | "
+                    f"{row['peak_allocated_gb']:.1f} | {row['log_prob_max_abs_diff_vs_first']:.3f} |"
+                )
+                if row.get("mfu") is not None:
+                    mfus.append((f"{name} {variant}", row["mfu"]))
+    if sizes:
+        lines += ["", "| size | tokens/s/GPU | step s | gen s | update_actor s | peak GiB | trains |", "|---|---|---|---|---|---|---|"]
+        for row in sizes:
+            m = row.get("means", {})
             lines.append(
-                f"| TRL GRPOTrainer ({s['generation']} generation) | {s['throughput']:.0f} | {s['step_s']:.2f} | | | | | | | | | |"
+                f"| {row['arch']} {row.get('tag') or ''} ({row.get('model_dtype', '')} master) | "
+                f"{_cell(m.get('perf/throughput'), ',.0f')} | {_cell(m.get('timing_s/step'))} | {_cell(m.get('timing_s/gen'))} | "
+                f"{_cell(m.get('timing_s/update_actor'))} | {_cell(row.get('peak_allocated_gb'), '.1f')} | "
+                f"{row.get('trains')} {str(row.get('error', ''))[:120]} |"
             )
-    # verl_bench.py's JSON files (verl.json, verl-*.json): summary in rlkube's metric names.
-    for key in sorted(k for k in data if k.startswith("verl")):
-        s = data[key].get("summary")
-        if not s:
-            continue
-
-        def gv(name: str, s: dict[str, Any] = s) -> str:
-            v = s.get(f"timing_s/{name}")
-            return f"{v:.2f}" if v is not None else "-"
-
-        mfu = "-"
-        if rate and "timing_s/update_actor" in s and "model" in rl:
-            flops = train_flops(rl["model"]["matmul_parameters"], QWEN25_05B, 512, 768)
-            mfu = f"{flops / s['timing_s/update_actor'] / (rate * 1e12):.1%}"
-        gen_tps = f"{s['gen_tokens_per_s']:.0f}" if "gen_tokens_per_s" in s else "-"
-        lines.append(
-            f"| verl {data[key].get('env', {}).get('verl_site_verl', '')} GRPO ({key}) | {s['perf/throughput']:.0f} | "
-            f"{s['timing_s/step']:.2f} | {gv('gen')} | {gen_tps} | {gv('old_log_prob')} | {gv('ref')} | {gv('values')} | "
-            f"{gv('update_critic')} | {gv('update_actor')} | {gv('update_weights')} | {mfu} |"
-        )
-    grpo = rl.get("grpo")
-    for key in sorted(k for k in data if k.startswith("trl")):
-        s = data[key].get("summary")
-        if s and grpo:
-            lines.append(f"\nrlkube GRPO / TRL ({s['generation']}): {grpo['perf/throughput'] / s['throughput']:.2f}x")
-    for key in sorted(k for k in data if k.startswith("verl")):
-        s = data[key].get("summary")
-        if s and grpo:
-            lines.append(f"\nrlkube GRPO / verl ({key}): {grpo['perf/throughput'] / s['perf/throughput']:.2f}x")
-        if data[key].get("errors"):
-            lines.append(f"\n{key} errors: {json.dumps(data[key]['errors'], indent=1)}")
-    for key in (
-        "weight_sync",
-        "rollout_variants",
-        "rollout_profile",
-        "actor_profile",
-        "actor_update_variants",
-        "errors",
-        "skipped",
-    ):
-        if key in rl:
-            lines.append(f"\n{key}: {json.dumps(rl[key], indent=1, default=str)}")
-    if "mp" in data:
-        lines.append(f"\nmultiprocess engine: {json.dumps(data['mp'], indent=1)}")
+    lines += ["", "| goal | target | measured |", "|---|---|---|"]
+    if best_grpo:
+        lines.append(f"| rlkube GRPO tokens/s/GPU | {GOALS['tokens_per_s']:,.0f} | {best_grpo[1]:,.0f} ({best_grpo[0]}) |")
+        for name, run in trl.items():
+            ratio = best_grpo[1] / run["summary"]["throughput"]
+            lines.append(f"| rlkube GRPO / TRL ({name}) | {GOALS['vs_trl']}x | {ratio:.2f}x |")
+        for name, run in verl.items():
+            if run.get("summary"):
+                ratio = best_grpo[1] / run["summary"]["perf/throughput"]
+                lines.append(f"| rlkube GRPO / verl ({name}) | {GOALS['vs_verl']}x | {ratio:.2f}x |")
+    if ppo_ratios:
+        lines.append(f"| PPO with critic / GRPO (same run) | {GOALS['ppo_vs_grpo']}x | {'; '.join(ppo_ratios)} |")
+    if mfus:
+        name, mfu = max(mfus, key=lambda item: item[1])
+        lines.append(f"| actor update, share of the matmul rate | {GOALS['update_mfu']:.0%} | {mfu:.1%} ({name}) |")
+    for name, run in rlkube.items():
+        for key in ("errors", "skipped"):
+            if run.get(key):
+                lines.append(f"\n{name} {key}: {json.dumps(run[key], default=str)[:600]}")
     print("\n".join(lines))
     return 0
 

@@ -222,6 +222,11 @@ def _logits_to_keep_argument(model: nn.Module) -> str | None:
 # One chunk of fp32 logits is at most this many elements ([tokens, vocab]; 512 MiB): the LM
 # head's output for a whole batch ([batch, tokens, vocab] in fp32) is never made.
 LOGITS_CHUNK_ELEMENTS = 2**27
+# With gradients, each chunk's logits are recomputed in the backward (activation checkpointing)
+# so that one chunk is alive at a time. Off, every chunk's logits stay alive until the backward:
+# the LM head runs twice instead of three times, at [tokens, vocab] fp32 memory per micro-batch.
+# Not a setting: bench/gpu/liger_bench.py turns it off to measure what the recompute costs.
+RECOMPUTE_LOGITS = True
 # Models whose forward returns the LM head's output as is (no soft-capping or scaling of the
 # logits), so the head may be swapped for one that returns the scores directly.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe"})
@@ -271,7 +276,10 @@ def chunked_scores(
     hidden_chunks = torch.split(hidden.reshape(-1, width), per_chunk)
     for h, t in zip(hidden_chunks, torch.split(targets.reshape(-1), per_chunk), strict=True):
         args = (h, head.weight, head.bias, t, temperature, with_entropy, with_sum_pi_squared)
-        parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if needs_grad else _chunk_scores(*args))
+        if needs_grad and RECOMPUTE_LOGITS:
+            parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False))
+        else:
+            parts.append(_chunk_scores(*args))
     return torch.cat(parts).view(batch, positions, SCORES)
 
 

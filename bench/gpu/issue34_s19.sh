@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Issue 34, session 19 (docs/benchmarks.md, "GPU: issue 34 (session 19)"): the device calls, back
+# to back on one machine. The device tool sends main's checkout plus the ignored paths named in
+# `carry`: the wheel batches as .gpu-carry/carry/bN, .gpu-carry/carry/verl and .gpu-carry/tools
+# (py-spy, liger-kernel).
+#
+#   bash bench/gpu/issue34_s19.sh stage     # after each carried batch (copies to /tmp)
+#   bash bench/gpu/issue34_s19.sh install   # rlkube's site (vLLM 0.24), verl's site, tools; compileall of all
+#   bash bench/gpu/issue34_s19.sh update    # the actor update's kernel variants (liger_bench.py)
+#   bash bench/gpu/issue34_s19.sh grpo      # GRPO 4 steps + PPO 3 steps, plain, then model.use_liger
+#   bash bench/gpu/issue34_s19.sh trl       # TRL 1.16 GRPOTrainer, HF generation, bf16
+#   bash bench/gpu/issue34_s19.sh verl-start / verl-wait   # verl 0.9.1 with its fused kernels (issue34_s12.sh's)
+#   bash bench/gpu/issue34_s19.sh scale     # the 3B shape (scale_bench.py), if time is left
+#   bash bench/gpu/issue34_s19.sh report    # grpo_bench.py report over every JSON of this machine's run
+#
+# Every phase writes its JSON and log to $OUT (at most 8 files come back a call) and keeps the
+# JSON in /tmp/i34/results for the report.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+out="${OUT:-/tmp/i34/out}"
+state=/tmp/i34
+results=$state/results
+mkdir -p "$out" "$results"
+export OUT="$out" PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 TOKENIZERS_PARALLELISM=false
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export RLKUBE_COMMIT="${RLKUBE_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+site=/tmp/rlkube-site
+liger=/tmp/liger-site
+elapsed() { echo "[$(date -u +%T)] $*"; }
+keep() { cp "$out/$1" "$results/$1"; }
+quiet() { grep -vE "^(INFO|WARNING|\(EngineCore)|Capturing|Loading|Writing|.*it/s\]$" | cut -c1-700; }
+
+# The scripts this calls read bench/gpu/carry (stage.sh, install.sh, install-verl.sh).
+if [ -d "$root/.gpu-carry/carry" ]; then rm -rf "${here:?}/carry" && ln -s "$root/.gpu-carry/carry" "$here/carry"; fi
+
+grpo() {  # grpo NAME [--set k=v ...]: GRPO steps then PPO steps at the benchmark shape, nothing else
+  local name=$1
+  shift
+  elapsed "rlkube $name ($*)"
+  PYTHONPATH="$liger:$site" timeout "${RUN_TIMEOUT:-280}" python3 "$here/grpo_bench.py" rlkube --out "$out/$name.json" \
+    --steps 4 --ppo-steps 3 --budget 600 \
+    --skip weight_sync,rollout_variants,profile_actor,profile_rollout,actor_update_variants,grpo_kl "$@" \
+    >"$state/$name.full.log" 2>&1 || echo "rlkube $name exited with $?"
+  quiet <"$state/$name.full.log" | tail -12 | tee "$out/$name.log"
+  keep "$name.json" || true
+}
+
+case "${1:?phase}" in
+  stage)
+    bash "$here/stage.sh" || true
+    if compgen -G "$here/carry/verl/b*" >/dev/null; then
+      mkdir -p /tmp/verl-wheels && cp -u "$here"/carry/verl/b*/* /tmp/verl-wheels/ && echo "verl staged"
+    fi
+    if compgen -G "$root/.gpu-carry/tools/*.whl" >/dev/null; then
+      mkdir -p $state/tools && cp -u "$root"/.gpu-carry/tools/*.whl $state/tools/ && echo "tools staged"
+    fi
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    ;;
+  install)
+    [ -d $site/vllm ] || bash "$here/install.sh" 2>&1 | tail -3
+    if [ -d /tmp/verl-wheels ] && [ ! -d /tmp/verl-site/verl ]; then
+      bash "$here/install-verl.sh" 2>&1 | tail -2 || echo "verl install failed"
+    fi
+    for w in "$state"/tools/*.whl; do
+      case "$w" in
+        *py_spy*) python3 -m pip install -q --no-index --no-deps --target /tmp/tools-site "$w" ;;
+        *liger*) python3 -m pip install -q --no-index --no-deps --no-compile --target $liger "$w" ;;
+      esac
+    done
+    # The sites are installed --no-compile: every process of every run would otherwise compile
+    # the same sources to bytecode at start (40-62 % of verl's start-up samples in session 12).
+    t=$(date +%s)
+    python3 -m compileall -q -j 0 $site /tmp/verl-site $liger >/dev/null 2>&1 || true
+    elapsed "compileall: $(($(date +%s) - t)) s"
+    ;;
+  update)
+    PYTHONPATH="$liger:$site" timeout "${RUN_TIMEOUT:-400}" python3 "$here/liger_bench.py" --out "$out/update.json" \
+      --variants "${VARIANTS:-plain,nohead,compile,compile+nohead,liger,liger+nohead}" >"$state/update.full.log" 2>&1 ||
+      echo "liger_bench exited with $?"
+    quiet <"$state/update.full.log" | grep -E "^\[|Error|error" | tail -12 | tee "$out/update.log"
+    keep update.json || true
+    ;;
+  grpo)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    grpo rlkube-plain
+    grpo rlkube-liger --set model.use_liger=true
+    ;;
+  trl)
+    elapsed "TRL"
+    PYTHONPATH="$site" timeout "${RUN_TIMEOUT:-240}" python3 "$here/grpo_bench.py" trl --generation hf --steps 4 \
+      --out "$out/trl-hf.json" >"$state/trl.full.log" 2>&1 || echo "TRL exited with $?"
+    quiet <"$state/trl.full.log" | tail -8 | tee "$out/trl-hf.log"
+    keep trl-hf.json || true
+    ;;
+  verl-start | verl-run)
+    # issue34_s12.sh's verl phases (a process session of its own, the sampled profile), with
+    # verl's fused kernels: its FSDP engine's fused linear log-prob/entropy, no [tokens, vocab] logits.
+    export VERL_ARGS="${VERL_ARGS:---override actor_rollout_ref.model.use_fused_kernels=True}"
+    exec bash "$here/issue34_s12.sh" "$1"
+    ;;
+  verl-wait)
+    bash "$here/issue34_s12.sh" verl-wait
+    cp "$out/verl.json" "$results/verl.json" 2>/dev/null || true
+    ;;
+  scale)
+    elapsed "3B shape"
+    PYTHONPATH="$site" timeout "${RUN_TIMEOUT:-400}" python3 "$here/scale_bench.py" run --arch 3b --model-dtype bf16 \
+      --steps 3 --skip-checkpoint --timeout "${SCALE_TIMEOUT:-360}" --out "$out/scale-3b.json" >"$state/scale.full.log" 2>&1 ||
+      echo "scale_bench exited with $?"
+    quiet <"$state/scale.full.log" | tail -10 | tee "$out/scale.log"
+    keep scale-3b.json || true
+    ;;
+  report)
+    PYTHONPATH="$site" python3 "$here/grpo_bench.py" report "$results"/*.json | tee "$out/report.md"
+    ;;
+  *)
+    echo "unknown phase $1" >&2
+    exit 2
+    ;;
+esac
