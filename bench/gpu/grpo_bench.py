@@ -1009,7 +1009,9 @@ def report(paths: list[Path]) -> int:
     lines.append(f"env: {json.dumps(first.get('env', {}))}")
     lines.append(f"bf16 matmul: {_cell(rate, '.0f')} TFLOP/s measured")
     lines.append("")
-    lines.append("| run | tokens/s/GPU | step s | " + " | ".join(f"{p} s" for p in STEP_PHASES) + " | gen tok/s | actor MFU |")
+    lines.append(
+        "| run | tokens/s/GPU | step s | " + " | ".join(f"{p} s" for p in STEP_PHASES) + " | gen tok/s | actor MFU |"
+    )
     lines.append("|---|" + "---|" * (len(STEP_PHASES) + 4))
     best_grpo: tuple[str, float] | None = None
     ppo_ratios: list[str] = []
@@ -1044,7 +1046,10 @@ def report(paths: list[Path]) -> int:
         for error in run.get("errors", {}).values() if isinstance(run.get("errors"), dict) else []:
             lines.append(f"\n{name} error: {str(error)[:300]}")
     if updates:
-        lines += ["", "| actor update variant | update s | model TFLOP/s | share of matmul rate | peak GiB | log-prob diff |"]
+        lines += [
+            "",
+            "| actor update variant | update s | model TFLOP/s | share of matmul rate | peak GiB | log-prob diff |",
+        ]
         lines.append("|---|---|---|---|---|---|")
         for name, run in updates.items():
             for variant, row in run.items():
@@ -1061,7 +1066,11 @@ def report(paths: list[Path]) -> int:
                 if row.get("mfu") is not None:
                     mfus.append((f"{name} {variant}", row["mfu"]))
     if sizes:
-        lines += ["", "| size | tokens/s/GPU | step s | gen s | update_actor s | peak GiB | trains |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| size | tokens/s/GPU | step s | gen s | update_actor s | peak GiB | trains |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for row in sizes:
             m = row.get("means", {})
             lines.append(
@@ -1072,7 +1081,9 @@ def report(paths: list[Path]) -> int:
             )
     lines += ["", "| goal | target | measured |", "|---|---|---|"]
     if best_grpo:
-        lines.append(f"| rlkube GRPO tokens/s/GPU | {GOALS['tokens_per_s']:,.0f} | {best_grpo[1]:,.0f} ({best_grpo[0]}) |")
+        lines.append(
+            f"| rlkube GRPO tokens/s/GPU | {GOALS['tokens_per_s']:,.0f} | {best_grpo[1]:,.0f} ({best_grpo[0]}) |"
+        )
         for name, run in trl.items():
             ratio = best_grpo[1] / run["summary"]["throughput"]
             lines.append(f"| rlkube GRPO / TRL ({name}) | {GOALS['vs_trl']}x | {ratio:.2f}x |")

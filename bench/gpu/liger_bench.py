@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_bench as gb
+
 from rlkube_trainer import models
 
 
@@ -137,7 +138,7 @@ def main() -> int:
             raise SystemExit(f"--variants: unknown change(s) {sorted(unknown)} in {name!r}")
         try:
             row = run_variant(args, arch, shape, device, workdir, model_dir, batch, changes, rate, first)
-        except Exception as exc:  # noqa: BLE001  (a variant's failure is a result; the next one runs)
+        except Exception as exc:  # a variant's failure is a result; the next one runs
             res.put(name, {"error": f"{type(exc).__name__}: {exc}"[:2000]})
             gb.log(f"{name}: failed: {type(exc).__name__}: {exc}")
             continue
