@@ -71,8 +71,9 @@ def test_report_has_verl_row_and_ratio(vb: ModuleType, tmp_path: Path, capsys: p
     (tmp_path / "rlkube.json").write_text(json.dumps(rl))
     assert gb.report([tmp_path / "rlkube.json", tmp_path / "verl.json"]) == 0
     out = capsys.readouterr().out
-    assert f"| verl 0.9.1 GRPO (verl) | {verl_tps:.0f} | 23.50 | 11.00 |" in out
-    assert "rlkube GRPO / verl (verl): 2.00x" in out
+    assert f"| verl 0.9.1 GRPO (verl) | {verl_tps:,.0f} | 23.50 | 11.00 |" in out
+    # The goals table: issue 34's target beside the ratio measured.
+    assert "| rlkube GRPO / verl (verl) | 1.3x | 2.00x |" in out
 
 
 def test_overrides_follow_the_bench_shape(vb: ModuleType, tmp_path: Path) -> None:
