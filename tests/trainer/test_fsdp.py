@@ -8,8 +8,6 @@ layer's gathered weights for its backward and updates the same."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,12 +21,6 @@ from rlkube_trainer.tiny_task import build_model
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 RUNS: dict[Path, dict[str, Any]] = {}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +47,7 @@ def update(
     lora: bool = False,
 ) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
-    from fsdp_probe import config_for  # noqa: PLC0415
+    from fsdp_probe import config_for, run_probe  # noqa: PLC0415
 
     out = workdir / name
     if out.exists():  # the same run, asked for by another test of this module
@@ -64,14 +56,7 @@ def update(
     config = out / "config.yaml"
     raw = config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload, lora)
     config.write_text(yaml.safe_dump(raw))
-    result = subprocess.run(
-        [sys.executable, str(PROBE), str(world), str(free_port()), str(config), str(out), plan],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_probe(world, config, out, plan)
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)]
     RUNS[out] = {"ranks": ranks, "weights": torch.load(out / "weights.pt")}
     return RUNS[out]

@@ -7,8 +7,6 @@ gradient norm and the same weights after each update."""
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,15 +20,9 @@ from rlkube_trainer.tiny_task import build_model
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 sys.path.insert(0, str(PROBE.parent))
-from fsdp_probe import config_for, world_size_main  # noqa: E402
+from fsdp_probe import config_for, run_probe, world_size_main  # noqa: E402
 
 STRATEGIES = ("replicate", "fsdp2")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def results(out: Path, world: int) -> dict[str, Any]:
@@ -53,22 +45,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     world_size_main(0, 1, parse_trainer_config(config), str(one), "save")
     two.mkdir()
     (two / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 2, "replicate", None, "fp32")))
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(PROBE),
-            "2",
-            str(free_port()),
-            str(two / "config.yaml"),
-            str(two),
-            f"save+load:{one}/save",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_probe(2, two / "config.yaml", two, f"save+load:{one}/save")
     world_size_main(0, 1, parse_trainer_config(config), str(one), f"load:{two}/save")
     return {
         "two": results(two / "save", 2),
