@@ -54,6 +54,8 @@ CONFIG_FILE: Final = "config.yaml"
 # Not under CONFIG_DIR: a mount inside a read-only ConfigMap mount needs its mount point
 # created in a read-only file system.
 REWARD_DIR: Final = "/etc/rlkube-reward"
+# rollout.multiTurn.configMap's keys (tool and interaction files).
+AGENT_DIR: Final = "/etc/rlkube-agent"
 SHM_DIR: Final = "/dev/shm"
 
 

@@ -45,14 +45,14 @@ from rlkube_api.kube_syntax import (
     cel_is_annotation_key,
     cel_is_label_key,
 )
-from rlkube_api.names import CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
+from rlkube_api.names import AGENT_DIR, CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
 from rlkube_api.volumes import VolumeSource
 
 # The trainer container's name; sidecars may not take it.
 TRAINER_CONTAINER = "trainer"
 # Volume names the operator itself mounts in every pod.
-OPERATOR_VOLUMES = ("checkpoints", "config", "reward", "shm")
-OPERATOR_MOUNT_PATHS = (CONFIG_DIR, REWARD_DIR, SHM_DIR)
+OPERATOR_VOLUMES = ("agent", "checkpoints", "config", "reward", "shm")
+OPERATOR_MOUNT_PATHS = (AGENT_DIR, CONFIG_DIR, REWARD_DIR, SHM_DIR)
 # Variables the operator sets in every pod; a user value would break the rendezvous.
 RESERVED_ENV = tuple(sorted(v for k, v in vars(Env).items() if k.isupper()))
 # Set from gpusPerReplica and resources; one fact written once.

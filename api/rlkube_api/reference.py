@@ -65,6 +65,7 @@ class Rule:
     on: str
     at: str
     message: str
+    transition: bool
     immutable: bool
 
 
@@ -272,7 +273,10 @@ def _rules(cls: type[ApiModel], path: str) -> list[Rule]:
 
 def _rule(rule: CelRule, path: str) -> Rule:
     at = _join(path, rule.field_path.lstrip(".")) if rule.field_path else path
-    return Rule(path or KIND, at or KIND, rule.message, rule.transition)
+    # A transition rule that allows some changes (rollout replicas) is a rule on update, not immutability.
+    return Rule(
+        path or KIND, at or KIND, rule.message, rule.transition, rule.transition and "immutable" in rule.message
+    )
 
 
 @dataclass(frozen=True)
@@ -438,7 +442,13 @@ def _rules_markdown(sections: list[Section]) -> list[str]:
         "|---|---|---|---|",
     ]
     for rule in (r for s in sections for r in s.rules):
-        when = "on update (**immutable**)" if rule.immutable else "on create and update"
+        when = (
+            "on update (**immutable**)"
+            if rule.immutable
+            else "on update"
+            if rule.transition
+            else "on create and update"
+        )
         out.append(f"| {_code(rule.on)} | {_code(rule.at)} | {_cell(rule.message)} | {when} |")
     out.append("")
     return out

@@ -281,6 +281,16 @@ _PATH_RULES = (
     _absolute("critic", "modelPath"),
     _absolute("reward", "function.path"),
     _absolute("reward", "model.path"),
+    *(
+        CelRule(
+            "!has(self.rollout) || !has(self.rollout.multiTurn) || has(self.rollout.multiTurn.configMap) "
+            f"|| !has(self.rollout.multiTurn.{field}) "
+            f"|| self.rollout.multiTurn.{field}.startsWith('/')",
+            f"rollout.multiTurn.{field} must be an absolute path in the pods, or a key of rollout.multiTurn.configMap",
+            f".rollout.multiTurn.{field}",
+        )
+        for field in ("toolConfigPath", "functionToolPath", "interactionConfigPath")
+    ),
     CelRule(
         "!has(self.checkpoint.volume) || self.checkpoint.dir.startsWith('/')",
         "checkpoint.dir must be an absolute path when checkpoint.volume is set (the volume is mounted there)",
@@ -345,6 +355,10 @@ _MOUNT_RULES = (
 )
 
 
+# spec.roles.rollout.replicas in CEL, its default where unset.
+_ROLLOUT_REPLICAS = "(has({s}.roles.rollout) && has({s}.roles.rollout.replicas) ? {s}.roles.rollout.replicas : 1)"
+
+
 class RLJobSpec(TrainerConfig):
     """What to train (the trainer's sections) and how to run it on Kubernetes."""
 
@@ -367,6 +381,26 @@ class RLJobSpec(TrainerConfig):
         ),
         *_PATH_RULES,
         *_MOUNT_RULES,
+        # The pods' trainer runs its ranks as Ray actors, one call at a time: a generation in
+        # flight there cannot be paused for a weight push (trainer/rlkube_trainer/driver.py).
+        CelRule(
+            "!self.asyncTraining.partialRollout",
+            "asyncTraining.partialRollout is not supported in a cluster yet (the pods' ranks are Ray actors, "
+            "which cannot pause a generation in flight); it runs with rlkube-trainer run --in-process",
+            ".asyncTraining.partialRollout",
+        ),
+        # Kueue admits a plain-pod group of a fixed size (its pod-group-total-count): a gang
+        # cannot grow or shrink in place under it.
+        CelRule(
+            "!has(self.runPolicy) || !has(self.runPolicy.gang) || self.runPolicy.gang.scheduler != 'kueue' || "
+            + _ROLLOUT_REPLICAS.format(s="self")
+            + " == "
+            + _ROLLOUT_REPLICAS.format(s="oldSelf"),
+            "roles.rollout.replicas cannot change while the job runs under runPolicy.gang.scheduler kueue (Kueue "
+            "admits a pod group of a fixed size); suspend the job, change it, then resume",
+            ".roles.rollout.replicas",
+            transition=True,
+        ),
     )
 
     image: Annotated[str, IMAGE] = Field(

@@ -229,8 +229,22 @@ class RolloutRoleSpec(_PodRole):
             ".tensorParallelSize",
         ),
         _GPUS_IMMUTABLE,
-        _REPLICAS_IMMUTABLE,
+        # Elastic rollout capacity (issue 29): separate rollout pods are scaled in place, each
+        # engine on one pod's process; an engine spanning ranks has a fixed world size.
+        CelRule(
+            "self.replicas == oldSelf.replicas || self.tensorParallelSize == 1",
+            "replicas may change while the job runs only with tensorParallelSize 1 (each rollout engine one "
+            "process; an engine spanning ranks has a fixed world size)",
+            ".replicas",
+            transition=True,
+        ),
         CelRule("self.placement == oldSelf.placement", "placement is immutable", ".placement", transition=True),
+        CelRule(
+            "self.tensorParallelSize == oldSelf.tensorParallelSize",
+            "tensorParallelSize is immutable",
+            ".tensorParallelSize",
+            transition=True,
+        ),
         CelRule("self.placement == 'separate' || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
         # A colocated rollout runs in the actor's workers, one engine per tensorParallelSize of them.
         CelRule(

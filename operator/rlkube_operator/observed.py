@@ -73,6 +73,12 @@ class PodView:
     departed: bool = False
 
     @property
+    def index(self) -> int | None:
+        """The pod's ordinal in its StatefulSet (the end of its name)."""
+        _, _, tail = self.name.rpartition("-")
+        return int(tail) if tail.isdigit() else None
+
+    @property
     def failed(self) -> bool:
         if self.phase == "Failed":
             return True

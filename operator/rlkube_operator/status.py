@@ -63,6 +63,13 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
+from rlkube_operator.rollout_scaling import (
+    ROLLOUT,
+    elastic_rollout,
+    rollout_scaled,
+    rollout_starting,
+    scaled_away,
+)
 
 INVALID_CHILD = "InvalidChild"
 CONTAINERS_NOT_STARTED = "ContainersNotStarted"
@@ -209,13 +216,16 @@ def _age(pod: PodView, now: datetime) -> float:
     return (now - pod.created).total_seconds() if pod.created else 0.0
 
 
-def _replaced_pods(current: list[PodView], gang: list[str] | None) -> list[PodView]:
+def _replaced_pods(job: RLJob, current: list[PodView], gang: list[str] | None) -> list[PodView]:
     """Pods that were not part of the gang when it last ran: their predecessor died,
-    even if the operator missed the failure (it was down, or the pod was deleted)."""
+    even if the operator missed the failure (it was down, or the pod was deleted). A rollout
+    that scales in place gains new pods as it grows: those are new engines, not replacements
+    (a rollout pod's failure seen by the watch still counts, `gang_failed`)."""
     if not gang:
         return []
     members = set(gang)
-    return [p for p in current if p.uid and p.uid not in members]
+    elastic = elastic_rollout(job)
+    return [p for p in current if p.uid and p.uid not in members and not (elastic and p.role == ROLLOUT)]
 
 
 def _wanted(status: RLJobStatus) -> int:
@@ -375,8 +385,13 @@ def restart_begun(p: _Pass) -> Fate | None:
 def gang_failed(p: _Pass) -> Fate | None:
     prev, policy = p.prev, p.job.spec.run_policy
     # A failed pod counts even while its StatefulSet deletes it.
-    failed = [pod for pod in p.observed.pods if pod.attempt == prev.restart_count and pod.failed]
-    replaced = _replaced_pods(p.current, prev.gang_pod_uids)
+    # A rollout pod the spec scaled away ends on purpose (its SIGTERM exit code, a Failed phase).
+    failed = [
+        pod
+        for pod in p.observed.pods
+        if pod.attempt == prev.restart_count and pod.failed and not scaled_away(p.job, pod)
+    ]
+    replaced = _replaced_pods(p.job, p.current, prev.gang_pod_uids)
     if not (failed or replaced):
         return None
     # A replaced member whose Events tell how it ended is judged as if it had been seen.
@@ -678,6 +693,23 @@ def readiness(p: _Pass) -> Fate:
         status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
         conds.clear(ConditionType.RESTARTING, "Resumed", "the gang is running again")
         status.state = State.RUNNING.value
+    elif (
+        state_of(p.prev.state) is State.RUNNING
+        and not conds.is_true(ConditionType.RESTARTING)
+        and elastic_rollout(p.job)
+        and rollout_starting(status.roles)
+    ):
+        # A rollout scaling: the gang trains on while new engines start (and join it) or
+        # removed ones go.
+        rollout = status.roles[ROLLOUT]
+        conds.set(
+            ConditionType.RUNNING,
+            "True",
+            "AllPodsReady",
+            f"the gang is running; the rollout is scaling: {rollout.ready}/{rollout.replicas} rollout pods are ready",
+        )
+        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        status.state = State.RUNNING.value
     elif conds.is_true(ConditionType.RESTARTING):
         conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, wanted))
         status.state = State.RESTARTING.value
@@ -723,6 +755,8 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
         status.progress = _without_estimate(status.progress)
         return _finished(p)
     children_created(p)
+    if (scaled := rollout_scaled(job, prev)) is not None:
+        p.conds.events.append(scaled)
     fate = Fate.ACTIVE
     for rule in RULES:
         if (decided := rule(p)) is not None:
@@ -822,13 +856,16 @@ def pod_loss_breaks_gang(job_state: str | None, restart_count: int, suspended: b
 
 def is_transition(prev: RLJobStatus, new: RLJobStatus) -> bool:
     """Whether `new` differs from `prev` in more than role counts and condition messages: a
-    state, a condition's status or reason, the restart count, the driver's progress, times.
+    state, a condition's status or reason, the restart count, the driver's progress, times,
+    a role's wanted replicas.
     Those are written at once; counts and messages alone may wait a moment, so that a gang
     whose pods turn ready one after another costs one status write, not one per pod."""
 
     def essentials(status: RLJobStatus) -> RLJobStatus:
         conditions = [c.model_copy(update={"message": "", "last_transition_time": ""}) for c in status.conditions]
-        return status.model_copy(update={"roles": {}, "conditions": conditions})
+        # The wanted replicas are kept: a rollout scaling is written at once (its Event is told once).
+        wanted = {name: RoleStatus(replicas=role.replicas) for name, role in status.roles.items()}
+        return status.model_copy(update={"roles": wanted, "conditions": conditions})
 
     return essentials(prev) != essentials(new)
 

@@ -30,6 +30,8 @@ class TrainBatch:
     prompt_lengths: torch.Tensor
     # Filled in by the step.
     rollout_log_probs: torch.Tensor | None = None
+    # Partial rollouts: the weight version that generated each response token (-1 on padding).
+    token_versions: torch.Tensor | None = None
     token_level_scores: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     # The actor's sum over the vocabulary of pi^2 per response token, from the old log-prob pass
@@ -97,6 +99,8 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
     attention_mask = torch.zeros_like(input_ids)
     with_log_probs = all(s.logprobs is not None for s in samples)
     rollout_log_probs = torch.zeros(batch, response_length)
+    with_versions = all(s.token_versions is not None for s in samples)
+    token_versions = torch.full((batch, response_length), -1, dtype=torch.long)
     for i, (prompt, sample) in enumerate(zip(prompt_ids, samples, strict=True)):
         start = prompt_length - len(prompt)
         input_ids[i, start:prompt_length] = torch.tensor(prompt)
@@ -106,6 +110,8 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
         attention_mask[i, prompt_length:end] = 1
         if sample.logprobs is not None:
             rollout_log_probs[i, : len(sample.logprobs)] = torch.tensor(sample.logprobs)
+        if sample.token_versions is not None:
+            token_versions[i, : len(sample.token_versions)] = torch.tensor(sample.token_versions, dtype=torch.long)
     response_mask = attention_mask[:, prompt_length:].float()
     for i, sample in enumerate(samples):
         if sample.response_mask is not None:
@@ -119,6 +125,7 @@ def build_batch(prompts: list[Prompt], rollout: RolloutBatch, pad_token_id: int)
         group_index=torch.tensor([prompts[s.prompt_index].index for s in samples]),
         prompt_lengths=torch.tensor([len(p) for p in prompt_ids]),
         rollout_log_probs=rollout_log_probs if with_log_probs else None,
+        token_versions=token_versions if with_versions else None,
         episode=(
             {k: torch.tensor([e[k] for e in episodes], dtype=torch.float32) for k in episodes[0]}
             if len(episodes) == len(samples) and episodes

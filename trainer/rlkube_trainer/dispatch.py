@@ -15,7 +15,7 @@ from rlkube_api.placement import Engines
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.rank_group import RankGroup, split
 from rlkube_trainer.reward import RewardInput, RewardScores
-from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
+from rlkube_trainer.rollout import RolloutBatch, SamplingConfig
 from rlkube_trainer.weight_sync import Manifest
 
 Metrics = dict[str, float]
@@ -104,7 +104,7 @@ def generate(
         group.submit("generate", [(prompt_token_ids[s], shard_sampling(sampling, s.start)) for s in shares])
     )
     samples = [
-        RolloutSample(part.start + sample.prompt_index, sample.token_ids, sample.logprobs, sample.finish_reason)
+        dataclasses.replace(sample, prompt_index=part.start + sample.prompt_index)
         for engine, part in enumerate(parts)
         for sample in batches[engines.ranks_of(engine)[0]].samples
     ]
@@ -123,6 +123,12 @@ class ColocatedRollout:
 
     def sync_weights(self) -> int:
         return int(sum(self.actor.call_all("sync_colocated")) // max(len(self.actor), 1))
+
+    def pause_generation(self) -> None:
+        self.actor.call_all("pause_generation")
+
+    def resume_generation(self, weight_version: int) -> None:
+        self.actor.call_all("resume_generation", weight_version)
 
 
 class SeparateRollout:
@@ -154,3 +160,9 @@ class SeparateRollout:
         # Both sides at once: the broadcast completes only when every rank takes part.
         self.rollout.wait(receives)
         return int(self.actor.wait(sends)[0])
+
+    def pause_generation(self) -> None:
+        self.rollout.call_all("pause_generation")
+
+    def resume_generation(self, weight_version: int) -> None:
+        self.rollout.call_all("resume_generation", weight_version)

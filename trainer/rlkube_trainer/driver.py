@@ -11,6 +11,7 @@ the controller pod); `run_in_process` runs every role on one rank in this proces
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -29,6 +30,12 @@ from tqdm import tqdm
 from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Group, Placement, Role, placement_of
+from rlkube_trainer.async_training.partial_rollout import (
+    check_placement,
+    interruptible_rollout,
+    push_into_generation,
+    token_version_metrics,
+)
 from rlkube_trainer.async_training.schedule import OneStepOff
 from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
@@ -45,6 +52,7 @@ from rlkube_trainer.dispatch import (
     DataParallelRewardModel,
     SeparateRollout,
 )
+from rlkube_trainer.elastic_rollout import ElasticRollout, Fleet
 from rlkube_trainer.fsdp import Rendezvous
 from rlkube_trainer.models import load_tokenizer
 from rlkube_trainer.ppo import PPOTrainer, Roles, Rollout, Timer
@@ -62,6 +70,8 @@ log = logging.getLogger("rlkube.trainer")
 
 # Starts a group's ranks (already described by their specs) and returns its handle.
 Launch = Callable[[Group, list[RankSpec], dict[str, Any]], RankGroup]
+# Where elastic rollout engines come from: the rollout group, a rank's spec, the config.
+FleetOf = Callable[[Group, Callable[[int], RankSpec], dict[str, Any]], Fleet]
 Groups = dict[Role, RankGroup]
 
 
@@ -115,6 +125,20 @@ def rank_specs(placement: Placement, group: Group, total_steps: int) -> list[Ran
     ]
 
 
+def engine_spec(placement: Placement, total_steps: int, rank: int) -> RankSpec:
+    """A rollout engine that joins while the job runs (elastic rollout): a rank of its own,
+    numbered in the weight-sync group by the driver when it joins."""
+    group = placement.group(Role.ROLLOUT)
+    return RankSpec(
+        group=group.name,
+        rank=rank,
+        rendezvous=Rendezvous("127.0.0.1", 0, 1, 0),
+        hosts=group.hosts,
+        total_steps=total_steps,
+        tensor_parallel_size=placement.engines.tensor_parallel_size,
+    )
+
+
 def launch_local(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RankGroup:
     """The group's ranks as objects in this process."""
     return LocalRankGroup(group.name, [Rank(config, spec) for spec in specs])
@@ -131,8 +155,15 @@ def start_groups(config: TrainerConfig, placement: Placement, launch: Launch, to
     return groups
 
 
-def build_roles(config: TrainerConfig, placement: Placement, groups: Groups, function_reward: Any) -> Roles:
-    """The roles the loop calls, each over the group placement puts it on."""
+def build_roles(
+    config: TrainerConfig,
+    placement: Placement,
+    groups: Groups,
+    function_reward: Any,
+    fleet: Callable[[], Fleet] | None = None,
+) -> Roles:
+    """The roles the loop calls, each over the group placement puts it on. With `fleet`, a
+    separate rollout of one-process engines is elastic (elastic_rollout.py)."""
 
     def host(role: Role) -> RankGroup | None:
         group = placement.host_of(role)
@@ -149,7 +180,10 @@ def build_roles(config: TrainerConfig, placement: Placement, groups: Groups, fun
         for group, joined in zip((actor, rollout_group), joins, strict=True):
             group.wait(joined)
         bucket = config.rollout.update_weights_bucket_megabytes * 2**20
-        rollout = SeparateRollout(actor, rollout_group, manifest, bucket, placement.engines)
+        if fleet is not None and placement.engines.tensor_parallel_size == 1:
+            rollout = ElasticRollout(actor, rollout_group, fleet(), manifest, bucket, ("127.0.0.1", port))
+        else:
+            rollout = SeparateRollout(actor, rollout_group, manifest, bucket, placement.engines)
     else:
         rollout = ColocatedRollout(actor, placement.engines)
     reference, critic, reward_model = host(Role.REFERENCE), host(Role.CRITIC), host(Role.REWARD)
@@ -418,10 +452,17 @@ class TrainingRun:
             return [Sampled(index, prompts, batch, metrics, timer, after)]
 
         pushes: list[tuple[float, int]] = []  # (seconds, bytes) since the last update's row
+        interruptible = interruptible_rollout(self.config, ppo.roles.rollout)
 
         def push() -> None:
             start = time.perf_counter()
-            synced = ppo.roles.rollout.sync_weights()
+            if interruptible is None:
+                synced = ppo.roles.rollout.sync_weights()
+            else:
+                versions = schedule.versions  # the schedule sets engine = actor after this push
+                synced = push_into_generation(
+                    interruptible, ppo.roles.rollout.sync_weights, versions.engine, versions.actor
+                )
             pushes.append((time.perf_counter() - start, synced))
 
         last_row = time.perf_counter()
@@ -439,6 +480,9 @@ class TrainingRun:
             now = time.perf_counter()
             timer.seconds["timing_s/step"], last_row = now - last_row, now
             metrics = ppo.step_metrics(sampled.batch, metrics, timer, synced)
+            if sampled.batch.token_versions is not None:
+                (begun,) = (group.version for group in taken.groups)
+                metrics |= token_version_metrics(sampled.batch, version, begun)
             metrics["data/order_checksum"] = float(order_checksum(sampled.prompts))
             metrics["training/batch_index"] = float(sampled.index)
             self.trained_position = sampled.after
@@ -452,7 +496,8 @@ class TrainingRun:
         buffer: OffPolicyBuffer[Sampled] = OffPolicyBuffer(
             sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
         )
-        self.schedule = OneStepOff(buffer, 1, sync_step, generate, push)
+        schedule = OneStepOff(buffer, 1, sync_step, generate, push, partial_rollout=interruptible is not None)
+        self.schedule = schedule
         try:
             for metrics in self.schedule.run(self.total_steps - self.step, train):
                 self.step += 1
@@ -539,9 +584,12 @@ def train(
     progress: bool = True,
     metrics_port: int = 0,
     job: JobIdentity | None = None,
+    fleet_of: FleetOf | None = None,
 ) -> RunResult:
     """Set-up, then the loop: the same for every way of running the ranks. `job`: the RLJob this
-    runs for, which must own checkpoint.dir (None outside a cluster)."""
+    runs for, which must own checkpoint.dir (None outside a cluster). `fleet_of`: where rollout
+    engines that join later come from (None: the rollout keeps the engines it started with)."""
+    check_placement(config, ranks_in_process=launch is launch_local)
     if job is not None:
         claim(checkpoint_root(config), job, config.checkpoint.adopt)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -549,12 +597,23 @@ def train(
     tokenizer = load_tokenizer(config.model.tokenizer_path or config.model.path)
     loader = PromptLoader.from_config(PromptDataset(config.data.train_files, tokenizer, config.data), config.data)
     val_prompts = validation_prompts(config, tokenizer)
-    groups = start_groups(config, placement, launch, total_steps_of(config, loader))
+    total_steps = total_steps_of(config, loader)
+    groups = start_groups(config, placement, launch, total_steps)
+    fleet: Callable[[], Fleet] | None = None
+    if fleet_of is not None and placement.weight_sync is not None:
+        of = fleet_of
+
+        def fleet() -> Fleet:
+            spec_of = functools.partial(engine_spec, placement, total_steps)
+            return of(placement.group(Role.ROLLOUT), spec_of, config.model_dump(mode="json"))
+
+    elastic: ElasticRollout | None = None
     try:
         function_reward: RewardScorer | None = None
         if config.reward.model is None:  # a function, or the built-in scorers by data_source
             function_reward = build_reward_scorer(config.reward)
-        roles = build_roles(config, placement, groups, function_reward)
+        roles = build_roles(config, placement, groups, function_reward, fleet)
+        elastic = roles.rollout if isinstance(roles.rollout, ElasticRollout) else None
         episodes = episode_sampler(roles.rollout, tokenizer, config)
         ppo = PPOTrainer(
             config,
@@ -575,6 +634,8 @@ def train(
         finally:
             metrics.close()
     finally:
+        if elastic is not None:
+            elastic.close()
         close(groups)
 
 
@@ -594,7 +655,12 @@ def run_distributed(
     progress: bool = True,
 ) -> RunResult:
     """The ranks as Ray actors on the connected Ray cluster (ray.init already called)."""
-    from rlkube_trainer.ray_group import launch_ray_group  # noqa: PLC0415  (Ray only where it runs)
+    from rlkube_trainer.ray_group import RayRolloutFleet, launch_ray_group  # noqa: PLC0415  (Ray only where it runs)
+
+    config_path = Path(os.environ[Env.CONFIG]) if os.environ.get(Env.CONFIG) else None
+
+    def fleet_of(group: Group, spec_of: Callable[[int], RankSpec], config_dict: dict[str, Any]) -> Fleet:
+        return RayRolloutFleet(group, spec_of, config_dict, config_path)
 
     log.info(
         "job %s/%s, attempt %s",
@@ -611,6 +677,7 @@ def run_distributed(
         progress,
         metrics_port_from_env(),
         identity_from_env(),
+        fleet_of,
     )
 
 

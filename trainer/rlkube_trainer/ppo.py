@@ -295,9 +295,11 @@ class PPOTrainer:
             prompt = prompts[sample.prompt_index]
             text = str(self.decode(sample.token_ids, skip_special_tokens=True))
             responses.append(text)
-            rows.append(
-                RewardInput(prompt.data_source, text, prompt.ground_truth, prompt.extra_info, prompt.raw_prompt)
-            )
+            extra_info = prompt.extra_info
+            if sample.reward_info is not None:
+                # A multi-turn episode's num_turns and rollout_reward_scores, as verl's reward managers add.
+                extra_info = {**(extra_info if isinstance(extra_info, dict) else {}), **sample.reward_info}
+            rows.append(RewardInput(prompt.data_source, text, prompt.ground_truth, extra_info, prompt.raw_prompt))
         result, labels = score_with_labels(self.roles.reward, rows)
         raw, extra = list(result.scores), dict(result.extra)
         scores = raw

@@ -165,6 +165,35 @@ def check_reward_function(config: TrainerConfig) -> None:
         raise PreflightError("reward.function.path", function.path, str(exc)) from None
 
 
+def check_multi_turn(config: TrainerConfig) -> None:
+    """The tool and interaction files load (a key missing from the job's ConfigMap, a module that
+    does not import, a sandbox section without a code interpreter) before any model is loaded."""
+    from rlkube_trainer.rollout.agent.config import (  # noqa: PLC0415
+        load_interaction_config,
+        load_tools,
+        settings_from_multi_turn,
+    )
+
+    section = config.rollout.multi_turn
+    if not section.enable:
+        return
+    verl_section = section.model_dump()
+    for key in ("tool_config_path", "function_tool_path", "interaction_config_path"):
+        path = verl_section[key]
+        if path is not None and not Path(path).is_file():
+            raise PreflightError(
+                f"rollout.multi_turn.{key}",
+                path,
+                "is not a file (in an RLJob with multiTurn.configMap: a key the ConfigMap lacks)",
+            )
+    try:
+        settings_from_multi_turn(verl_section, config.data.max_response_length)
+        load_tools(verl_section)
+        load_interaction_config(verl_section)
+    except (ValueError, TypeError, OSError) as exc:
+        raise PreflightError("rollout.multi_turn", None, str(exc)) from None
+
+
 def check_checkpoint_dir(path: str) -> None:
     """The checkpoint folder can be made and written (a volume that is missing or read-only
     would fail only at the first save, after a whole saveFreq of training)."""
@@ -231,6 +260,7 @@ def check_driver(config: TrainerConfig) -> None:
     for i, path in enumerate(config.data.val_files or []):
         check_data_file(f"data.val_files[{i}]", path, config)
     check_reward_function(config)
+    check_multi_turn(config)
     check_checkpoint_dir(config.checkpoint.dir)
     if config.checkpoint.uri is not None:
         check_checkpoint_uri(config.checkpoint.uri, config.checkpoint.endpoint_url)

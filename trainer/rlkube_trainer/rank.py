@@ -125,6 +125,12 @@ def with_model_in_shm(config: TrainerConfig) -> TrainerConfig:
     return config.model_copy(update={"model": model, "critic": critic})
 
 
+def engine_of_its_own(spec: RankSpec) -> bool:
+    """A rank that hosts only a rollout engine of one process (separate placement,
+    tensorParallelSize 1): it needs no role group, so rollout engines come and go alone."""
+    return spec.hosts == frozenset({Role.ROLLOUT}) and spec.tensor_parallel_size == 1
+
+
 class Rank:
     def __init__(self, config: dict[str, Any], spec: RankSpec) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -146,8 +152,13 @@ class Rank:
         spec, config, hosts = self.spec, self.config, self.spec.hosts
         if self.device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        rendezvous = rendezvous_from_env(spec.rendezvous)
-        if rendezvous.world_size > 1 or self.device.type == "cuda":
+        if engine_of_its_own(spec):
+            # Elastic rollout: one-process engines share no collective, so each joins or
+            # leaves alone; only the weight-sync group (re-formed by the driver) spans them.
+            rendezvous = Rendezvous("127.0.0.1", spec.rendezvous.master_port, 1, 0)
+        else:
+            rendezvous = rendezvous_from_env(spec.rendezvous)
+        if not engine_of_its_own(spec) and (rendezvous.world_size > 1 or self.device.type == "cuda"):
             init_role_group(rendezvous, self.device, self.collective_timeout)
         if self.device.type == "cuda":
             check_rank(config, hosts, spec.group, spec.rank, rendezvous.world_size)
@@ -226,6 +237,16 @@ class Rank:
             self.engine_asleep = True
         return batch
 
+    def pause_generation(self) -> None:
+        """Partial rollouts: the generation in flight (on another thread) stops at a step
+        boundary; returns once the engine is idle."""
+        assert self.engine is not None
+        self.engine.pause_generation()
+
+    def resume_generation(self, weight_version: int) -> None:
+        assert self.engine is not None
+        self.engine.resume_generation(weight_version)
+
     def sync_colocated(self) -> int:
         """Hybrid engine: this rank's policy weights into its own engine, in memory."""
         assert self.actor is not None and self.engine is not None
@@ -278,6 +299,26 @@ class Rank:
             addr, port, world, self.spec.weight_sync_rank, self.device, self.collective_timeout
         )
 
+    def rejoin_weight_sync(self, addr: str, port: int, generation: int, world_size: int, rank: int) -> None:
+        """Elastic rollout: the weight-sync group formed anew, as the driver numbers its members
+        now (actor rank 0 first, then the rollout engines it keeps). A new engine connects to
+        the actor's store where the operator's env says it is."""
+        if self.broadcast is None:
+            addr = os.environ.get(Env.WEIGHT_SYNC_ADDR, addr)
+            port = int(os.environ.get(Env.WEIGHT_SYNC_PORT, port))
+            self.broadcast = BroadcastGroup(
+                addr,
+                port,
+                world_size,
+                rank,
+                self.device,
+                self.collective_timeout,
+                is_master=False,
+                generation=generation,
+            )
+        else:
+            self.broadcast.reform(generation, world_size, rank)
+
     def send_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
         """Every actor rank: rank 0 broadcasts; with a sharded policy the others must still
         take part in gathering each full tensor."""
@@ -286,7 +327,15 @@ class Rank:
             for _ in self.actor.named_weights():
                 pass
             return 0
-        return self.broadcast.send(self.actor.named_weights(), manifest, bucket_bytes)
+        named = self.actor.named_weights()
+        try:
+            return self.broadcast.send(named, manifest, bucket_bytes)
+        except RuntimeError:
+            # A rollout engine left mid-broadcast (elastic rollout): the other actor ranks gather
+            # every tensor with this one, so take part to the end before the driver retries.
+            for _ in named:
+                pass
+            raise
 
     def receive_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
         """Rollout ranks: the broadcast into the running engine."""

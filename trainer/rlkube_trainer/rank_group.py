@@ -58,6 +58,14 @@ class RankGroup:
         """The results in the order submitted; a failed rank raises."""
         raise NotImplementedError
 
+    def done(self, pending: Pending) -> bool:
+        """Whether every call of `pending` has finished (`wait` then returns at once)."""
+        raise NotImplementedError
+
+    def only(self, rank: int) -> RankGroup:
+        """Rank `rank` alone, as a group of one (an elastic rollout engine)."""
+        raise NotImplementedError
+
     def call_all(self, method: str, *args: Any) -> list[Any]:
         return self.wait(self.submit(method, [args] * len(self)))
 
@@ -87,3 +95,9 @@ class LocalRankGroup(RankGroup):
 
     def wait(self, pending: Pending) -> list[Any]:
         return list(pending.handles)
+
+    def done(self, pending: Pending) -> bool:
+        return True
+
+    def only(self, rank: int) -> RankGroup:
+        return LocalRankGroup(self.role, [self.ranks[rank]])

@@ -28,6 +28,13 @@ def resource_name(group: str, pod_index: int) -> str:
     return f"rlkube_{group}_{pod_index}"
 
 
+def pod_of_resource(group: str, name: str) -> int | None:
+    """The pod index in a resource name `resource_name(group, index)` (None: another's)."""
+    prefix = resource_name(group, 0)[:-1]
+    tail = name.removeprefix(prefix)
+    return int(tail) if tail != name and tail.isdigit() else None
+
+
 def node_resources(placement: Placement) -> dict[str, float]:
     """Every pod's resource, with one unit per rank it runs."""
     return {resource_name(g.name, i): float(g.procs_per_pod) for g in placement.groups for i in range(g.pods.replicas)}

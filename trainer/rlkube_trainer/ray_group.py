@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
+import yaml
 
 from rlkube_api.placement import Group, Role
 from rlkube_trainer.preflight import config_errors
 from rlkube_trainer.rank import Rank, RankSpec
 from rlkube_trainer.rank_group import Pending, RankGroup, RankLost
-from rlkube_trainer.ray_cluster import resource_name
+from rlkube_trainer.ray_cluster import pod_of_resource, resource_name
 
 log = logging.getLogger("rlkube.trainer")
 # How long the driver waits for a rank's answer before declaring it lost.
@@ -59,6 +61,14 @@ class RayRankGroup(RankGroup):
                     raise RankLost(self.role, rank_of[ref], _first_line(exc)) from exc
         return list(ray.get(list(pending.handles)))
 
+    def done(self, pending: Pending) -> bool:
+        refs = list(pending.handles)
+        finished, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return len(finished) == len(refs)
+
+    def only(self, rank: int) -> RayRankGroup:
+        return RayRankGroup(self.role, [self.handles[rank]], self.timeout)
+
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
@@ -79,3 +89,45 @@ def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]
         for spec in specs
     ]
     return RayRankGroup(group.name, handles)
+
+
+class RayRolloutFleet:
+    """The rollout engines' Ray side (elastic_rollout.Fleet): the rollout pods are the alive Ray
+    nodes advertising the rollout group's resource, and the job wants as many as the mounted
+    config says now (the operator re-renders it when `spec.roles.rollout.replicas` changes;
+    the kubelet refreshes the file within about a minute)."""
+
+    def __init__(
+        self, group: Group, spec_of: Callable[[int], RankSpec], config: dict[str, Any], config_path: Path | None
+    ) -> None:
+        self.group = group
+        self.spec_of = spec_of
+        self.config = config
+        self.config_path = config_path
+
+    def present(self) -> set[int]:
+        procs = self.group.procs_per_pod
+        ranks: set[int] = set()
+        for node in ray.nodes():  # type: ignore[no-untyped-call]
+            if not node.get("Alive"):
+                continue
+            for name in node.get("Resources") or {}:
+                pod = pod_of_resource(self.group.name, name)
+                if pod is not None:
+                    ranks |= set(range(pod * procs, (pod + 1) * procs))
+        return ranks
+
+    def wanted(self) -> int | None:
+        from rlkube_trainer.elastic_rollout import wanted_ranks  # noqa: PLC0415
+
+        if self.config_path is None:
+            return None
+        try:
+            config = yaml.safe_load(self.config_path.read_text())
+        except (OSError, yaml.YAMLError) as error:
+            log.warning("rollout replicas unknown (%s): every present engine is used", error)
+            return None
+        return wanted_ranks(config if isinstance(config, dict) else {}, self.group.procs_per_pod)
+
+    def launch(self, rank: int) -> RayRankGroup:
+        return launch_ray_group(self.group, [self.spec_of(rank)], self.config)

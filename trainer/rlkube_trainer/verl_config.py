@@ -307,7 +307,12 @@ RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
     f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
     # Every key of the API's MultiTurnConfig is verl's own, under the same name.
-    **{f"{_ROLLOUT}.multi_turn.{k}": To(f"rollout.multi_turn.{k}") for k in MultiTurnConfig.model_fields},
+    # config_map and sandbox are rlkube's (an RLJob's ConfigMap, the code interpreter's limits).
+    **{
+        f"{_ROLLOUT}.multi_turn.{k}": To(f"rollout.multi_turn.{k}")
+        for k in MultiTurnConfig.model_fields
+        if k not in ("config_map", "sandbox")
+    },
     f"{_ROLLOUT}.multi_turn._target_": Ignored("verl's Hydra class"),
     f"{_ROLLOUT}.multi_turn.use_inference_chat_template": Ignored(
         "past turns keep the tokens the model sampled",
@@ -447,6 +452,8 @@ RULES: dict[str, Rule] = {
             "sampler.max_off_policy_strategy",
         )
     },
+    # async_training (verl's fully-async recipe): partial_rollout only; its other keys are refused.
+    "async_training.partial_rollout": To("async_training.partial_rollout"),
     "trainer.v1.hybrid_rollout": Ignored("hybrid rollout is not implemented; no trainer_mode of rlkube reads it"),
     "trainer.default_local_dir": To("checkpoint.dir"),
     "trainer.resume_mode": To("checkpoint.resume", lambda v: {"resume_path": "auto"}.get(v, v)),  # see _finish

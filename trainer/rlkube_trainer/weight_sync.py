@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import TCPStore
+from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 if TYPE_CHECKING:
     from rlkube_trainer.rollout import RolloutEngine
@@ -95,19 +95,36 @@ class BroadcastGroup:
         rank: int,
         device: torch.device,
         timeout: datetime.timedelta = TIMEOUT,
+        is_master: bool | None = None,
+        generation: int = 0,
     ) -> None:
+        is_master = rank == 0 if is_master is None else is_master
         self.rank = rank
         self.device = device
-        # The actor (rank 0) hosts the store; rollout workers connect to it.
-        self.store = TCPStore(addr, port, world_size, rank == 0, timeout)
-        self.group: Any
-        if device.type == "cuda":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            self.group = dist.ProcessGroupNCCL(self.store, rank, world_size, options)
+        self.timeout = timeout
+        # The actor (rank 0) hosts the store; rollout workers connect to it. A rollout engine
+        # that joins later (elastic rollout) connects as a client whatever its rank.
+        self.store = TCPStore(addr, port, world_size, is_master, timeout)
+        self.group: Any = None
+        if generation == 0:
+            self.group = self._group(self.store, rank, world_size)
+            log.info("weight-sync group: rank %d of %d at %s:%d", rank, world_size, addr, port)
         else:
-            self.group = dist.ProcessGroupGloo(self.store, rank, world_size, timeout)
-        log.info("weight-sync group: rank %d of %d at %s:%d", rank, world_size, addr, port)
+            self.reform(generation, world_size, rank)
+
+    def _group(self, store: Any, rank: int, world_size: int) -> Any:
+        if self.device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = self.timeout
+            return dist.ProcessGroupNCCL(store, rank, world_size, options)
+        return dist.ProcessGroupGloo(store, rank, world_size, self.timeout)
+
+    def reform(self, generation: int, world_size: int, rank: int) -> None:
+        """A new membership (rollout engines joined or left): a new process group over the same
+        store, its keys under the generation, formed by every member at once."""
+        self.rank = rank
+        self.group = self._group(PrefixStore(f"members-{generation}/", self.store), rank, world_size)
+        log.info("weight-sync group %d: rank %d of %d", generation, rank, world_size)
 
     def send(self, named: Iterable[tuple[str, torch.Tensor]], manifest: Manifest, bucket_bytes: int) -> int:
         """Rank 0: broadcasts the tensors, which come in manifest order, a bucket at a time.

@@ -8,6 +8,7 @@ from typing import Any
 
 from rlkube_api.exit_codes import TERMINATION_MESSAGE_PATH
 from rlkube_api.names import (
+    AGENT_DIR,
     ANNOTATION_ATTEMPT,
     CONFIG_DIR,
     CONFIG_FILE,
@@ -158,6 +159,11 @@ def volumes_and_mounts(job: RLJob) -> tuple[list[dict[str, Any]], list[dict[str,
             {"name": "reward", "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": ref.key}]}}
         )
         mounts.append({"name": "reward", "mountPath": REWARD_DIR, "readOnly": True})
+    agent_files = job.spec.rollout.multi_turn.config_map
+    if agent_files is not None:
+        # Whole: a tool config's class_name may import a module shipped beside it.
+        volumes.append({"name": "agent", "configMap": {"name": agent_files.name}})
+        mounts.append({"name": "agent", "mountPath": AGENT_DIR, "readOnly": True})
     return volumes, mounts
 
 

@@ -8,7 +8,11 @@
 
 One generation runs at a time, on a worker thread (the in-process vLLM CPU engine generates
 safely off the main thread while torch trains on it, measured 2026-12-02); weights are pushed
-only between generations, never during one. Validation quiesces the schedule between rows
+only between generations, never during one, unless partial rollouts are on
+(`async_training.partial_rollout`): then a push due after an update goes into the generation in
+flight, which `push_weights` interrupts and resumes with the new weights (rollout/partial.py).
+Its groups keep the version the generation began with, the oldest of their tokens, for the
+staleness bound. Validation quiesces the schedule between rows
 (`quiesce`): it waits for the generation in flight and validates with the newest weights. Generation, training and the weight push are
 callables, so the same loop drives colocated and separate placements.
 """
@@ -49,6 +53,7 @@ class OneStepOff(Generic[T]):
         parameter_sync_step: int,
         generate: Generate[T],
         push_weights: PushWeights,
+        partial_rollout: bool = False,
     ) -> None:
         if parameter_sync_step < 1:
             raise ValueError(f"parameter_sync_step must be at least 1, got {parameter_sync_step}")
@@ -57,6 +62,7 @@ class OneStepOff(Generic[T]):
         self.parameter_sync_step = parameter_sync_step
         self.generate = generate
         self.push_weights = push_weights
+        self.partial_rollout = partial_rollout
         self.versions = Versions()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self.running: tuple[Future[list[T]], int] | None = None
@@ -78,8 +84,8 @@ class OneStepOff(Generic[T]):
                 # Overlap: the next batch generates while this one trains (if the bound allows).
                 self._start_generation(self.versions.actor + 1)
                 update_start = time.perf_counter()
-                metrics = train(taken, self.versions.actor)
-                metrics |= taken.metrics(self.versions.actor)
+                # The buffer's per-group metrics, unless train reports finer ones (per sample).
+                metrics = taken.metrics(self.versions.actor) | train(taken, self.versions.actor)
                 metrics["timing_s/wait_rollout"] = waited  # the trainer idle, waiting for samples
                 metrics["timing_s/update_overlapped"] = time.perf_counter() - update_start
                 # The rollout idle (waiting for the trainer: the bound, or a batch already waiting)
@@ -88,6 +94,8 @@ class OneStepOff(Generic[T]):
                 metrics[ROLLOUT_WEIGHT_VERSION] = float(self.versions.engine)
                 self.versions.actor += 1
                 yield metrics
+                if done < updates:
+                    self._push_into_generation()
                 # Between rows the consumer may have quiesced the engine (validation); after the
                 # last update nothing more is generated.
                 if self.running is None and done < updates:
@@ -106,6 +114,14 @@ class OneStepOff(Generic[T]):
         if self.versions.engine != self.versions.actor:
             self.push_weights()
             self.versions.engine = self.versions.actor
+
+    def _push_into_generation(self) -> None:
+        """Partial rollouts: a push that is due goes into the generation in flight (which
+        `push_weights` interrupts) rather than waiting for it to end."""
+        v = self.versions
+        if self.partial_rollout and self.running is not None and v.actor - v.engine >= self.parameter_sync_step:
+            self.push_weights()
+            v.engine = v.actor
 
     def _collect(self) -> None:
         """Block until the generation in flight finishes; its groups go to the buffer."""

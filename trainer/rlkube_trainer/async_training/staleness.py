@@ -50,19 +50,32 @@ class Taken(Generic[T]):
         """verl 0.9.1's `training/off_policy/*` names for this batch (trainer_base and replay_buffer)."""
         out: dict[str, float] = {}
         if self.groups:
-            staleness = [current_version - g.version for g in self.groups]
-            # Whole groups come from one version (no partial rollouts): span 1 within a trajectory.
-            for name, values in (
-                ("trajectory_spans", [1] * len(staleness)),
-                ("trajectory_staleness", staleness),
-                ("trajectory_staleness_worst", staleness),
-            ):
-                out |= _summary(f"training/off_policy/{name}", values)
+            # Each group as one trajectory of one version; with partial rollouts the caller has
+            # the versions of every token and reports `trajectory_metrics` of its samples instead.
+            versions = [g.version for g in self.groups]
+            out |= trajectory_metrics(current_version, versions, versions)
         out["training/off_policy/evicted_samples"] = float(len(self.dropped))
         if self.dropped:
             spans = [span_of(g.version, current_version) for g in self.dropped]
             out |= _summary("training/off_policy/evicted_samples_staleness", spans)
         return out
+
+
+def trajectory_metrics(current_version: int, oldest: list[int], newest: list[int]) -> dict[str, float]:
+    """verl 0.9.1's `training/off_policy/trajectory_*` (trainer_base) for trajectories trained at
+    the actor's `current_version`, each generated with weights from `oldest` to `newest` (equal
+    without partial rollouts): spans `newest - oldest + 1`; staleness `current - newest` (the
+    freshest weights used, verl's primary metric) and worst `current - oldest`."""
+    if len(oldest) != len(newest) or not oldest:
+        raise ValueError(f"one oldest and one newest version per trajectory, got {len(oldest)} and {len(newest)}")
+    out: dict[str, float] = {}
+    for name, values in (
+        ("trajectory_spans", [n - o + 1 for o, n in zip(oldest, newest, strict=True)]),
+        ("trajectory_staleness", [current_version - n for n in newest]),
+        ("trajectory_staleness_worst", [current_version - o for o in oldest]),
+    ):
+        out |= _summary(f"training/off_policy/{name}", values)
+    return out
 
 
 def _summary(prefix: str, values: list[int]) -> dict[str, float]:

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from rlkube_api.config import TrainerConfig
+from rlkube_trainer.rollout import partial
 from rlkube_trainer.rollout.base import (
     FinishReason,
     RolloutBatch,
@@ -32,6 +33,7 @@ __all__ = [
     "SamplingConfig",
     "build_engine",
     "build_rollout_engine",
+    "partial",
 ]
 
 
@@ -97,4 +99,5 @@ def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_si
         enable_prefix_caching=rollout.enable_prefix_caching,
         max_num_seqs=rollout.max_num_seqs,
         max_num_batched_tokens=rollout.max_num_batched_tokens,
+        partial_rollout=config.async_training.partial_rollout,
     )

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import torch
 
@@ -75,6 +75,11 @@ class RolloutSample:
     prompt_token_ids: list[int] | None = None
     response_mask: list[int] | None = None
     episode: dict[str, float] | None = None
+    # With partial rollouts (rollout/partial.py): the weight version that generated each token of
+    # `token_ids` (same length); None when the engine does not track versions.
+    token_versions: list[int] | None = None
+    # Merged into the reward function's extra_info (verl's num_turns and rollout_reward_scores).
+    reward_info: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,20 @@ class RolloutEngine(ABC):
     @abstractmethod
     def close(self) -> None:
         """Shut the engine down and free its memory. Idempotent."""
+
+    # Partial rollouts (rollout/partial.py). Engines that support them are started with partial
+    # rollouts on; the others refuse by name.
+    def pause_generation(self) -> None:
+        """From another thread than the one generating: stop the `generate` call in flight at
+        its next step boundary and return once the engine is idle (at once if none runs); every
+        `generate` then waits for `resume_generation`. Weights may be updated meanwhile."""
+        raise NotImplementedError(f"{type(self).__name__} has no partial rollouts (async_training.partial_rollout)")
+
+    def resume_generation(self, weight_version: int) -> None:
+        """Let generation go on with the engine's weights, which are now `weight_version`:
+        interrupted samples continue from their prompt and the tokens generated so far, and
+        every token records the version that produced it (`RolloutSample.token_versions`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no partial rollouts (async_training.partial_rollout)")
 
     def __enter__(self) -> Self:
         return self

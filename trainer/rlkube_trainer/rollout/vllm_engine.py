@@ -27,8 +27,10 @@ docs/benchmarks.md (issue 8) for what each path costs on an H200.
 from __future__ import annotations
 
 import gc
+import itertools
 import logging
 import os
+import threading
 import time
 from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
@@ -44,7 +46,9 @@ import vllm
 import vllm.envs
 from vllm import SamplingParams
 from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
 
+from rlkube_trainer.rollout import partial
 from rlkube_trainer.rollout.base import (
     FinishReason,
     RolloutBatch,
@@ -118,6 +122,7 @@ class VLLMRolloutEngine(RolloutEngine):
         device: str = "cuda",
         seed_mode: SeedMode = "request",
         weight_update: WeightUpdateMode = "auto",
+        partial_rollout: bool = False,
     ) -> None:
         """`seed_mode` says how `SamplingConfig.seed` seeds sampling:
 
@@ -135,6 +140,10 @@ class VLLMRolloutEngine(RolloutEngine):
         parameters still have their `weight_loader`, as for unquantized models on GPU); "auto" takes
         "load_weights" where that holds and "reload" elsewhere (on CPU, linear layers are repacked
         after loading).
+
+        `partial_rollout` makes generation interruptible (`pause_generation`/`resume_generation`):
+        every sample is then its own request, streamed token by token, so one interrupted at a
+        step boundary keeps its tokens and resumes with the weights loaded meanwhile.
         """
         if device not in _DEVICES:
             raise ValueError(f"device must be one of {_DEVICES}, got {device!r}")
@@ -143,6 +152,14 @@ class VLLMRolloutEngine(RolloutEngine):
         if weight_update not in ("auto", "reload", "load_weights"):
             raise ValueError(f"weight_update must be 'auto', 'reload' or 'load_weights', got {weight_update!r}")
         self.seed_mode: SeedMode = seed_mode
+        self.partial_rollout = partial_rollout
+        # Partial rollouts: the version of the weights held (set by resume_generation) and the
+        # handshake between the generating thread and the one updating weights.
+        self.weight_version = 0
+        self._pause = threading.Condition()
+        self._pause_requested = False
+        self._stepping = False
+        self._request_ids = itertools.count()
         self.weight_update: WeightUpdateMode = weight_update
         self._direct_load: bool | None = None  # decided at the first update (see _direct_load_possible)
         if sleep_level not in (1, 2):
@@ -224,6 +241,8 @@ class VLLMRolloutEngine(RolloutEngine):
         extra: dict[str, Any] = {}
         if sampling.logprobs and "flat_logprobs" in _SAMPLING_FIELDS:
             extra["flat_logprobs"] = True
+        if self.partial_rollout:
+            return self._generate_resumable(llm, prompt_token_ids, sampling, per_request_seed)
         params = [
             SamplingParams(
                 n=sampling.n,
@@ -258,6 +277,95 @@ class VLLMRolloutEngine(RolloutEngine):
                     )
                 )
         return RolloutBatch(samples=samples, n=sampling.n)
+
+    def pause_generation(self) -> None:
+        if not self.partial_rollout:
+            raise RuntimeError("pause_generation needs an engine started with partial_rollout=True")
+        with self._pause:
+            self._pause_requested = True
+            while self._stepping:
+                self._pause.wait()
+
+    def resume_generation(self, weight_version: int) -> None:
+        if not self.partial_rollout:
+            raise RuntimeError("resume_generation needs an engine started with partial_rollout=True")
+        with self._pause:
+            self.weight_version = weight_version
+            self._pause_requested = False
+            self._pause.notify_all()
+
+    def _begin_stepping(self) -> int:
+        """Wait while paused; the weight version the steps that follow generate with."""
+        with self._pause:
+            while self._pause_requested:
+                self._pause.wait()
+            self._stepping = True
+            return self.weight_version
+
+    def _end_stepping(self) -> None:
+        with self._pause:
+            self._stepping = False
+            self._pause.notify_all()
+
+    def _generate_resumable(
+        self, llm: Any, prompt_token_ids: list[list[int]], sampling: SamplingConfig, per_request_seed: bool
+    ) -> RolloutBatch:
+        """Generation that `pause_generation` interrupts at a step boundary: the unfinished
+        requests are aborted, their tokens kept, and once resumed they continue as new requests
+        from prompt + tokens so far (verl's FullyAsyncLLMServerClient.generate loop)."""
+        engine = llm.llm_engine
+        samples = partial.start(len(prompt_token_ids), sampling.n, sampling.logprobs)
+        extra: dict[str, Any] = (
+            {"flat_logprobs": True} if sampling.logprobs and "flat_logprobs" in _SAMPLING_FIELDS else {}
+        )
+
+        def params(sample: partial.InFlight, resumed: bool) -> SamplingParams:
+            # The seed vLLM gives sample j of prompt i; a resumed request draws a new stream.
+            seed = None
+            if per_request_seed and sampling.seed is not None:
+                seed = sampling.seed + sample.prompt_index * sampling.n + sample.sample_index
+                seed += len(sample.token_ids) if resumed else 0
+            return SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0 if sampling.top_k == -1 else sampling.top_k,
+                max_tokens=partial.remaining_tokens(sampling.max_tokens, sample),
+                seed=seed,
+                ignore_eos=sampling.ignore_eos,
+                logprobs=0 if sampling.logprobs else None,
+                detokenize=False,
+                output_kind=RequestOutputKind.DELTA,
+                **extra,
+            )
+
+        resumed = False
+        while pending := partial.unfinished(samples):
+            version = self._begin_stepping()
+            try:
+                running: dict[str, partial.InFlight] = {}
+                for sample in pending:
+                    request_id = f"partial-{next(self._request_ids)}"
+                    prompt = partial.resume_prompt(prompt_token_ids[sample.prompt_index], sample)
+                    engine.add_request(request_id, {"prompt_token_ids": prompt}, params(sample, resumed))
+                    running[request_id] = sample
+                while engine.has_unfinished_requests() and not self._pause_requested:
+                    for output in engine.step():
+                        sample = running[output.request_id]
+                        for completion in output.outputs:  # one (n=1), its new tokens
+                            tokens = list(completion.token_ids)
+                            logprobs = _sampled_logprobs(completion.logprobs, tokens) if sampling.logprobs else None
+                            reason = _finish_reason(completion.finish_reason) if completion.finish_reason else None
+                            partial.extend(sample, tokens, logprobs, version, reason)
+                left = [rid for rid, sample in running.items() if not sample.finished]
+                if left:
+                    engine.abort_request(left)
+                for sample in running.values():
+                    partial.interrupted(sample, sampling.max_tokens)
+            finally:
+                self._end_stepping()
+            resumed = True
+        return RolloutBatch([partial.to_sample(s) for s in samples], sampling.n)
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], names: Collection[str] | None = None

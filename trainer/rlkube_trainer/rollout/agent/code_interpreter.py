@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from rlkube_api.config import SandboxConfig
 from rlkube_trainer.rollout.agent.sandbox import SandboxLimits, SandboxResult, run_python
 from rlkube_trainer.rollout.agent.schemas import (
     FunctionParametersSchema,
@@ -25,6 +26,20 @@ CODE_INTERPRETER_SCHEMA = FunctionToolSchema(
         ),
     )
 )
+
+
+def sandbox_overrides(sandbox: SandboxConfig) -> dict[str, Any]:
+    """rollout.multi_turn.sandbox's limits that are set, under SandboxLimits' names (the keys a
+    tool config's `config` uses too)."""
+    given = {
+        "cpu_seconds": sandbox.cpu_seconds,
+        "wall_seconds": sandbox.wall_seconds,
+        "memory_bytes": sandbox.memory_bytes,
+        "max_processes": sandbox.max_processes,
+        "max_output_bytes": sandbox.max_output_bytes,
+        "max_file_bytes": sandbox.max_file_bytes,
+    }
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def render_result(result: SandboxResult) -> str:

@@ -2,7 +2,9 @@
 
 Generate, parse tool calls, run them (up to `max_parallel_calls` at once), append their results as
 tool turns, and go on until the model answers without a call, a turn or length limit is hit, or a
-tool ends the episode (its metrics carry `end_episode: True`). The response is every token after
+tool ends the episode (its metrics carry `end_episode: True`). With an interaction, a model turn
+without a call is answered by it instead (a user turn and a turn score) until it ends the episode,
+as verl 0.5-0.8's `ToolAgentLoop` did. The response is every token after
 the prompt; its mask is 1 only on tokens the model sampled, so tool turns get no loss, value or
 advantage. Episodes are coroutines: one waiting on a slow tool lets the others generate.
 """
@@ -15,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlkube_trainer.rollout.agent.interaction import BaseInteraction
 from rlkube_trainer.rollout.agent.parser import get_parser
 from rlkube_trainer.rollout.agent.schemas import FunctionCall
 from rlkube_trainer.rollout.agent.tools import Tool, TruncateSide, call_tool, truncate
@@ -86,6 +89,8 @@ class Trajectory:
     malformed_calls: int = 0
     tool_rewards: list[float] = field(default_factory=list)
     tool_seconds: float = 0.0
+    # The interaction's score of each of its turns (verl's turn_scores).
+    turn_scores: list[float] = field(default_factory=list)
 
     @property
     def num_turns(self) -> int:
@@ -114,6 +119,30 @@ async def run_episode(
     tools: dict[str, Tool],
     settings: MultiTurnSettings,
     tools_kwargs: dict[str, Any] | None = None,
+    interaction: BaseInteraction | None = None,
+    interaction_kwargs: dict[str, Any] | None = None,
+) -> Trajectory:
+    if interaction is None:
+        return await _run_episode(messages, generate, chat, tools, settings, tools_kwargs, None, {})
+    kwargs = interaction_kwargs or {}
+    instance_id = await interaction.start_interaction(None, **kwargs)
+    try:
+        return await _run_episode(
+            messages, generate, chat, tools, settings, tools_kwargs, (interaction, instance_id), kwargs
+        )
+    finally:
+        await interaction.finalize_interaction(instance_id)
+
+
+async def _run_episode(
+    messages: list[Message],
+    generate: Generate,
+    chat: ChatFormat,
+    tools: dict[str, Tool],
+    settings: MultiTurnSettings,
+    tools_kwargs: dict[str, Any] | None,
+    interaction: tuple[BaseInteraction, str] | None,
+    interaction_kwargs: dict[str, Any],
 ) -> Trajectory:
     parse = get_parser(settings.format)
     schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()]
@@ -135,7 +164,23 @@ async def run_episode(
         calls = calls[: settings.max_parallel_calls]
         history.append(_assistant_message(content, calls))
         if not calls:
-            break
+            if interaction is None:
+                break
+            before = list(history)
+            agent, instance_id = interaction
+            end, reply, score, _ = await agent.generate_response(instance_id, history, **interaction_kwargs)
+            traj.user_turns += 1
+            if score is not None:
+                traj.turn_scores.append(float(score))
+            history.append({"role": "user", "content": reply})
+            delta = chat.continuation(before, history, schemas)
+            if len(traj.response_ids) + len(delta) >= settings.response_length:
+                break
+            # As verl: the reply is appended (out of the mask) even when it ends the episode.
+            traj.extend(delta, model=False)
+            if end:
+                break
+            continue
         started = time.monotonic()
         results = await asyncio.gather(*(call_tool(c, tools, tools_kwargs or {}) for c in calls))
         traj.tool_seconds += time.monotonic() - started
@@ -169,11 +214,17 @@ async def run_episodes(
     tools: dict[str, Tool],
     settings: MultiTurnSettings,
     tools_kwargs: Sequence[dict[str, Any] | None] | None = None,
+    interactions: Sequence[tuple[BaseInteraction, dict[str, Any]] | None] | None = None,
 ) -> list[Trajectory]:
-    """All episodes concurrently, in prompt order."""
+    """All episodes concurrently, in prompt order; `interactions` gives each episode its
+    interaction and interaction_kwargs, or None."""
     kwargs = tools_kwargs or [None] * len(prompts)
+    users = interactions or [None] * len(prompts)
     return list(
         await asyncio.gather(
-            *(run_episode(p, generate, chat, tools, settings, k) for p, k in zip(prompts, kwargs, strict=True))
+            *(
+                run_episode(p, generate, chat, tools, settings, k, *(u or (None, None)))
+                for p, k, u in zip(prompts, kwargs, users, strict=True)
+            )
         )
     )

@@ -3,9 +3,10 @@
 It takes the place of one engine call in the step (PPOTrainer.generate): every prompt is played
 `n` times (`run_episodes`, concurrently, the engine requests batched by `BatchingGenerator`), and
 each episode comes back as one `RolloutSample` whose response is the whole trajectory after the
-prompt, tool turns included, with a mask that is 1 only on the model's own tokens. The reward
-function then reads the decoded trajectory, as verl's reward managers read an agent loop's
-response.
+prompt, tool and interaction turns included, with a mask that is 1 only on the model's own tokens.
+The reward function then reads the decoded trajectory, as verl's reward managers read an agent
+loop's response, and finds the episode's turn count and its interaction's and tools' rewards in
+extra_info (verl's `num_turns` and `rollout_reward_scores`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from transformers import PreTrainedTokenizerBase
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_trainer.data import Prompt, RawPrompt
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
-from rlkube_trainer.rollout.agent.config import load_tools, settings_from_multi_turn
+from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools, settings_from_multi_turn
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator, Engine
 from rlkube_trainer.rollout.agent.episode import Message, Trajectory, run_episodes
+from rlkube_trainer.rollout.agent.interaction import BaseInteraction, pick_interaction
 from rlkube_trainer.rollout.base import RolloutBatch, RolloutSample, SamplingConfig
 
 
@@ -41,20 +43,41 @@ def tools_kwargs_of(prompt: Prompt) -> dict[str, Any]:
     return kwargs
 
 
-def episode_numbers(traj: Trajectory) -> dict[str, float]:
+def interaction_of(
+    prompt: Prompt, interactions: dict[str, BaseInteraction]
+) -> tuple[BaseInteraction, dict[str, Any]] | None:
+    """verl's extra_info.interaction_kwargs: which interaction plays the user (`name`) and the
+    arguments of its calls (the answer it checks, ...). None when no interaction is configured."""
+    if not interactions:
+        return None
+    extra = prompt.extra_info if isinstance(prompt.extra_info, dict) else {}
+    kwargs = extra.get("interaction_kwargs")
+    if kwargs is None:
+        kwargs = {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{prompt.uid}: extra_info.interaction_kwargs must be a mapping")
+    return pick_interaction(interactions, kwargs, prompt.uid), kwargs
+
+
+def episode_numbers(traj: Trajectory, interaction: bool = False) -> dict[str, float]:
     """One episode's numbers under the metric names they are reported with: verl's num_turns,
     tool_call_counts and agent_loop/tool_calls (seconds in tools); errors and malformed calls
     are rlkube's own (verl drops malformed calls silently)."""
-    return {
+    numbers = {
         "num_turns": float(traj.num_turns),
         "tool_call_counts": float(traj.tool_calls),
         "tool_call_errors": float(traj.tool_errors),
         "malformed_tool_calls": float(traj.malformed_calls),
         "agent_loop/tool_calls": traj.tool_seconds,
     }
+    if interaction:  # the sum of the interaction's turn scores, only when there is one
+        numbers["interaction_turn_scores"] = sum(traj.turn_scores)
+    return numbers
 
 
-def to_sample(prompt_index: int, traj: Trajectory, response_length: int, with_logprobs: bool) -> RolloutSample:
+def to_sample(
+    prompt_index: int, traj: Trajectory, response_length: int, with_logprobs: bool, interaction: bool = False
+) -> RolloutSample:
     return RolloutSample(
         prompt_index=prompt_index,
         token_ids=traj.response_ids,
@@ -62,7 +85,11 @@ def to_sample(prompt_index: int, traj: Trajectory, response_length: int, with_lo
         finish_reason="length" if len(traj.response_ids) >= response_length else "stop",
         prompt_token_ids=traj.prompt_ids,
         response_mask=traj.response_mask,
-        episode=episode_numbers(traj),
+        episode=episode_numbers(traj, interaction),
+        reward_info={
+            "num_turns": traj.num_turns,
+            "rollout_reward_scores": {"turn_scores": list(traj.turn_scores), "tool_rewards": list(traj.tool_rewards)},
+        },
     )
 
 
@@ -82,6 +109,7 @@ class EpisodeSampler:
         self.max_prompt_length = max_prompt_length
         self.settings = settings_from_multi_turn(verl_section, response_length)
         self.tools = load_tools(verl_section)
+        self.interactions = load_interaction_config(verl_section)
         self.chat = TemplateChatFormat(tokenizer)
 
     def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch:
@@ -99,10 +127,12 @@ class EpisodeSampler:
                 self.tools,
                 self.settings,
                 [tools_kwargs_of(prompts[i]) for i in order],
+                [interaction_of(prompts[i], self.interactions) for i in order],
             )
         )
         samples = [
-            to_sample(i, t, self.settings.response_length, sampling.logprobs) for i, t in zip(order, trajs, strict=True)
+            to_sample(i, t, self.settings.response_length, sampling.logprobs, bool(self.interactions))
+            for i, t in zip(order, trajs, strict=True)
         ]
         return RolloutBatch(samples, sampling.n)
 
