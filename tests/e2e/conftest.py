@@ -9,12 +9,15 @@ of other tests that name no pool, and really mount their volumes."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from rlkube_e2e.testing import Kubectl, namespace_for_test
+from rlkube_e2e import tinyjob
+from rlkube_e2e.testing import Kubectl, namespace_for_test, wait_established
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
+from tests.operator.cluster_kit import OperatorProcess
 
 
 @pytest.fixture(scope="package")
@@ -42,3 +45,19 @@ def real_namespace(real_cluster: RealCluster, request: pytest.FixtureRequest) ->
             yield name
     finally:
         client.close()
+
+
+@pytest.fixture
+def watching_operator(
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str, tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """The operator as a process watching `real_namespace` of the real-node cluster (the CRD
+    applied first)."""
+    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
+    wait_established(real_kubectl, "rljobs.rlkube.dev")
+    process = OperatorProcess(real_namespace, real_cluster.cluster.kubeconfig, tmp_path / "operator.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()

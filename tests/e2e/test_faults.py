@@ -21,7 +21,6 @@ import os
 import random
 import re
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +29,7 @@ import pytest
 
 from rlkube_api.rljob import RunPolicy
 from rlkube_e2e import tinyjob
-from rlkube_e2e.testing import Kubectl, wait_established, wait_for
+from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e.real_node_kit import PodLogs
 from tests.operator.cluster_kit import OperatorProcess
 
@@ -50,21 +49,6 @@ TIMEOUT = 1200.0
 # runPolicy.terminationGracePeriodSeconds's default: what the operator gives every pod.
 GRACE_SECONDS = RunPolicy.model_fields["termination_grace_period_seconds"].default
 RESUMED = re.compile(r"resumed from \S+ \(step (\d+)\)")
-
-
-@pytest.fixture
-def operator_process(
-    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str, tmp_path: Path
-) -> Iterator[OperatorProcess]:
-    """The operator as a process watching `real_namespace` of the real-node cluster."""
-    real_kubectl("apply", "--server-side", "--force-conflicts", "-f", str(tinyjob.CRD))
-    wait_established(real_kubectl, "rljobs.rlkube.dev")
-    process = OperatorProcess(real_namespace, real_cluster.cluster.kubeconfig, tmp_path / "operator.log")
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @dataclass(frozen=True)
@@ -107,7 +91,7 @@ def _steps(job: tinyjob.TinyJob) -> list[int]:
 
 def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
     real_cluster: RealCluster,
-    operator_process: OperatorProcess,
+    watching_operator: OperatorProcess,
     real_kubectl: Kubectl,
     real_namespace: str,
     tmp_path: Path,
@@ -119,7 +103,7 @@ def test_role_pods_killed_at_many_points_restart_and_resume_each_time(
     job.manifest["spec"]["runPolicy"].update(backoffLimit=KILLS + 2, activeDeadlineSeconds=3600)
     with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{job.name}-controller-0") as driver_log:
         tinyjob.apply(kubectl, namespace, job)
-        _kill_and_check(job, kubectl, namespace, driver_log, operator_process, rng)
+        _kill_and_check(job, kubectl, namespace, driver_log, watching_operator, rng)
 
 
 def _kill_and_check(
@@ -127,7 +111,7 @@ def _kill_and_check(
     kubectl: Kubectl,
     namespace: str,
     driver_log: PodLogs,
-    operator_process: OperatorProcess,
+    watching_operator: OperatorProcess,
     rng: random.Random,
 ) -> None:
     """Kills a role pod KILLS times, each at its drawn point, and checks the history each time
@@ -203,7 +187,7 @@ def _kill_and_check(
         log = driver_log.text()[-3000:] or "(no driver log)"
         raise AssertionError(
             f"{error}\nkills so far {kills}\n{_where_the_job_stands(kubectl, namespace, job.name)}"
-            f"\ndriver log:\n{log}\noperator log:\n{operator_process.log()[-3000:]}"
+            f"\ndriver log:\n{log}\noperator log:\n{watching_operator.log()[-3000:]}"
         ) from error
     assert final["state"] == "Succeeded", final
     assert final["restartCount"] == KILLS

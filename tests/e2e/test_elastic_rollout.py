@@ -1,0 +1,94 @@
+"""Elastic rollout capacity on real nodes (issue 29 item 4): the tiny CPU job (its rollout a
+separate pod of one vLLM engine) from the trainer image, with the operator as its own process.
+While it trains, `spec.roles.rollout.replicas` is patched 1 -> 2 -> 1. The rollout StatefulSet
+follows, the new engine joins the weight-sync group (and so generates), the removed one leaves
+it, the operator tells each change with a RolloutScaled Event, and the job succeeds with no gang
+restart: the driver and actor pods keep their UIDs and every step is in metrics.jsonl once."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from rlkube_e2e import tinyjob
+from rlkube_e2e.testing import Kubectl, wait_for
+from tests.e2e.real_node_kit import PodLogs
+
+if TYPE_CHECKING:
+    from tests.e2e.real_node_kit import RealCluster
+    from tests.operator.cluster_kit import OperatorProcess
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
+
+STEPS = 60
+TIMEOUT = 900.0
+STAYING = ("controller-0", "actor-0", "actor-1", "rollout-0")
+# The driver's line for each weight-sync group it forms (elastic_rollout.py `_reform`).
+GROUP = re.compile(r"weight-sync group (\d+): actor rank 0 and rollout ranks \[([\d, ]*)\]")
+
+
+def _groups(log: str) -> list[list[int]]:
+    return [[int(r) for r in ranks.split(",") if r.strip()] for _, ranks in GROUP.findall(log)]
+
+
+def _uid(kubectl: Kubectl, namespace: str, pod: str) -> str:
+    return kubectl("-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}", check=False).stdout
+
+
+def _scale(kubectl: Kubectl, namespace: str, name: str, replicas: int) -> None:
+    patch = f'{{"spec":{{"roles":{{"rollout":{{"replicas":{replicas}}}}}}}}}'
+    kubectl("-n", namespace, "patch", "rljob", name, "--type=merge", "-p", patch)
+
+
+def test_rollout_replicas_scale_while_the_job_trains(
+    real_cluster: RealCluster,
+    watching_operator: OperatorProcess,
+    real_kubectl: Kubectl,
+    real_namespace: str,
+    tmp_path: Path,
+) -> None:
+    kubectl, namespace = real_kubectl, real_namespace
+    job = tinyjob.prepare(tmp_path / "work", name="tiny-elastic", steps=STEPS, save_freq=STEPS, pool="real")
+    tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
+    name = job.name
+    with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{name}-controller-0") as driver_log:
+        tinyjob.apply(kubectl, namespace, job)
+        try:
+            tinyjob.wait_state(kubectl, namespace, name, ("Running",), TIMEOUT)
+            wait_for(lambda: len(job.metrics()) >= 1, "step 1", timeout=TIMEOUT, interval=0.5)
+            uids = {pod: _uid(kubectl, namespace, f"{name}-{pod}") for pod in STAYING}
+
+            _scale(kubectl, namespace, name, 2)
+            # The new engine is set up, then joins at the next weight push: a group of both ranks.
+            wait_for(lambda: [0, 1] in _groups(driver_log.text()), "a weight-sync group with rollout rank 1", TIMEOUT)
+            joined_at = len(job.metrics())
+            wait_for(lambda: len(job.metrics()) >= joined_at + 2, "2 steps with two engines", TIMEOUT, interval=0.5)
+
+            _scale(kubectl, namespace, name, 1)
+            wait_for(lambda: not _uid(kubectl, namespace, f"{name}-rollout-1"), "rollout-1 removed", TIMEOUT)
+            # The group is formed again without the removed rank at the next push.
+            wait_for(
+                lambda: _groups(driver_log.text())[-1] == [0], "a weight-sync group of rollout rank 0 alone", TIMEOUT
+            )
+            # No gang restart: the pods there before the scaling are the same pods.
+            after = {pod: _uid(kubectl, namespace, f"{name}-{pod}") for pod in STAYING}
+            assert after == uids, f"pods replaced while scaling: before {uids}, after {after}"
+            final = tinyjob.wait_state(kubectl, namespace, name, ("Succeeded", "Failed"), TIMEOUT)
+        except (TimeoutError, AssertionError) as error:
+            events = kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
+            raise AssertionError(
+                f"{error}\nstatus {tinyjob.status(kubectl, namespace, name)}\nevents:\n{events[-3000:]}"
+                f"\ndriver log:\n{driver_log.text()[-4000:]}\noperator log:\n{watching_operator.log()[-3000:]}"
+            ) from error
+    assert final["state"] == "Succeeded", final
+    assert final.get("restartCount", 0) == 0, final
+    assert final["progress"]["step"] == STEPS
+    assert [int(row["step"]) for row in job.metrics()] == list(range(1, STEPS + 1))
+    assert "resumed from" not in driver_log.text()
+    events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={name}").stdout
+    scaled = [line for line in events.splitlines() if "RolloutScaled" in line]
+    assert any("1 -> 2" in line for line in scaled) and any("2 -> 1" in line for line in scaled), events
+    assert "PodFailed" not in events, events
