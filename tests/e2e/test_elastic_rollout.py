@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
-STEPS = 60
-TIMEOUT = 900.0
+STEPS = 200
+TIMEOUT = 600.0
 STAYING = ("controller-0", "actor-0", "actor-1", "rollout-0")
 # The driver's line for each weight-sync group it forms (elastic_rollout.py `_reform`).
 GROUP = re.compile(r"weight-sync group (\d+): actor rank 0 and rollout ranks \[([\d, ]*)\]")
