@@ -554,6 +554,13 @@ class RLJobStatus(ApiModel):
         max_length=4096,
         description="UIDs of the pods of the running gang: a pod not among them replaced one that died.",
     )
+    gang_rollout_replicas: int | None = Field(
+        None,
+        ge=0,
+        description="Rollout pods the running gang had (ordinals below it), for a rollout that scales in place: "
+        "a rollout pod not in gangPodUids at an ordinal below it replaced one that died; at or past it, a "
+        "scale-up added it.",
+    )
 
 
 class ObjectMeta(ApiModel):

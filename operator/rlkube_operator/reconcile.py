@@ -37,6 +37,7 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
+from rlkube_operator.rollout_scaling import new_engine
 from rlkube_operator.status import (
     Observed,
     compute_status,
@@ -178,8 +179,11 @@ class Reconciler:
         """The running gang's members that are gone, replaced unseen (the operator was down):
         what their Events tell of how they ended, by pod name. Asks only while a member is
         missing and a pod stands in its place, so almost never."""
-        gang = set(job.status.gang_pod_uids or []) if job.status is not None else set()
-        replacements = {v.name: v for v in views if v.uid and v.uid not in gang}
+        if job.status is None:
+            return {}
+        gang = set(job.status.gang_pod_uids or [])
+        # A scale-up's new rollout engine replaced no one.
+        replacements = {v.name: v for v in views if v.uid and v.uid not in gang and not new_engine(job, job.status, v)}
         if not gang or not replacements:
             return {}
         missing = gang - {v.uid for v in views}

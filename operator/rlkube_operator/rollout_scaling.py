@@ -8,7 +8,9 @@ Ray nodes and stops using the removed ones (trainer/rlkube_trainer/elastic_rollo
 What the status function needs to tell a scaling from a failure, as pure functions:
 - a rollout pod at or past the wanted replicas was removed on purpose: its end (a SIGTERM's
   exit code, a Failed phase) is no failure of the gang;
-- a rollout pod that was not in the gang when it last ran is a new engine, not a replacement;
+- a rollout pod that was not in the gang when it last ran is a new engine if the gang never had
+  its ordinal (`new_engine`); at an ordinal the gang had, its StatefulSet replaced one that died
+  (maybe while no operator watched), and the gang restarts as for any other role;
 - while new rollout pods start, the job stays Running (the gang trains meanwhile).
 """
 
@@ -51,6 +53,29 @@ def scaled_away_in_spec(spec: Mapping[str, Any], role: str, index: int | None) -
     if role != ROLLOUT or not elastic or index is None:
         return False
     return index >= int(rollout.get("replicas", 1))
+
+
+def gang_rollout_replicas(job: RLJob, gang: list[PodView]) -> int | None:
+    """What the status records with a running gang's pods (`status.gangRolloutReplicas`): the
+    rollout ordinals it has, 0 up to the highest, bounded by the wanted replicas (a pod past them
+    is on its way out). None for a rollout that does not scale in place."""
+    if not elastic_rollout(job):
+        return None
+    indexes = [pod.index for pod in gang if pod.role == ROLLOUT and pod.index is not None]
+    return min(max(indexes, default=-1) + 1, job.spec.roles.rollout.replicas)
+
+
+def new_engine(job: RLJob, prev: RLJobStatus, pod: PodView) -> bool:
+    """A rollout pod outside the gang that a scale-up added: its ordinal is one the gang did not
+    have. Below that, the StatefulSet recreated a member that died (a replacement, not a new
+    engine), whether or not the operator saw it go."""
+    if pod.role != ROLLOUT or not elastic_rollout(job) or pod.index is None:
+        return False
+    known = prev.gang_rollout_replicas
+    if known is None:  # a status written before the gang's rollout ordinals were recorded
+        before = prev.roles.get(ROLLOUT)
+        known = before.replicas if before is not None else job.spec.roles.rollout.replicas
+    return pod.index >= known
 
 
 def rollout_scaled(job: RLJob, prev: RLJobStatus) -> Event | None:

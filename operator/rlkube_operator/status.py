@@ -66,6 +66,8 @@ from rlkube_operator.plan import (
 from rlkube_operator.rollout_scaling import (
     ROLLOUT,
     elastic_rollout,
+    gang_rollout_replicas,
+    new_engine,
     rollout_scaled,
     rollout_starting,
     scaled_away,
@@ -216,16 +218,15 @@ def _age(pod: PodView, now: datetime) -> float:
     return (now - pod.created).total_seconds() if pod.created else 0.0
 
 
-def _replaced_pods(job: RLJob, current: list[PodView], gang: list[str] | None) -> list[PodView]:
+def _replaced_pods(job: RLJob, current: list[PodView], prev: RLJobStatus) -> list[PodView]:
     """Pods that were not part of the gang when it last ran: their predecessor died,
     even if the operator missed the failure (it was down, or the pod was deleted). A rollout
-    that scales in place gains new pods as it grows: those are new engines, not replacements
-    (a rollout pod's failure seen by the watch still counts, `gang_failed`)."""
-    if not gang:
+    that scales in place gains new pods as it grows, at ordinals the gang never had: those
+    are new engines, not replacements (`new_engine`)."""
+    if not prev.gang_pod_uids:
         return []
-    members = set(gang)
-    elastic = elastic_rollout(job)
-    return [p for p in current if p.uid and p.uid not in members and not (elastic and p.role == ROLLOUT)]
+    members = set(prev.gang_pod_uids)
+    return [p for p in current if p.uid and p.uid not in members and not new_engine(job, prev, p)]
 
 
 def _wanted(status: RLJobStatus) -> int:
@@ -282,6 +283,18 @@ class _Pass:
 Rule = Callable[[_Pass], Fate | None]
 
 
+def _record_gang(p: _Pass) -> None:
+    """The running gang, as the next passes judge pods against it: its pods, and the rollout
+    ordinals it has (a rollout pod at a higher one is a scale-up's new engine)."""
+    p.status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+    p.status.gang_rollout_replicas = gang_rollout_replicas(p.job, p.current)
+
+
+def _forget_gang(status: RLJobStatus) -> None:
+    status.gang_pod_uids = None
+    status.gang_rollout_replicas = None
+
+
 def children_created(p: _Pass) -> None:
     """The Created condition reports the last apply (a refused child names itself), or the
     objects the pods name that are missing (no pod is created for now)."""
@@ -316,7 +329,7 @@ def suspended(p: _Pass) -> Fate | None:
     p.conds.clear(ConditionType.RUNNING, "Suspended", "the job is suspended")
     p.status.state = State.SUSPENDED.value
     p.status.start_time = None  # activeDeadlineSeconds counts from the next start, as for Jobs
-    p.status.gang_pod_uids = None  # the pods are gone on purpose; the resumed gang is a new one
+    _forget_gang(p.status)  # the pods are gone on purpose; the resumed gang is a new one
     return Fate.SUSPENDED
 
 
@@ -366,7 +379,7 @@ def restart_begun(p: _Pass) -> Fate | None:
         return None
     status = p.status
     status.restart_count = newest
-    status.gang_pod_uids = None
+    _forget_gang(status)
     status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == newest and not pod.deleting])
     ready = sum(r.ready for r in status.roles.values())
     p.conds.set(
@@ -391,7 +404,7 @@ def gang_failed(p: _Pass) -> Fate | None:
         for pod in p.observed.pods
         if pod.attempt == prev.restart_count and pod.failed and not scaled_away(p.job, pod)
     ]
-    replaced = _replaced_pods(p.job, p.current, prev.gang_pod_uids)
+    replaced = _replaced_pods(p.job, p.current, prev)
     if not (failed or replaced):
         return None
     # A replaced member whose Events tell how it ended is judged as if it had been seen.
@@ -425,7 +438,7 @@ def gang_failed(p: _Pass) -> Fate | None:
     status.restart_count = prev.restart_count + 1
     if verdict.action is FailureAction.IGNORE:
         status.uncounted_restarts = uncounted + 1
-    status.gang_pod_uids = None
+    _forget_gang(status)
     # Counted for the new attempt, as the next pass will: the decision is a fixed point,
     # so the loop needs no further pass (nor the watch's echo of this write) to settle.
     status.roles = _role_counts(p.job, [pod for pod in p.observed.pods if pod.attempt == status.restart_count])
@@ -680,7 +693,7 @@ def readiness(p: _Pass) -> Fate:
     wanted = _wanted(status)
     if ready == wanted and wanted > 0 and conds.is_true(ConditionType.RESTARTING) and _first_step_pending(status):
         # Restarting until the new gang trains: its pods are up, its driver resumes.
-        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        _record_gang(p)
         conds.set(
             ConditionType.RUNNING,
             "False",
@@ -690,7 +703,7 @@ def readiness(p: _Pass) -> Fate:
         status.state = State.RESTARTING.value
     elif ready == wanted and wanted > 0:
         conds.set(ConditionType.RUNNING, "True", "AllPodsReady", f"all {wanted} pods are ready")
-        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        _record_gang(p)
         conds.clear(ConditionType.RESTARTING, "Resumed", "the gang is running again")
         status.state = State.RUNNING.value
     elif (
@@ -708,7 +721,7 @@ def readiness(p: _Pass) -> Fate:
             "AllPodsReady",
             f"the gang is running; the rollout is scaling: {rollout.ready}/{rollout.replicas} rollout pods are ready",
         )
-        status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
+        _record_gang(p)
         status.state = State.RUNNING.value
     elif conds.is_true(ConditionType.RESTARTING):
         conds.set(ConditionType.RUNNING, "False", "Restarting", _restarting_message(ready, wanted))

@@ -690,3 +690,54 @@ IMMUTABLE = [
         ("spec.roles.rollout.placement", "placement is immutable"),
     ),
 ]
+
+
+# Elastic rollout capacity (issue 29): rollout replicas change in place only with one-process
+# engines, never under Kueue; tensorParallelSize never changes. (id, old, new, fields): no
+# fields, the update is accepted.
+@dataclass(frozen=True)
+class Transition:
+    id: str
+    old: Callable[[Job], None]
+    new: Callable[[Job], None]
+    fields: tuple[str, ...]
+
+    def jobs(self) -> tuple[Job, Job]:
+        old, new = copy.deepcopy(base_job()), copy.deepcopy(base_job())
+        self.old(old)
+        self.new(new)
+        return old, new
+
+
+_TP1 = _set("spec.roles.rollout.tensorParallelSize", 1)
+_KUEUE = _set("spec.runPolicy.gang", {"scheduler": "kueue", "queue": "team-a"})
+_REPLICAS_MUST_STAY = "only with tensorParallelSize 1"
+
+ROLLOUT_TRANSITIONS = [
+    Transition("rollout-scales-up-with-tp1", _TP1, _all(_TP1, _set("spec.roles.rollout.replicas", 6)), ()),
+    Transition("rollout-scales-down-with-tp1", _TP1, _all(_TP1, _set("spec.roles.rollout.replicas", 1)), ()),
+    Transition(
+        "rollout-replicas-change-with-tp2",
+        _all(),
+        _set("spec.roles.rollout.replicas", 6),
+        ("spec.roles.rollout.replicas", _REPLICAS_MUST_STAY),
+    ),
+    Transition(
+        "rollout-tp-changes",
+        _all(),
+        _TP1,
+        ("spec.roles.rollout.tensorParallelSize", "tensorParallelSize is immutable"),
+    ),
+    Transition(
+        "rollout-replicas-change-under-kueue",
+        _all(_TP1, _KUEUE),
+        _all(_TP1, _KUEUE, _set("spec.roles.rollout.replicas", 6)),
+        ("spec.roles.rollout.replicas", "Kueue admits a pod group of a fixed size"),
+    ),
+    Transition(
+        "other-changes-under-kueue",
+        _all(_TP1, _KUEUE),
+        _all(_TP1, _KUEUE, _set("spec.trainer.totalTrainingSteps", 1000)),
+        (),
+    ),
+]

@@ -14,7 +14,7 @@ import yaml
 
 from rlkube_api import crd
 from rlkube_api.validation import InvalidSpec, check_rljob_update, parse_rljob
-from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, VALID, Case, base_job
+from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, ROLLOUT_TRANSITIONS, VALID, Case, Transition, base_job
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -89,6 +89,22 @@ def test_immutable_fields_are_refused_on_update(kubectl: Kubectl, rljob_crd: Non
     old = parse_rljob(base_job())
     with pytest.raises(InvalidSpec):
         check_rljob_update(old, parse_rljob(changed)) if _valid(changed) else parse_rljob(changed)
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("case", ROLLOUT_TRANSITIONS, ids=lambda c: c.id)
+def test_server_gives_the_models_verdict_on_rollout_transitions(
+    kubectl: Kubectl, rljob_crd: None, namespace: str, case: Transition
+) -> None:
+    old, new = case.jobs()
+    kubectl("create", "-n", namespace, "-f", "-", input=json.dumps(old))
+    server = _server_verdict(kubectl, namespace, new, verb="apply")
+    if not case.fields:
+        assert server is None, f"{case.id}: the API server refused the update:\n{server}"
+        return
+    assert server is not None, f"{case.id}: the API server accepted the update"
+    for field in case.fields:
+        assert field in server, f"{case.id}: expected {field!r} in:\n{server}"
 
 
 def _valid(job: dict[str, Any]) -> bool:

@@ -10,7 +10,17 @@ import yaml
 
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, check_rljob_update, load_trainer_config, parse_rljob
-from tests.api.cases import EXAMPLES, IMMUTABLE, INVALID, VALID, Case, base_job, example
+from tests.api.cases import (
+    EXAMPLES,
+    IMMUTABLE,
+    INVALID,
+    ROLLOUT_TRANSITIONS,
+    VALID,
+    Case,
+    Transition,
+    base_job,
+    example,
+)
 
 
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.yaml")), ids=lambda p: p.name)
@@ -47,6 +57,18 @@ def test_immutable_fields_refuse_changes(case: Case) -> None:
         text = str(info.value)
     for field in case.fields:
         assert field in text, f"{case.id}: expected {field!r} in:\n{text}"
+
+
+@pytest.mark.parametrize("case", ROLLOUT_TRANSITIONS, ids=lambda c: c.id)
+def test_rollout_replicas_change_in_place_only_where_engines_are_one_process(case: Transition) -> None:
+    old, new = (parse_rljob(job) for job in case.jobs())
+    if not case.fields:
+        check_rljob_update(old, new)
+        return
+    with pytest.raises(InvalidSpec) as info:
+        check_rljob_update(old, new)
+    for field in case.fields:
+        assert field in str(info.value), f"{case.id}: expected {field!r} in:\n{info.value}"
 
 
 def test_unchanged_update_is_allowed() -> None:

@@ -114,11 +114,15 @@ def test_cel_rules_are_listed_on_the_object_that_declares_them() -> None:
             on="spec.roles.rollout",
             at="spec.roles.rollout.tensorParallelSize",
             message="tensorParallelSize must divide gpusPerReplica (without GPUs: replicas, one process per pod)",
+            transition=False,
             immutable=False,
         )
         in roles.rules
     )
-    assert reference.Rule("spec.model", "spec.model", "model is immutable", True) in sections["spec.model"].rules
+    assert reference.Rule("spec.model", "spec.model", "model is immutable", True, True) in sections["spec.model"].rules
+    # Rollout replicas change in place with one-process engines: a rule on update, not immutability.
+    replicas = [r for r in roles.rules if r.at == "spec.roles.rollout.replicas" and r.transition]
+    assert replicas and not any(r.immutable for r in replicas)
     assert any(r.on == "RLJob" and "metadata.name" in r.message for r in sections[""].rules)
     text = reference.render_reference()
     assert (
@@ -139,10 +143,11 @@ def test_immutable_fields_are_called_out() -> None:
     rows = _rows()
     for path in ("spec.model", "spec.roles.actor.gpusPerReplica", "spec.roles.rollout.placement"):
         assert "**immutable**" in rows[path].constraints, path
-    assert "**immutable**" not in rows["spec.roles.rollout.tensorParallelSize"].constraints
+    assert "**immutable**" in rows["spec.roles.rollout.tensorParallelSize"].constraints
+    assert "**immutable**" not in rows["spec.roles.rollout.replicas"].constraints  # elastic rollout
     summary = reference.render_summary()
     assert "Immutable once the job exists: `spec.model`;" in summary
-    assert "`gpusPerReplica`, `replicas`, `placement` of `spec.roles.rollout`" in summary
+    assert "`gpusPerReplica`, `placement`, `tensorParallelSize` of `spec.roles.rollout`" in summary
 
 
 def test_output_is_deterministic() -> None:

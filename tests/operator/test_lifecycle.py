@@ -288,6 +288,44 @@ def test_resizing_a_running_role_is_refused(jobs: Jobs, kubectl: Kubectl, replic
     assert "spec.roles.actor.replicas" in result.stderr and "immutable" in result.stderr
 
 
+def test_rollout_replicas_scale_in_place_without_restarting_the_gang(jobs: Jobs) -> None:
+    """Elastic rollout capacity (rollout_scaling.py): separate one-process rollout engines are
+    added and removed by patching spec.roles.rollout.replicas; the gang keeps running."""
+    jobs.create(tiny_job(JOB, jobs.namespace))
+    jobs.wait_running(JOB)
+    before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.wait_pods(JOB, TINY_PODS)}
+    rollout = TINY_ROLES["rollout"]
+
+    def scaled_to(replicas: int) -> dict[str, str]:
+        jobs.patch(JOB, {"spec": {"roles": {"rollout": {"replicas": replicas}}}})
+        told = f"rollout replicas {rollout if replicas > rollout else rollout + 2} -> {replicas}"
+        wait_for(
+            lambda: any(e.get("reason") == "RolloutScaled" and told in e["message"] for e in jobs.events(JOB)),
+            f"the Event RolloutScaled {told}",
+            timeout=15,
+        )
+        sets = jobs.statefulsets(JOB)
+        assert sets[f"{JOB}-rollout"]["spec"]["replicas"] == replicas
+        pods = jobs.wait_pods(JOB, TINY_PODS - rollout + replicas, timeout=30)
+        job = jobs.wait(
+            JOB,
+            lambda j: is_true(j, "Running") and (j["status"]["roles"]["rollout"].get("ready") == replicas),
+            f"{replicas} rollout pods ready",
+        )
+        # No gang restart: the count, the attempt, and every pod that was there is the same pod.
+        assert job["status"]["state"] == "Running"
+        assert job["status"].get("restartCount", 0) == 0
+        assert all(attempt(p) == 0 for p in pods)
+        assert job["status"]["gangRolloutReplicas"] == replicas
+        return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
+
+    grown = scaled_to(rollout + 2)
+    assert {name: grown[name] for name in before} == before
+    assert sorted(set(grown) - set(before)) == [f"{JOB}-rollout-{i}" for i in range(rollout, rollout + 2)]
+    assert scaled_to(rollout) == before
+    assert not any(e.get("reason") in ("PodFailed", "Restarting") for e in jobs.events(JOB))
+
+
 def test_active_deadline_fails_the_job(jobs: Jobs) -> None:
     jobs.create(tiny_job(JOB, jobs.namespace, {"spec.runPolicy.activeDeadlineSeconds": 5}))
     jobs.wait_running(JOB)
