@@ -386,6 +386,7 @@ class HoldAtStep:
             deadline = time.monotonic() + 30
             while not self.engine._pause_requested and time.monotonic() < deadline:  # type: ignore[attr-defined]
                 time.sleep(0.001)
+            time.sleep(0.05)  # the step ends a little after the pause is asked for: the pause waits
         return out
 
 
@@ -403,7 +404,10 @@ def generate_across_an_update(
         future = pool.submit(engine.generate, prompts, sampling)
         assert hold.reached.wait(120), "the generation never reached the step to pause at"
         engine.pause_generation()
-        assert not future.done()  # paused, not finished: it waits for resume_generation
+        # Returned once the engine is idle: the step in flight ended, its unfinished requests were
+        # aborted (their tokens kept), and the generation waits for resume_generation.
+        assert not engine._llm.llm_engine.has_unfinished_requests()  # type: ignore[attr-defined]
+        assert not future.done()
         engine.update_weights(new_weights.items())
         engine.resume_generation(1)
         return future.result(timeout=120)
