@@ -46,8 +46,14 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken, span
 from rlkube_trainer.batch import build_batch
 from rlkube_trainer.data import Prompt
 from rlkube_trainer.preflight import PreflightError
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, RolloutSample, SamplingConfig, build_rollout_engine
-from rlkube_trainer.rollout import partial
+from rlkube_trainer.rollout import (
+    RolloutBatch,
+    RolloutEngine,
+    RolloutSample,
+    SamplingConfig,
+    build_rollout_engine,
+    partial,
+)
 
 # --- the splice (rollout/partial.py) ----------------------------------------------------------------
 
@@ -500,6 +506,6 @@ def test_a_generation_asked_for_while_paused_waits_for_the_resume(
 def test_engines_without_partial_rollouts_refuse_to_pause(w0_path: Path) -> None:
     with (
         build_rollout_engine("hf", model_path=w0_path) as hf,
-        pytest.raises(NotImplementedError, match="async_training.partial_rollout"),
+        pytest.raises(NotImplementedError, match=r"async_training\.partial_rollout"),
     ):
         hf.pause_generation()
