@@ -68,6 +68,9 @@ def _all(*mutations: Callable[[Job], None]) -> Callable[[Job], None]:
     return mutate
 
 
+# An asynchronous mode the base job can run (its rollout pods are separate).
+_SEPARATE_ASYNC = (_set("spec.trainer.v1.trainerMode", "separate_async"), _set("spec.trainer.testFreq", -1))
+
 INVALID = [
     Case("colocated-rollout-replicas", _set("spec.roles.rollout", {"replicas": 3}), ("spec.roles.rollout.replicas",)),
     Case(
@@ -414,6 +417,37 @@ INVALID = [
         "off-policy-strategy-unknown",
         _set("spec.trainer.v1.sampler.maxOffPolicyStrategy", "block"),
         ("spec.trainer.v1.sampler.maxOffPolicyStrategy",),
+    ),
+    # Partial rollouts (asyncTraining.partialRollout): each refusal's own reason, beside the
+    # cluster's (every RLJob refuses them for now, see the last case).
+    Case(
+        "partial-rollout-in-sync",
+        _set("spec.asyncTraining.partialRollout", True),
+        ("spec.asyncTraining.partialRollout", "needs an asynchronous trainer.v1.trainerMode"),
+    ),
+    Case(
+        "partial-rollout-with-hf",
+        _all(
+            _set("spec.asyncTraining.partialRollout", True),
+            *_SEPARATE_ASYNC,
+            _set("spec.rollout.name", "hf"),
+            _set("spec.roles.rollout.tensorParallelSize", 1),
+        ),
+        ("spec.asyncTraining.partialRollout", "needs rollout.name vllm"),
+    ),
+    Case(
+        "partial-rollout-with-multi-turn",
+        _all(
+            _set("spec.asyncTraining.partialRollout", True),
+            *_SEPARATE_ASYNC,
+            _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py"}),
+        ),
+        ("spec.asyncTraining.partialRollout", "not supported with rollout.multiTurn"),
+    ),
+    Case(
+        "partial-rollout-in-a-cluster",
+        _all(_set("spec.asyncTraining.partialRollout", True), *_SEPARATE_ASYNC),
+        ("spec.asyncTraining.partialRollout", "not supported in a cluster"),
     ),
     Case("save-freq-below-minus-one", _set("spec.trainer.saveFreq", -2), ("spec.trainer.saveFreq",)),
     # --- roles without a use ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from rlkube_api.rljob import RLJob, RLJobSpec
-from rlkube_api.validation import parse_rljob
+from rlkube_api.validation import parse_rljob, parse_trainer_config
 from rlkube_operator.desired import desired_children
 from tests.operator.helpers import GPU, RAY_TOKEN, UID, example
 
@@ -260,3 +260,31 @@ def test_object_store_fields_are_refused_by_name_where_they_cannot_work() -> Non
         {"uri": "s3://bucket/run", "resumeFrom": "s3://bucket/other/step_000010", "credentialsSecret": "ckpt-s3"}
     )
     parse_rljob(obj)  # a URL seeds a run as a path does
+
+
+def test_partial_rollout_is_refused_by_name_in_every_rljob() -> None:
+    """asyncTraining.partialRollout takes effect only in the trainer's own config (rlkube-trainer
+    run --in-process: tests/trainer/test_partial_rollout.py); in an RLJob the pods' ranks are Ray
+    actors, which cannot pause a generation in flight, so every RLJob refuses it by name, also
+    where the trainer's own rules for it hold (an asynchronous mode, vLLM, no multi-turn)."""
+    assert "asyncTraining.partialRollout" in {p for p, _, _ in _leaves(RLJobSpec, example(GPU)["spec"], "")}
+    _refused("asyncTraining.partialRollout", True, "partialRollout")  # the example is sync
+    for mode, extra in (
+        ("separate_async", {}),
+        ("colocate_async", {"rollout.freeCacheEngine": False, "roles.rollout": {"placement": "colocated"}}),
+    ):
+        obj = example(GPU)
+        for path, value in {"trainer.v1.trainerMode": mode, "trainer.testFreq": -1, **extra}.items():
+            _set(obj["spec"], path, value)
+        job = parse_rljob(copy.deepcopy(obj))  # an asynchronous job the cluster runs
+        # The trainer's own config accepts it there: only the cluster refuses it.
+        config = job.spec.trainer_config().to_config()
+        config["async_training"] = {"partial_rollout": True}
+        assert parse_trainer_config(config).async_training.partial_rollout
+        _set(obj["spec"], "asyncTraining.partialRollout", True)
+        try:
+            parse_rljob(obj)
+        except (pydantic.ValidationError, ValueError) as exc:
+            assert "spec.asyncTraining.partialRollout" in str(exc) and "in a cluster" in str(exc), str(exc)
+        else:
+            raise AssertionError(f"asyncTraining.partialRollout was accepted in {mode}")
