@@ -6,6 +6,7 @@ no model or engine."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from rlkube_trainer.rollout.agent.episode import Generation, Message, MultiTurnS
 from rlkube_trainer.rollout.agent.interaction import BaseInteraction, load_interactions
 from rlkube_trainer.rollout.agent.modules import import_class
 from rlkube_trainer.rollout.agent.sampler import episode_numbers, interaction_of, to_sample
+from rlkube_trainer.rollout.agent.tools import BaseTool
 
 pytestmark = pytest.mark.trainer
 
@@ -282,3 +284,53 @@ def test_a_sandbox_section_without_a_code_interpreter_is_refused(tmp_path: Path)
         load_tools({"function_tool_path": str(functions), "sandbox": {"cpu_seconds": 2}})
     with pytest.raises(ValueError, match=r"memory_bytes"):  # the section's bounds, as the API's
         load_tools({"tool_config_path": _tool_config(tmp_path), "sandbox": {"memory_bytes": 1}})
+
+
+# --- the example's files (examples/multi-turn-tools.yaml) ----------------------------------------
+
+EXAMPLE_TOOLS = Path(__file__).resolve().parents[2] / "examples" / "tools"
+
+
+def test_the_examples_tools_and_interaction_load_and_answer(tmp_path: Path) -> None:
+    # As the ConfigMap mounts them: the files side by side in one folder.
+    for file in EXAMPLE_TOOLS.iterdir():
+        (tmp_path / file.name).write_text(file.read_text())
+    section = {
+        "tool_config_path": str(tmp_path / "tools.yaml"),
+        "interaction_config_path": str(tmp_path / "interaction.yaml"),
+        "sandbox": {"cpu_seconds": 2, "wall_seconds": 4.0},
+    }
+    try:
+        tools = load_tools(section)
+        interactions = load_interaction_config(section)
+    finally:
+        sys.modules.pop("gsm8k_agent", None)
+        sys.path.remove(str(tmp_path.resolve()))
+    interpreter = tools["code_interpreter"]
+    assert isinstance(interpreter, CodeInterpreterTool)
+    assert (interpreter.limits.cpu_seconds, interpreter.limits.wall_seconds) == (2, 4.0)
+    calculator = tools["calculator"]
+    assert isinstance(calculator, BaseTool)
+    (response, _, _) = asyncio.run(calculator.execute("i", {"expression": "(3 + 4) * 12 / 2"}))
+    assert response.text == "42"
+    (response, _, _) = asyncio.run(calculator.execute("i", {"expression": "__import__('os')"}))
+    assert (response.text or "").startswith("Error: not arithmetic")
+    gsm8k = interactions["gsm8k"]
+    wrong = asyncio.run(
+        gsm8k.generate_response("i", [{"role": "assistant", "content": "It is 41."}], ground_truth="42")
+    )
+    right = asyncio.run(gsm8k.generate_response("i", [{"role": "assistant", "content": "So 42."}], ground_truth="42"))
+    assert wrong[0] is False and wrong[2] == 0.0 and "answer again" in wrong[1]
+    assert right[:3] == (True, "Correct.", 1.0)
+
+
+def test_the_example_seccomp_profile_allows_what_the_sandbox_calls() -> None:
+    """sandbox_exec.py: unshare (a network namespace, through a user namespace when not root),
+    Landlock's three calls and prctl(PR_SET_NO_NEW_PRIVS); RuntimeDefault refuses unshare."""
+    profile = json.loads((EXAMPLE_TOOLS.parent / "seccomp" / "rlkube-sandbox.json").read_text())
+    denied = {name for rule in profile["syscalls"] if rule["action"] != "SCMP_ACT_ALLOW" for name in rule["names"]}
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    needed = {"unshare", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self", "prctl", "execve"}
+    assert not needed & denied
+    # What RuntimeDefault also refuses stays refused: joining or mounting namespaces, tracing, the kernel.
+    assert {"setns", "mount", "umount2", "pivot_root", "ptrace", "bpf", "kexec_load", "init_module"} <= denied
