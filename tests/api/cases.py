@@ -71,6 +71,9 @@ def _all(*mutations: Callable[[Job], None]) -> Callable[[Job], None]:
 # An asynchronous mode the base job can run (its rollout pods are separate).
 _SEPARATE_ASYNC = (_set("spec.trainer.v1.trainerMode", "separate_async"), _set("spec.trainer.testFreq", -1))
 
+# Multi-turn runs only with the rollout in the actor's pods (rljob.py says why).
+_COLOCATED = _set("spec.roles.rollout", {"placement": "colocated"})
+
 INVALID = [
     Case("colocated-rollout-replicas", _set("spec.roles.rollout", {"replicas": 3}), ("spec.roles.rollout.replicas",)),
     Case(
@@ -532,13 +535,43 @@ INVALID = [
         _set("spec.rollout.multiTurn", {"functionToolPath": "/tools/lookup.py"}),
         ("spec.rollout.multiTurn.enable",),
     ),
+    # Episodes against separate rollout pods end in RANK_LOST (docs/development-notes.md).
     Case(
-        "multi-turn-interactions",
-        _set(
-            "spec.rollout.multiTurn",
-            {"enable": True, "functionToolPath": "/t.py", "interactionConfigPath": "/i.yaml"},
+        "multi-turn-on-separate-rollout-pods",
+        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py"}),
+        ("spec.rollout.multiTurn.enable",),
+    ),
+    Case(
+        "multi-turn-config-map-key-is-a-path",
+        _all(
+            _COLOCATED,
+            _set(
+                "spec.rollout.multiTurn",
+                {"enable": True, "configMap": {"name": "agent-tools"}, "toolConfigPath": "/tools/tools.yaml"},
+            ),
         ),
+        ("spec.rollout.multiTurn.toolConfigPath",),
+    ),
+    Case(
+        "multi-turn-relative-path-without-config-map",
+        _all(_COLOCATED, _set("spec.rollout.multiTurn", {"enable": True, "interactionConfigPath": "i.yaml"})),
         ("spec.rollout.multiTurn.interactionConfigPath",),
+    ),
+    Case(
+        "multi-turn-sandbox-while-disabled",
+        _all(_COLOCATED, _set("spec.rollout.multiTurn", {"sandbox": {"cpuSeconds": 2}})),
+        ("spec.rollout.multiTurn.enable",),
+    ),
+    Case(
+        "multi-turn-sandbox-memory-too-small",
+        _all(
+            _COLOCATED,
+            _set(
+                "spec.rollout.multiTurn",
+                {"enable": True, "toolConfigPath": "/t.yaml", "sandbox": {"memoryBytes": 1024}},
+            ),
+        ),
+        ("spec.rollout.multiTurn.sandbox.memoryBytes",),
     ),
     Case(
         "multi-turn-format-not-hermes",
@@ -551,7 +584,32 @@ INVALID = [
 VALID = [
     Case(
         "multi-turn-with-function-tools",
-        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py", "maxUserTurns": 2}),
+        _all(
+            _COLOCATED,
+            _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py", "maxUserTurns": 2}),
+        ),
+        (),
+    ),
+    Case(
+        "multi-turn-interaction-only",
+        _all(_COLOCATED, _set("spec.rollout.multiTurn", {"enable": True, "interactionConfigPath": "/i.yaml"})),
+        (),
+    ),
+    Case(
+        "multi-turn-files-from-a-config-map-with-a-sandbox",
+        _all(
+            _COLOCATED,
+            _set(
+                "spec.rollout.multiTurn",
+                {
+                    "enable": True,
+                    "configMap": {"name": "agent-tools"},
+                    "toolConfigPath": "tools.yaml",
+                    "interactionConfigPath": "interaction.yaml",
+                    "sandbox": {"cpuSeconds": 2, "wallSeconds": 4.5, "memoryBytes": 268435456},
+                },
+            ),
+        ),
         (),
     ),
     Case(

@@ -288,3 +288,44 @@ def test_partial_rollout_is_refused_by_name_in_every_rljob() -> None:
             assert "spec.asyncTraining.partialRollout" in str(exc) and "in a cluster" in str(exc), str(exc)
         else:
             raise AssertionError(f"asyncTraining.partialRollout was accepted in {mode}")
+
+
+
+def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() -> None:
+    """The generic walk skips optional sub-objects the example leaves unset: multiTurn's
+    configMap (a volume in the pods, the trainer's paths) and sandbox (the trainer's limits)."""
+    base_obj = example(GPU)
+    _set(base_obj["spec"], "roles.rollout", {"placement": "colocated"})
+    multi_turn = {
+        "enable": True,
+        "configMap": {"name": "agent-tools"},
+        "toolConfigPath": "tools.yaml",
+        "sandbox": {"cpuSeconds": 2},
+    }
+    _set(base_obj["spec"], "rollout.multiTurn", multi_turn)
+    base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
+    changes = {
+        "rollout.multiTurn.configMap.name": "other-tools",
+        "rollout.multiTurn.toolConfigPath": "other.yaml",
+        "rollout.multiTurn.sandbox.cpuSeconds": 3,
+        "rollout.multiTurn.sandbox.wallSeconds": 4.5,
+        "rollout.multiTurn.sandbox.memoryBytes": 2**28,
+        "rollout.multiTurn.sandbox.maxProcesses": 4,
+        "rollout.multiTurn.sandbox.maxOutputBytes": 100,
+        "rollout.multiTurn.sandbox.maxFileBytes": 0,
+        # Refused by name: a path where a ConfigMap key belongs.
+        "rollout.multiTurn.interactionConfigPath": "/etc/interaction.yaml",
+    }
+    for path, value in changes.items():
+        assert _verdict(base_obj, base_children, path, value) is None, path
+    # Refused by name: a bound; separate rollout pods (their refusal names multiTurn.enable).
+    assert _verdict(base_obj, base_children, "rollout.multiTurn.sandbox.cpuSeconds", 0) is None
+    obj = copy.deepcopy(base_obj)
+    _set(obj["spec"], "roles.rollout", example(GPU)["spec"]["roles"]["rollout"])
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "rollout.multiTurn.enable" in str(exc) and "separate" in str(exc), str(exc)
+    else:
+        raise AssertionError("rollout.multiTurn with separate rollout pods was accepted")
+    _refused("rollout.multiTurn", {"sandbox": {"cpuSeconds": 2}}, "sandbox")  # while disabled

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from rlkube_api.names import (
+    AGENT_DIR,
     ANNOTATION_ATTEMPT,
     CONFIG_FILE,
     LABEL_JOB,
@@ -477,6 +478,55 @@ def test_config_map_keeps_a_reward_function_path() -> None:
     job = load_job(CPU, set_path("spec.reward.function", {"path": "/opt/reward.py", "name": "score"}))
     raw = yaml.safe_load(by_kind(children_of(job), "ConfigMap")["tiny-cpu-config"]["data"][CONFIG_FILE])
     assert raw["reward"]["function"] == {"path": "/opt/reward.py", "name": "score"}
+
+
+# rollout.multiTurn.configMap: the user's tool and interaction files (examples/multi-turn-tools.yaml).
+AGENT_FILES = (
+    set_path("spec.roles.rollout", {"placement": "colocated"}),
+    set_path(
+        "spec.rollout.multiTurn",
+        {
+            "enable": True,
+            "configMap": {"name": "agent-tools"},
+            "toolConfigPath": "tools.yaml",
+            "interactionConfigPath": "interaction.yaml",
+            "sandbox": {"cpuSeconds": 2},
+        },
+    ),
+)
+
+
+def test_the_agent_config_map_is_mounted_whole_in_every_pod() -> None:
+    job = load_job(CPU, *AGENT_FILES)
+    stateful_sets = by_kind(children_of(job), "StatefulSet")
+    assert set(stateful_sets) == {"controller", "actor"}  # the driver runs the episodes; the actor generates
+    for role, sts in stateful_sets.items():
+        # Whole, not item by item: a tool config's class_name may import a module shipped beside it.
+        assert volume(sts, "agent") == {"name": "agent", "configMap": {"name": "agent-tools"}}, role
+        assert mount_for(sts, "agent") == {"name": "agent", "mountPath": AGENT_DIR, "readOnly": True}, role
+        assert AGENT_DIR == "/etc/rlkube-agent"
+    without = by_kind(children_of(load_job(CPU)), "StatefulSet")
+    assert all(v["name"] != "agent" for sts in without.values() for v in pod_spec(sts)["volumes"])
+
+
+def test_the_trainer_config_names_the_mounted_files_of_the_agent_config_map() -> None:
+    job = load_job(CPU, *AGENT_FILES)
+    raw = yaml.safe_load(by_kind(children_of(job), "ConfigMap")["tiny-cpu-config"]["data"][CONFIG_FILE])
+    multi_turn = raw["rollout"]["multi_turn"]
+    assert multi_turn["tool_config_path"] == f"{AGENT_DIR}/tools.yaml"
+    assert multi_turn["interaction_config_path"] == f"{AGENT_DIR}/interaction.yaml"
+    assert "function_tool_path" not in multi_turn  # unset stays unset
+    assert "config_map" not in multi_turn  # the trainer reads files, never a ConfigMap
+    assert multi_turn["sandbox"] == {"cpu_seconds": 2}
+    assert parse_trainer_config(raw, CONFIG_FILE) == trainer_config(job)
+    # Without a ConfigMap the paths are the image's files, as written.
+    own = load_job(
+        CPU,
+        AGENT_FILES[0],
+        set_path("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/opt/tools/lookup.py"}),
+    )
+    raw = yaml.safe_load(by_kind(children_of(own), "ConfigMap")["tiny-cpu-config"]["data"][CONFIG_FILE])
+    assert raw["rollout"]["multi_turn"]["function_tool_path"] == "/opt/tools/lookup.py"
 
 
 def test_every_pod_gets_the_jobs_ray_token_from_its_secret() -> None:

@@ -22,12 +22,13 @@ from rlkube_trainer.algos import (
     compute_policy_loss,
     compute_reinforce_plus_plus_outcome_advantage,
 )
-from rlkube_trainer.batch import token_level_scores
-from rlkube_trainer.rollout import RolloutEngine, SamplingConfig, build_rollout_engine
-from rlkube_trainer.rollout.agent.batch import build_agent_batch
+from rlkube_trainer.batch import build_batch, token_level_scores
+from rlkube_trainer.data import Prompt
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator
 from rlkube_trainer.rollout.agent.episode import Generation, MultiTurnSettings, Trajectory, run_episode
+from rlkube_trainer.rollout.agent.sampler import to_sample
 from rlkube_trainer.rollout.agent.tools import FunctionTool, Tool, function_tool
 
 pytestmark = pytest.mark.trainer
@@ -253,7 +254,15 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
 def test_agent_batch_attends_everything_but_trains_only_model_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
     full = episode(tokenizer, MultiTurnSettings(response_length=200))
     one = episode(tokenizer, MultiTurnSettings(response_length=200, max_assistant_turns=1))
-    batch = build_agent_batch([full, one], [0, 0], pad_token_id=int(tokenizer.pad_token_id))
+    # The step's batch: each episode becomes a RolloutSample (sampler.to_sample) with its own
+    # rendered prompt and mask, padded into a TrainBatch by build_batch.
+    rollout = RolloutBatch([to_sample(0, full, 200, True), to_sample(0, one, 200, True)], n=2)
+    prompt = Prompt(0, "q0", [0], "q", [{"role": "user", "content": "q"}], "t", None, None)
+    batch = build_batch([prompt], rollout, pad_token_id=int(tokenizer.pad_token_id))
+    assert batch.group_index.tolist() == [0, 0]
+    assert batch.prompt_lengths.tolist() == [len(full.prompt_ids)] * 2  # the episode's prompt, not the row's
+    assert batch.rollout_log_probs is not None
+    assert batch.rollout_log_probs[0, : len(full.response_ids)].tolist() == full.response_logprobs
     n_prompt = batch.input_ids.shape[1] - batch.response_length
     assert batch.response_mask[0].tolist() == [float(m) for m in full.response_mask]
     assert batch.attention_mask[0, n_prompt:].tolist() == [1] * len(full.response_ids)  # tool turn attended

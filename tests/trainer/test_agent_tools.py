@@ -191,8 +191,10 @@ def test_multi_turn_section_maps_or_refuses_each_key(tmp_path: Path) -> None:
     )
     assert (settings.max_assistant_turns, settings.max_parallel_calls, settings.response_length) == (3, 2, 64)
     assert settings.tool_response_truncate_side == "left"
-    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.interaction_config_path is not supported"):
-        settings_from_multi_turn({"interaction_config_path": "x.yaml"}, 64)
+    # Loaded by load_interaction_config (test_agent_interaction.py); an RLJob's ConfigMap is the operator's.
+    settings_from_multi_turn({"interaction_config_path": "x.yaml", "sandbox": {"cpu_seconds": 1}}, 64)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.config_map is resolved to file paths by the operator"):
+        settings_from_multi_turn({"config_map": {"name": "tools"}}, 64)
     with pytest.raises(ValueError, match=r"rollout\.multi_turn\.use_inference_chat_template=True"):
         settings_from_multi_turn({"use_inference_chat_template": True}, 64)
     with pytest.raises(ValueError, match=r"rollout\.multi_turn\.bogus is not"):
