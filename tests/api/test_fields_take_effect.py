@@ -290,7 +290,6 @@ def test_partial_rollout_is_refused_by_name_in_every_rljob() -> None:
             raise AssertionError(f"asyncTraining.partialRollout was accepted in {mode}")
 
 
-
 def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() -> None:
     """The generic walk skips optional sub-objects the example leaves unset: multiTurn's
     configMap (a volume in the pods, the trainer's paths) and sandbox (the trainer's limits)."""
