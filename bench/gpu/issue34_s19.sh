@@ -66,6 +66,8 @@ case "${1:?phase}" in
       case "$w" in
         *py_spy*) python3 -m pip install -q --no-index --no-deps --target /tmp/tools-site "$w" ;;
         *liger*) python3 -m pip install -q --no-index --no-deps --no-compile --target $liger "$w" ;;
+        # The trainer's driver imports the object store's fsspec filesystem (checkpoint/objectstore.py).
+        *obstore*) python3 -m pip install -q --no-index --no-deps --no-compile --target $liger "$w" ;;
       esac
     done
     # The sites are installed --no-compile: every process of every run would otherwise compile
