@@ -7,6 +7,7 @@ restart: the driver and actor pods keep their UIDs and every step is in metrics.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,8 +24,24 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
-STEPS = 200
+STEPS = 400
 TIMEOUT = 600.0
+# A quiet machine trains the tiny job at about 3 steps a second, faster than a new rollout pod
+# starts (a minute or more): while the pace file exists, the job's reward function sleeps this
+# long per sample (256 a step), so the scaling happens while it trains; removed afterwards.
+PACE_S_PER_SAMPLE = 0.004
+PACED_REWARD = f"""
+import os
+import time
+
+_PACE = "{tinyjob.MOUNT}/pace"
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if os.path.exists(_PACE):
+        time.sleep({PACE_S_PER_SAMPLE})
+    return _score(data_source, solution_str, ground_truth, extra_info)
+"""
 STAYING = ("controller-0", "actor-0", "actor-1", "rollout-0")
 # The driver's line for each weight-sync group it forms (elastic_rollout.py `_reform`).
 GROUP = re.compile(r"weight-sync group (\d+): actor rank 0 and rollout ranks \[([\d, ]*)\]")
@@ -43,6 +60,15 @@ def _scale(kubectl: Kubectl, namespace: str, name: str, replicas: int) -> None:
     kubectl("-n", namespace, "patch", "rljob", name, "--type=merge", "-p", patch)
 
 
+def _apply_paced(kubectl: Kubectl, namespace: str, job: tinyjob.TinyJob) -> None:
+    """The job with the example's reward function behind the pace file (tinyjob.apply's steps)."""
+    config_map = tinyjob.reward_config_map(job, namespace)
+    ((key, source),) = config_map["data"].items()
+    config_map["data"][key] = source.replace("def compute_score(", "def _score(", 1) + PACED_REWARD
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(config_map))
+    kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
+
+
 def test_rollout_replicas_scale_while_the_job_trains(
     real_cluster: RealCluster,
     watching_operator: OperatorProcess,
@@ -55,7 +81,9 @@ def test_rollout_replicas_scale_while_the_job_trains(
     tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
     name = job.name
     with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{name}-controller-0") as driver_log:
-        tinyjob.apply(kubectl, namespace, job)
+        pace = job.host_path(f"{tinyjob.MOUNT}/pace")
+        pace.write_text("on\n")
+        _apply_paced(kubectl, namespace, job)
         try:
             tinyjob.wait_state(kubectl, namespace, name, ("Running",), TIMEOUT)
             wait_for(lambda: len(job.metrics()) >= 1, "step 1", timeout=TIMEOUT, interval=0.5)
@@ -76,6 +104,8 @@ def test_rollout_replicas_scale_while_the_job_trains(
             # No gang restart: the pods there before the scaling are the same pods.
             after = {pod: _uid(kubectl, namespace, f"{name}-{pod}") for pod in STAYING}
             assert after == uids, f"pods replaced while scaling: before {uids}, after {after}"
+            assert len(job.metrics()) < STEPS, "the job ended before the scaling was checked: pace it more"
+            pace.unlink()
             final = tinyjob.wait_state(kubectl, namespace, name, ("Succeeded", "Failed"), TIMEOUT)
         except (TimeoutError, AssertionError) as error:
             events = kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
