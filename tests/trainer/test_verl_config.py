@@ -194,7 +194,6 @@ REFUSED = [
     ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
     ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
     ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
-    ("multi-turn-interactions", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "interaction_config_path": "/i.yaml"}}, "interactionConfigPath"),
     ("multi-turn-format", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "format": "llama3_json"}}, "format"),
     ("multi-turn-sanity-check", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "tokenization_sanity_check_mode": "disable"}}, "tokenization_sanity_check_mode"),
     ("multi-turn-reinference", {"actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": True}, "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template: use_inference_chat_template"),
@@ -227,6 +226,13 @@ def test_multi_turn_keys_map_to_rollout_multi_turn() -> None:
     assert (multi_turn.max_tool_response_length, multi_turn.tool_response_truncate_side) == (128, "left")
     assert multi_turn.tool_config_path is None
     assert ("actor_rollout_ref.rollout.multi_turn.enable", "rollout.multi_turn.enable") in result.mapped
+
+
+def test_multi_turn_interaction_config_path_is_mapped() -> None:
+    """verl 0.5-0.8's interaction_config_path runs rlkube's interactions (rollout/agent/interaction.py)."""
+    section = {"enable": True, "function_tool_path": "/t.py", "interaction_config_path": "/i.yaml"}
+    result = convert(variant(**{"actor_rollout_ref.rollout.multi_turn": section}))
+    assert result.config.rollout.multi_turn.interaction_config_path == "/i.yaml"
 
 
 @pytest.mark.parametrize(("changes", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
