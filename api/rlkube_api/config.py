@@ -1151,6 +1151,16 @@ class CheckpointConfig(ApiModel):
         "again, or another job): resume auto picks up its checkpoints and metrics.jsonl. Off: the driver "
         "refuses a dir holding another job's run, naming that job (the dir's rljob.json).",
     )
+    async_save: bool = Field(
+        False,
+        description="verl's actor.checkpoint.async_save: a save blocks the step only while every rank "
+        "copies its state into host memory; the files are written in the background while training goes "
+        "on, and the checkpoint becomes the one a resume takes (COMPLETE, latest) only once every rank's "
+        "files are written. At most one save is in flight: the next waits for it. Off (the default): the "
+        "step waits for the whole write, so a checkpoint is complete before the next step starts; on, a "
+        "crash during a background write resumes from the checkpoint before it. Needs host memory for one "
+        "more copy of each rank's trainable state.",
+    )
     export_hf: Literal["never", "final", "every_save"] = Field(
         "final",
         description="Export the actor as a Hugging Face model: final (into dir/hf at the end), every_save "

@@ -41,7 +41,7 @@ from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
-from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
+from rlkube_trainer.checkpoint.state import WrittenInBackground, capture_rng, load_torch, restore_rng, save_torch
 from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
 from rlkube_trainer.data import LoaderState, Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.dispatch import (
@@ -205,6 +205,8 @@ class GroupState:
         trainable = {Role.ACTOR, Role.CRITIC}
         self.trainable = [groups[g.name] for g in placement.groups if g.hosts & trainable]
         self.actor = groups[Role.ACTOR]
+        # (group index, rank): what each rank's background write reported, as they finish.
+        self.background: dict[tuple[int, int], WrittenInBackground] = {}
 
     def save(self, staging: CheckpointPath) -> dict[str, Written]:
         """Every rank's parts; what each rank says it wrote (the driver checks it is there)."""
@@ -214,6 +216,28 @@ class GroupState:
             for files in group.call_all("save", str(staging))
             for relative, record in files.items()
         }
+
+    def save_in_background(self, staging: CheckpointPath) -> None:
+        """checkpoint.async_save: every rank's state copied into host memory (returns once all
+        are), then written by each rank's own thread; `written_in_background` collects them."""
+        self.background = {}
+        for group in self.trainable:
+            group.call_all("save_in_background", str(staging))
+
+    def written_in_background(self, wait: bool) -> tuple[dict[str, Written], float] | None:
+        """Every rank's files and the longest write, once all are written (None while any is
+        writing); a rank whose write failed raises its error here. Ranks done at an earlier
+        call are not asked again: each reports its write once."""
+        for index, group in enumerate(self.trainable):
+            ranks = [rank for rank in range(len(group)) if (index, rank) not in self.background]
+            answers = group.wait(group.submit("finish_save", [(wait,)] * len(ranks), ranks))
+            for rank, done in zip(ranks, answers, strict=True):
+                if done is not None:
+                    self.background[(index, rank)] = done
+        if len(self.background) < sum(len(group) for group in self.trainable):
+            return None
+        files = {name: record for done in self.background.values() for name, record in done.files.items()}
+        return files, max((done.seconds for done in self.background.values()), default=0.0)
 
     def load(self, checkpoint: CheckpointPath) -> None:
         for group in self.trainable:
@@ -286,6 +310,17 @@ class Sampled:
 
 
 @dataclass
+class SaveInFlight:
+    """A checkpoint written but not yet committed: its files (the ranks' once `written`), and
+    whether the ranks write them in the background (checkpoint.async_save)."""
+
+    step: int
+    staging: CheckpointPath
+    files: dict[str, Written]
+    written: bool
+
+
+@dataclass
 class RunResult:
     steps: int
     history: list[dict[str, float]]
@@ -331,6 +366,8 @@ class TrainingRun:
         self.next_batch_index = 1
         # The asynchronous modes' schedule while it runs (validation quiesces it).
         self.schedule: OneStepOff[Sampled] | None = None
+        # The checkpoint being written: committed once written and its step's row is logged.
+        self.in_flight: SaveInFlight | None = None
 
     # --- checkpoints -------------------------------------------------------------------------------
     def resume(self) -> None:
@@ -353,8 +390,28 @@ class TrainingRun:
         log.info("resumed from %s (step %d)", found.path, self.step)
 
     def save(self) -> CheckpointPath:
+        """This step's checkpoint, written and committed (the step's row logged already)."""
+        self.begin_save()
+        self.save_written(wait=True)
+        return self.commit_save()
+
+    def begin_save(self) -> float:
+        """Writes this step's checkpoint into its staging dir, or with checkpoint.async_save
+        starts the ranks writing it in the background; returns the seconds the step was held.
+        A save still in flight is finished and committed first: at most one at a time, so a
+        rank holds at most one extra copy of its state in host memory, and checkpoints commit
+        in step order (the latest marker never goes back, retention counts complete ones)."""
+        start = time.perf_counter()
+        if self.in_flight is not None:
+            self.save_written(wait=True)
+            self.commit_save()
         staging = self.checkpoints.staging(self.step)
-        files = self.state.save(staging)
+        background = self.config.checkpoint.async_save
+        files: dict[str, Written] = {}
+        if background:
+            self.state.save_in_background(staging)
+        else:
+            files = self.state.save(staging)
         position = self.trained_position or DataPosition(self.loader.state_dict(), self.step + 1)
         save_torch(
             staging / "driver.pt",
@@ -370,19 +427,72 @@ class TrainingRun:
         files |= written(staging, ["driver.pt"], "the driver")
         if self.config.checkpoint.export_hf == "every_save":
             self.state.export_hf(staging / "hf")
+        self.in_flight = SaveInFlight(self.step, staging, files, written=not background)
+        return time.perf_counter() - start
+
+    def save_written(self, wait: bool) -> float | None:
+        """Whether the ranks' background write of the save in flight is done (waiting for it
+        with `wait`): the seconds it took, once, when it is; None otherwise. A failed write
+        raises here as the run's error, and the save is abandoned (never committed)."""
+        flight = self.in_flight
+        if flight is None or flight.written:
+            return None
+        try:
+            done = self.state.written_in_background(wait)
+        except BaseException:
+            self.in_flight = None
+            raise
+        if done is None:
+            return None
+        files, seconds = done
+        flight.files |= files
+        flight.written = True
+        return seconds
+
+    def commit_save(self) -> CheckpointPath:
+        """The written checkpoint in flight becomes the latest (store.py's commit)."""
+        flight = self.in_flight
+        assert flight is not None and flight.written
+        self.in_flight = None
+        files = flight.files
         path = self.checkpoints.commit(
-            self.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
+            flight.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
         )
-        self.last_checkpoint_step = self.step
+        self.last_checkpoint_step = flight.step
         log.info("checkpoint %s", path)
         local_metrics = Path(self.config.checkpoint.dir) / METRICS_FILE
         if isinstance(self.root, ObjectPath) and local_metrics.is_file():
-            # Its rows through this checkpoint's step (logged before the save), one PUT.
+            # Its rows through this checkpoint's step (logged before the commit), one PUT.
             (self.root / METRICS_FILE).upload(local_metrics)
         return path
 
+    def settle_in_flight(self) -> None:
+        """On an error: the save in flight is committed if its ranks finish writing it and its
+        row is logged (an earlier step's: the state was copied before the failing step began),
+        else abandoned; either way never half committed, and the run's own error is raised."""
+        flight = self.in_flight
+        if flight is None:
+            return
+        if flight.step >= self.step:
+            self.in_flight = None
+            log.warning(
+                "checkpoint of step %d abandoned in %s: the run failed before its row was logged",
+                flight.step,
+                flight.staging,
+            )
+            return
+        try:
+            self.save_written(wait=True)
+            self.commit_save()
+        except Exception as error:
+            self.in_flight = None
+            log.error("checkpoint of step %d abandoned in %s: %s", flight.step, flight.staging, error)
+
     def stop(self, last_path: CheckpointPath | None) -> None:
         """SIGTERM (termination.py): this step's checkpoint unless it has one, then the exit."""
+        if self.in_flight is not None:  # written already (the loop waits for it on SIGTERM)
+            self.save_written(wait=True)
+            last_path = self.commit_save()
         if self.last_checkpoint_step != self.step:
             last_path = self.save()
         assert self.termination.signum is not None
@@ -547,18 +657,33 @@ class TrainingRun:
                 for metrics in self._sync_steps(batches) if sync else self._async_steps(batches):
                     if self.validation is not None and validates_at(config, self.step, self.total_steps):
                         metrics.update(self.validate())
-                    # Logged before the checkpoint: a checkpoint's step always has its row.
-                    tracker.log(self.step, metrics)
                     if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
-                        last_path = self.save()
+                        # The part of the save the step waits for (all of it, unless async_save).
+                        metrics["timing_s/save_checkpoint"] = self.begin_save()
+                    # A background write is waited for at the run's end and on SIGTERM; its own
+                    # time is in the row of the step that found it done.
+                    finish = self.step == self.total_steps or self.termination.requested
+                    background = self.save_written(wait=finish)
+                    if background is not None:
+                        metrics["timing_s/save_checkpoint_background"] = background
+                    # Logged before the commit: a checkpoint's step always has its row.
+                    tracker.log(self.step, metrics)
+                    if self.in_flight is not None and self.in_flight.written:
+                        last_path = self.commit_save()
                     self.publish(metrics, final=self.step == self.total_steps)
                     bar.update(1)
                     bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
                     if self.termination.requested:
                         self.stop(last_path)
+            if self.in_flight is not None:  # not left behind, should a loop end without its last save
+                self.save_written(wait=True)
+                last_path = self.commit_save()
             if config.checkpoint.export_hf != "never":
                 self.state.export_hf(self.root / "hf")
             curves = tracker.plot()
+        except Exception:
+            self.settle_in_flight()
+            raise
         finally:
             bar.close()
             tracker.close()

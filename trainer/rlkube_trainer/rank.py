@@ -26,7 +26,13 @@ from rlkube_api.names import Env
 from rlkube_api.placement import Role
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, locate
-from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
+from rlkube_trainer.checkpoint.state import (
+    BackgroundSave,
+    WrittenInBackground,
+    load_rank_state,
+    save_rank_state,
+    stage_rank_state,
+)
 from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.memory import check_rank
@@ -146,6 +152,7 @@ class Rank:
         self.engine: RolloutEngine | None = None
         self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
         self.broadcast: BroadcastGroup | None = None
+        self.background_save: BackgroundSave | None = None  # checkpoint.async_save's write in flight
 
     def setup(self) -> str:
         """Joins the group and loads what this rank hosts; returns where it runs."""
@@ -352,6 +359,28 @@ class Rank:
     def save(self, directory: str) -> dict[str, Written]:
         """Writes this rank's state into the checkpoint's staging folder; returns the files."""
         return save_rank_state(self._checkpoint_path(directory), self._trainables(), self.spec.rank)
+
+    def save_in_background(self, directory: str) -> None:
+        """checkpoint.async_save: this rank's state copied into host memory, then written by a
+        thread; returns once copied. The driver waits (`finish_save`) before the next one."""
+        if self.background_save is not None:
+            raise RuntimeError("a checkpoint is still being written by this rank: finish_save first")
+        self.background_save = stage_rank_state(self._checkpoint_path(directory), self._trainables(), self.spec.rank)
+
+    def finish_save(self, wait: bool) -> WrittenInBackground | None:
+        """The background write's files once done (None: still writing, `wait` False, or no
+        write in flight); its error, if it failed, raised here."""
+        pending = self.background_save
+        if pending is None:
+            return None
+        try:
+            done = pending.result(wait)
+        except Exception:
+            self.background_save = None  # reported once; the next save starts afresh
+            raise
+        if done is not None:
+            self.background_save = None
+        return done
 
     def load(self, directory: str) -> None:
         load_rank_state(self._checkpoint_path(directory), self._trainables(), self.spec.rank)

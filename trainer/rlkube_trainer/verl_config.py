@@ -648,11 +648,34 @@ def _finish(
         # first checkpoint resumes from that one, not from the seed again.
         _set(tree, "checkpoint.resume_from", trainer["resume_from_path"])
         mapped.append(("trainer.resume_from_path", "checkpoint.resume_from"))
+    errors += _async_save(tree, verl, mapped, ignored)
     if not reward:
         errors.append(
             "custom_reward_function.path: required (verl's built-in scorers by data_source have no counterpart)"
         )
     return errors
+
+
+def _async_save(
+    tree: dict[str, Any], verl: Mapping[str, Any], mapped: list[tuple[str, str]], ignored: list[tuple[str, str]]
+) -> list[str]:
+    """actor.checkpoint.async_save becomes checkpoint.async_save (the rest of the section is
+    ignored by its rule). One rlkube checkpoint holds every role, so the actor's key decides
+    for all, as it decides verl's latest marker; a critic asking for it alone is refused."""
+    actor = ((verl.get("actor_rollout_ref") or {}).get("actor") or {}).get("checkpoint") or {}
+    critic = (verl.get("critic") or {}).get("checkpoint") or {}
+    key = "actor_rollout_ref.actor.checkpoint.async_save"
+    if actor.get("async_save") is not None:
+        _set(tree, "checkpoint.async_save", bool(actor["async_save"]))
+        mapped.append((key, "checkpoint.async_save"))
+    if critic.get("async_save") and not actor.get("async_save"):
+        return [
+            "critic.checkpoint.async_save: one rlkube checkpoint holds every role, and "
+            f"{key} decides for all: set it there (got critic true, actor false)"
+        ]
+    if critic.get("async_save") is not None:
+        ignored.append(("critic.checkpoint.async_save", f"{key} decides for every role"))
+    return []
 
 
 def _place_roles(tree: dict[str, Any]) -> None:

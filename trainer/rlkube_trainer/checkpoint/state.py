@@ -7,8 +7,11 @@ from __future__ import annotations
 import logging
 import random
 import tempfile
+import threading
+import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -164,6 +167,131 @@ def save_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable]
             save_torch(path, {"state": trainable.state_dict(), "rng": capture_rng()})
         files.append(relative(path, staging))
     return written(staging, files, f"{'/'.join(trainables)} rank {rank}")
+
+
+# --- the same, written in the background -------------------------------------------------------
+
+
+def host_copy(obj: Any) -> Any:
+    """`obj` with every tensor copied into host memory: a snapshot that later optimizer steps
+    (which update parameters and optimizer state in place) cannot change."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {key: host_copy(value) for key, value in obj.items()}
+    if isinstance(obj, list):
+        return [host_copy(value) for value in obj]
+    if isinstance(obj, tuple):
+        return tuple(host_copy(value) for value in obj)
+    return obj
+
+
+_CPU_GROUP: Any = None
+
+
+def _cpu_group() -> Any:
+    """A gloo group over the ranks of the default group, made once (a collective: every rank
+    saves at the same time). torch.distributed.checkpoint's background write runs its own
+    collectives (plans, the metadata) on it: on NCCL they would share the GPU stream with the
+    training step's collectives, whose order the two threads cannot agree on."""
+    global _CPU_GROUP  # noqa: PLW0603  (one per process, like the default group)
+    import torch.distributed as dist  # noqa: PLC0415
+
+    if not dist.is_initialized():
+        return None
+    if _CPU_GROUP is None:
+        default = dist.distributed_c10d._get_default_group()
+        _CPU_GROUP = default if torch.device("cpu") in default._device_types else dist.new_group(backend="gloo")
+    return _CPU_GROUP
+
+
+@dataclass(frozen=True)
+class WrittenInBackground:
+    """What a rank's background write reports once done: its files and how long it took."""
+
+    files: dict[str, Written]
+    seconds: float
+
+
+class BackgroundSave:
+    """One rank's checkpoint parts written by a thread from a copy in host memory, so that
+    training goes on meanwhile. The thread only writes below the staging path; the driver
+    commits (store.py) once every rank's `result` is in, so an unfinished or failed write is
+    never resumed from. A daemon thread: a process that exits abandons the write, never half
+    commits it."""
+
+    def __init__(self, write: Callable[[], dict[str, Written]]) -> None:
+        self._files: dict[str, Written] | None = None
+        self._error: BaseException | None = None
+        self._seconds = 0.0
+        self._thread = threading.Thread(target=self._run, args=(write,), name="rlkube-checkpoint-write", daemon=True)
+        self._thread.start()
+
+    def _run(self, write: Callable[[], dict[str, Written]]) -> None:
+        start = time.perf_counter()
+        try:
+            self._files = write()
+        except BaseException as error:  # handed to the training thread by result()
+            self._error = error
+        self._seconds = time.perf_counter() - start
+
+    def result(self, wait: bool) -> WrittenInBackground | None:
+        """The files once written (None: still writing and `wait` is False); a failed write
+        raises here, in the caller's thread, as the run's error."""
+        if not wait and self._thread.is_alive():
+            return None
+        self._thread.join()
+        if self._error is not None:
+            raise CheckpointError(f"the background checkpoint write failed: {self._error}") from self._error
+        assert self._files is not None
+        return WrittenInBackground(self._files, self._seconds)
+
+
+def stage_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> BackgroundSave:
+    """`save_rank_state`, in two halves: the state copied into host memory now (returns once
+    it is, before the caller's next optimizer step can change it), the files written by a
+    thread. A sharded model's copy and write are torch.distributed.checkpoint's `async_save`
+    (the copy is a collective over the role's group, like the blocking save)."""
+    from torch.distributed.checkpoint.state_dict_saver import async_save  # noqa: PLC0415
+
+    futures = []
+    pending: list[tuple[CheckpointPath, Any]] = []
+    mine: list[CheckpointPath] = []
+    for part, trainable in trainables.items():
+        path = staging / part / f"rank_{rank}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if trainable.sharded:
+            sharded = staging / part / "sharded"
+            if isinstance(sharded, ObjectPath):
+                from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # noqa: PLC0415
+
+                future = async_save(
+                    trainable.sharded_state_dict(),
+                    storage_writer=FsspecWriter(str(sharded), **sharded.options),
+                    process_group=_cpu_group(),
+                )
+            else:
+                future = async_save(
+                    trainable.sharded_state_dict(), checkpoint_id=str(sharded), process_group=_cpu_group()
+                )
+            futures.append((sharded, future))
+            pending.append((path, {"local": host_copy(trainable.local_state_dict()), "rng": capture_rng()}))
+        else:
+            pending.append((path, {"state": host_copy(trainable.state_dict()), "rng": capture_rng()}))
+        mine.append(path)
+
+    def write() -> dict[str, Written]:
+        files = [relative(path, staging) for path in mine]
+        for sharded, future in futures:
+            future.result()  # type: ignore[union-attr]  # a Future without an async stager of ours
+            shards: list[CheckpointPath] = sorted(sharded.glob(f"__{rank}_*.distcp"), key=str)
+            shards += [sharded / ".metadata"] if rank == 0 else []
+            files += [relative(f, staging) for f in shards]
+        for path, obj in pending:
+            save_torch(path, obj)
+        return written(staging, files, f"{'/'.join(trainables)} rank {rank}")
+
+    return BackgroundSave(write)
 
 
 def rank_file(checkpoint: CheckpointPath, part: str, rank: int) -> CheckpointPath:
