@@ -395,15 +395,18 @@ class TrainingRun:
         self.save_written(wait=True)
         return self.commit_save()
 
-    def begin_save(self) -> float:
+    def begin_save(self) -> dict[str, float]:
         """Writes this step's checkpoint into its staging dir, or with checkpoint.async_save
-        starts the ranks writing it in the background; returns the seconds the step was held.
+        starts the ranks writing it in the background; returns its timings.
         A save still in flight is finished and committed first: at most one at a time, so a
         rank holds at most one extra copy of its state in host memory, and checkpoints commit
         in step order (the latest marker never goes back, retention counts complete ones)."""
         start = time.perf_counter()
+        metrics: dict[str, float] = {}
         if self.in_flight is not None:
-            self.save_written(wait=True)
+            previous = self.save_written(wait=True)
+            if previous is not None:
+                metrics["timing_s/save_checkpoint_background"] = previous
             self.commit_save()
         staging = self.checkpoints.staging(self.step)
         background = self.config.checkpoint.async_save
@@ -428,7 +431,8 @@ class TrainingRun:
         if self.config.checkpoint.export_hf == "every_save":
             self.state.export_hf(staging / "hf")
         self.in_flight = SaveInFlight(self.step, staging, files, written=not background)
-        return time.perf_counter() - start
+        # The part of the save the step waited for (all of it, unless async_save).
+        return metrics | {"timing_s/save_checkpoint": time.perf_counter() - start}
 
     def save_written(self, wait: bool) -> float | None:
         """Whether the ranks' background write of the save in flight is done (waiting for it
@@ -658,14 +662,14 @@ class TrainingRun:
                     if self.validation is not None and validates_at(config, self.step, self.total_steps):
                         metrics.update(self.validate())
                     if (save_freq > 0 and self.step % save_freq == 0) or self.step == self.total_steps:
-                        # The part of the save the step waits for (all of it, unless async_save).
-                        metrics["timing_s/save_checkpoint"] = self.begin_save()
-                    # A background write is waited for at the run's end and on SIGTERM; its own
-                    # time is in the row of the step that found it done.
+                        metrics.update(self.begin_save())
+                    # A background write is waited for at the run's end and on SIGTERM; its
+                    # time is in the row of the step that found it done (a later step's).
                     finish = self.step == self.total_steps or self.termination.requested
                     background = self.save_written(wait=finish)
-                    if background is not None:
-                        metrics["timing_s/save_checkpoint_background"] = background
+                    if background is not None:  # added: the previous save's may be here too
+                        key = "timing_s/save_checkpoint_background"
+                        metrics[key] = metrics.get(key, 0.0) + background
                     # Logged before the commit: a checkpoint's step always has its row.
                     tracker.log(self.step, metrics)
                     if self.in_flight is not None and self.in_flight.written:
