@@ -421,3 +421,17 @@ def test_lora_keys_arrive() -> None:
         ["q_proj", "v_proj"],
         [],
     )
+
+
+def test_async_save_arrives_from_the_actors_checkpoint_section() -> None:
+    """verl's actor_rollout_ref.actor.checkpoint.async_save is checkpoint.async_save; one rlkube
+    checkpoint holds every role, so a critic asking for it without the actor is refused."""
+    assert convert(PPO_GSM8K).config.checkpoint.async_save is False  # verl's default, and ours
+    both = convert(
+        variant(**{"actor_rollout_ref.actor.checkpoint.async_save": True, "critic.checkpoint.async_save": True})
+    )
+    assert both.config.checkpoint.async_save is True
+    assert ("actor_rollout_ref.actor.checkpoint.async_save", "checkpoint.async_save") in both.mapped
+    assert "critic.checkpoint.async_save" in dict(both.ignored)
+    with pytest.raises(VerlConfigError, match=r"critic\.checkpoint\.async_save: one rlkube checkpoint"):
+        convert(variant(**{"critic.checkpoint.async_save": True}))
