@@ -212,6 +212,34 @@ def test_rlkube_trainer_run_checkpoints_to_the_s3_server_and_resumes_from_it(tmp
     assert steps == [1, 2, 3, 4]  # the first run's rows came back from the store, then this run's
 
 
+@pytest.mark.trainer
+def test_async_saves_write_to_the_s3_server_and_commit_once_written(tmp_path: Path, s3: S3Server) -> None:
+    """checkpoint.async_save with checkpoint.uri: each rank uploads its part on its write
+    thread, the driver writes manifest.json, COMPLETE and latest once all are there."""
+    from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
+    from rlkube_trainer.driver import run_in_process  # noqa: PLC0415
+
+    raw = yaml.safe_load(init(tmp_path, "grpo", steps=3).read_text())
+    raw["rollout"]["name"] = "hf"
+    raw["data"]["train_batch_size"] = 4
+    raw["actor"].update(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=8)
+    raw["trainer"].update(save_freq=1, logger=["console"], test_freq=-1, val_before_train=False)
+    uri = f"s3://{s3.bucket}/runs/async"
+    raw["checkpoint"].update(
+        uri=uri, endpoint_url=s3.endpoint, dir=str(tmp_path / "work"), async_save=True, export_hf="never"
+    )
+    result = run_in_process(parse_trainer_config(raw), progress=False)
+    root = root_of(s3, "runs/async")
+    assert (root / LATEST).read_text().strip() == "step_000003"
+    assert str(result.last_checkpoint) == f"{uri}/step_000003"
+    for step in (1, 2, 3):
+        checkpoint = store.check_complete(root / f"step_{step:06d}")
+        assert checkpoint.step == step and "actor/rank_0.pt" in checkpoint.manifest()["sha256"]
+    rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    assert "timing_s/save_checkpoint_background" in rows[-1]
+
+
 def test_the_preflight_writes_to_the_store_and_names_checkpoint_uri_when_it_cannot(s3: S3Server) -> None:
     from rlkube_trainer.preflight import PreflightError, check_checkpoint_uri  # noqa: PLC0415
 

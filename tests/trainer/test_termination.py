@@ -116,21 +116,16 @@ def test_sigterm_saves_the_step_in_progress_and_the_run_resumes_from_it(
     monkeypatch.undo()
     on(monkeypatch, Rank, "update_actor", lambda: True, lambda: updates.append(1))
 
-    # 3. Resumed at step 4; killed in the middle of its save (the ranks wrote, the driver did
-    # not commit): step 3 stays the latest, step 4's files only in a staging dir.
+    # 3. Resumed at step 4; killed in the middle of its save (the ranks wrote, the step's row
+    # is logged, the driver did not commit): step 3 stays the latest, step 4's files only in a
+    # staging dir.
     class Killed(BaseException):
         pass
 
-    def kill() -> None:
+    def commit_then_die(self: CheckpointManager, *args: Any, **kwargs: Any) -> Any:
         raise Killed
 
-    original_save = GroupState.save
-
-    def save_then_die(self: GroupState, staging: Path) -> Any:
-        original_save(self, staging)
-        kill()
-
-    monkeypatch.setattr(GroupState, "save", save_then_die)
+    monkeypatch.setattr(CheckpointManager, "commit", commit_then_die)
     history: list[dict[str, float]] = []
     with pytest.raises(Killed):
         try:
