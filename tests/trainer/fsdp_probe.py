@@ -7,7 +7,9 @@ process, without a process group as the trainer's one CPU rank does): `save` mak
 with replicas and with FSDP2, checkpoints each, and makes updates 2 and 3; `load:DIR` resumes
 fresh actors from DIR's checkpoints (saved on another number of ranks) and makes updates 2 and
 3. Each writes the updates' metrics and (rank 0) the weights after each into OUT/<plan>/;
-`save+load:DIR` runs both, one process start for the two.
+`save+load:DIR` runs both, one process start for the two. `asyncsave` makes update 1 and
+checkpoints it in the background (checkpoint.async_save), with update 2 made while the write
+is in flight; `load:DIR/asyncsave` must then continue like a resume of `save`'s checkpoint.
 
 With the plan `resume`, without and with optimizerOffload: two updates, a checkpoint between
 them, and the second update again by a fresh actor resumed from that checkpoint; the weights
@@ -34,7 +36,7 @@ from transformers import AutoConfig
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state
+from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state, stage_rank_state
 from rlkube_trainer.fsdp import offloads_parameters
 from rlkube_trainer.rank_group import split
 from rlkube_trainer.roles import actor as actor_module
@@ -130,6 +132,14 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
         if plan == "save":
             step(actor, batch(1))
             reported = sorted(save_rank_state(checkpoint, {"actor": actor}, rank))
+        elif plan == "asyncsave":
+            step(actor, batch(1))
+            background = stage_rank_state(checkpoint, {"actor": actor}, rank)
+            step(actor, batch(2))  # changes the weights while the write may still be going on
+            done = background.result(wait=True)
+            assert done is not None
+            results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": sorted(done.files)}
+            continue
         else:
             load_rank_state(Path(plan.removeprefix("load:"), strategy), {"actor": actor}, rank)
         results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": reported}
@@ -144,7 +154,7 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
 
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan: str) -> None:
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
-    if plan.startswith(("save", "load:")):
+    if plan.startswith(("save", "load:", "asyncsave")):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         for each in plan.split("+"):
             world_size_main(rank, world, config, out, each)

@@ -91,3 +91,25 @@ def test_one_rank_resumes_on_two(runs: dict[str, dict[str, Any]], strategy: str)
     assert_continues(runs["one"], runs["one-on-two"], strategy)
     # The second rank had no file of its own: it resumed from rank 0's.
     assert not (runs["one-dir"]["path"] / strategy / "actor" / "rank_1.pt").exists()
+
+
+@pytest.mark.trainer
+def test_a_background_save_on_two_ranks_resumes_like_a_blocking_one(
+    runs: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """checkpoint.async_save on 2 gloo ranks, FSDP2 shards through torch distributed
+    checkpoint's async_save on a gloo group of its own, the next update made while the write is
+    in flight: resumed on one rank, the updates after it are those of the blocking save's run."""
+    two = runs["one-dir"]["path"].parent.parent / "two"
+    out = tmp_path / "async"
+    out.mkdir()
+    run_probe(2, two / "config.yaml", out, "asyncsave")
+    reported = json.loads((out / "asyncsave" / "rank_1.json").read_text())["fsdp2"]["reported"]
+    assert "actor/rank_1.pt" in reported and any(name.startswith("actor/sharded/__1_") for name in reported)
+    workdir = two.parent
+    config = parse_trainer_config(config_for(workdir, 1, "replicate", None, "fp32"))
+    world_size_main(0, 1, config, str(tmp_path / "one"), f"load:{out}/asyncsave")
+    resumed = results(tmp_path / "one" / "load", 1)
+    for strategy in STRATEGIES:
+        assert resumed["ranks"][0][strategy]["sharded"] is False
+        assert_continues(runs["two"], resumed, strategy)

@@ -190,18 +190,19 @@ _CPU_GROUP: Any = None
 
 
 def _cpu_group() -> Any:
-    """A gloo group over the ranks of the default group, made once (a collective: every rank
-    saves at the same time). torch.distributed.checkpoint's background write runs its own
-    collectives (plans, the metadata) on it: on NCCL they would share the GPU stream with the
-    training step's collectives, whose order the two threads cannot agree on."""
+    """A gloo group of its own over the ranks of the default group, made once (a collective:
+    every rank saves at the same time). torch.distributed.checkpoint's background write runs
+    its collectives (plans, the metadata) on it while the training thread runs the step's on
+    the default group: sharing one communicator, the two threads' collectives would interleave
+    in different orders on different ranks (a hang, or one's data in the other's buffer), and
+    NCCL has no CPU backend for the staged copy."""
     global _CPU_GROUP  # noqa: PLW0603  (one per process, like the default group)
     import torch.distributed as dist  # noqa: PLC0415
 
     if not dist.is_initialized():
         return None
     if _CPU_GROUP is None:
-        default = dist.distributed_c10d._get_default_group()
-        _CPU_GROUP = default if torch.device("cpu") in default._device_types else dist.new_group(backend="gloo")
+        _CPU_GROUP = dist.new_group(backend="gloo")
     return _CPU_GROUP
 
 
