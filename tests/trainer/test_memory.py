@@ -157,3 +157,19 @@ def test_7b_with_lora_fits_with_fp32_master_weights(workdir: Path) -> None:
     assert parts["actor gradients"] == adapters * 4
     assert parts["actor weights (fp32)"] == shape.parameters * 4
     assert not any(what.startswith("reference") for what in parts)
+
+
+@pytest.mark.trainer
+def test_async_save_counts_the_copy_being_saved_in_host_memory(workdir: Path) -> None:
+    """checkpoint.asyncSave: each rank keeps a host copy of its weights and AdamW moments while
+    the background write runs; the 7B that trained on the H200 (bf16 master) still fits its
+    128 GiB host, a 48 GiB host does not."""
+    cfg = config(workdir, model_dtype="bf16")
+    saving = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"async_save": True})})
+    host = {p.what: p.bytes for p in rank_memory(saving, COLOCATED, 1, H200, {"actor": QWEN_7B}).host.parts}
+    assert host["actor weights (bf16), copy being saved"] == 2 * QWEN_7B.parameters
+    assert host["actor AdamW moments, copy being saved"] == 2 * 2 * QWEN_7B.parameters
+    check_fit(rank_memory(saving, COLOCATED, 1, H200, {"actor": QWEN_7B}), H200, HOST, 1, "actor rank 0")
+    check_fit(rank_memory(cfg, COLOCATED, 1, H200, {"actor": QWEN_7B}), H200, 48 * GIB, 1, "actor rank 0")
+    with pytest.raises(DoesNotFit, match="copy being saved"):
+        check_fit(rank_memory(saving, COLOCATED, 1, H200, {"actor": QWEN_7B}), H200, 48 * GIB, 1, "actor rank 0")

@@ -218,6 +218,10 @@ def rank_memory(
             generate.parts += always
             update.parts += always + during
         update.parts += gathered_parts(name, shapes[name], fsdp, sharded)
+        if config.checkpoint.async_save:
+            # The copy a background save writes from (checkpoint.asyncSave), while the next
+            # steps train.
+            host.parts += [Part(f"{part.what}, copy being saved", part.bytes) for part in always]
     for role, name in ((Role.REFERENCE, "reference"), (Role.REWARD, "reward")):
         if role not in hosts or name not in shapes:
             continue
