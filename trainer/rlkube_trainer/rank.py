@@ -152,7 +152,6 @@ class Rank:
         self.engine: RolloutEngine | None = None
         self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
         self.broadcast: BroadcastGroup | None = None
-        self.background_save: BackgroundSave | None = None  # checkpoint.async_save's write in flight
 
     def setup(self) -> str:
         """Joins the group and loads what this rank hosts; returns where it runs."""
@@ -352,6 +351,9 @@ class Rank:
         )
 
     # --- checkpoints -------------------------------------------------------------------------------
+    # checkpoint.async_save's write in flight (each rank's own, once save_in_background set it).
+    background_save: BackgroundSave | None = None
+
     def _trainables(self) -> dict[str, Trainable]:
         parts: dict[str, Trainable | None] = {Role.ACTOR: self.actor, Role.CRITIC: self.critic}
         return {name: part for name, part in parts.items() if part is not None}
