@@ -998,8 +998,8 @@ class AsyncTrainingConfig(ApiModel):
         False,
         description="Partial rollouts: a weight push interrupts the generation in flight at a step boundary; "
         "unfinished samples resume from their tokens with the new weights, each token recording its weight "
-        "version. Needs an asynchronous trainer.v1.trainerMode, rollout.name vllm, no rollout.multiTurn, and "
-        "the in-process trainer (rlkube-trainer run --in-process) for now. verl: on in its v1 async modes, "
+        "version. Needs an asynchronous trainer.v1.trainerMode, rollout.name vllm, no rollout.multiTurn and, "
+        "with the rollout colocated, roles.rollout.tensorParallelSize 1. verl: on in its v1 async modes, "
         "default true in its fully-async recipe; rlkube: off by default.",
     )
 
@@ -1292,6 +1292,16 @@ ASYNC_RULES: tuple[CelRule, ...] = (
     CelRule(
         "!self.asyncTraining.partialRollout || self.rollout.name == 'vllm'",
         "asyncTraining.partialRollout needs rollout.name vllm (the hf engine cannot be interrupted)",
+        ".asyncTraining.partialRollout",
+    ),
+    # A tensor-parallel engine's generation is a chain of collectives across its ranks: a rank
+    # that also trains keeps it in call order with its other collectives (ray_group.py), where a
+    # push cannot reach it until it ends.
+    CelRule(
+        "!self.asyncTraining.partialRollout || self.roles.rollout.placement == 'separate' || "
+        "self.roles.rollout.tensorParallelSize == 1",
+        "asyncTraining.partialRollout with roles.rollout.placement colocated needs roles.rollout.tensorParallelSize 1 "
+        "(a colocated tensor-parallel generation cannot be paused for a weight push)",
         ".asyncTraining.partialRollout",
     ),
     CelRule(
