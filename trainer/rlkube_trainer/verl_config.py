@@ -168,6 +168,12 @@ RULES: dict[str, Rule] = {
     "data.tokenizer": To("model.tokenizer_path"),
     "data.use_shm": Ignored("models are read from a mounted volume"),
     "data.val_batch_size": Ignored("deprecated in verl"),
+    "data.gen_batch_size": Ignored(
+        "each round of dynamic sampling generates data.train_batch_size prompts",
+        _is(None),
+        "gen_batch_size is not supported: rlkube generates data.train_batch_size prompts per round "
+        "(algorithm.filter_groups draws more rounds until the batch is full)",
+    ),
     "data.return_raw_input_ids": Ignored("rlkube's rows carry what its roles need"),
     "data.return_raw_chat": Ignored("rlkube's rows carry what its roles need"),
     "data.return_full_prompt": Ignored("rlkube's rows carry what its roles need"),
@@ -422,8 +428,19 @@ RULES: dict[str, Rule] = {
     "algorithm.gdpo_reward_weights": To("algorithm.gdpo_reward_weights", lambda v: None if v is None else list(v)),
     "algorithm.use_pf_ppo": Ignored("no preference feedback", _falsy, "use_pf_ppo is not supported"),
     "algorithm.pf_ppo": Ignored("only read with use_pf_ppo"),
-    "algorithm.filter_groups": Ignored(
-        "no dynamic sampling", lambda v: not v or not v.get("enable"), "DAPO's filter_groups is not supported"
+    # DAPO's dynamic sampling. verl's metric "reward" is the canonical pre-KL reward (its
+    # rm_scores), rlkube's seq_reward (the overlong penalty included); other names are keys of the
+    # reward's extra info in both.
+    "algorithm.filter_groups._target_": Ignored("verl's Hydra class"),
+    "algorithm.filter_groups.enable": To("algorithm.filter_groups.enable"),
+    "algorithm.filter_groups.metric": To(
+        "algorithm.filter_groups.metric", lambda v: "seq_reward" if v in (None, "reward") else v
+    ),
+    "algorithm.filter_groups.max_num_gen_batches": To("algorithm.filter_groups.max_num_gen_batches"),
+    "algorithm.filter_groups.max_inflight_gen_batches": Ignored(
+        "one generation round at a time",
+        _is(1, None),
+        "max_inflight_gen_batches above 1 (concurrent generation rounds) is not supported",
     ),
     # --- trainer ------------------------------------------------------------------------------
     **{
