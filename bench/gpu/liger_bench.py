@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_bench as gb
 
 
-
 def synthetic_batch(shape: dict[str, int], vocab: int) -> object:
     from rlkube_trainer.batch import TrainBatch  # noqa: PLC0415  (after sys.path is set)
 

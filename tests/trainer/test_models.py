@@ -482,7 +482,10 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
     from fsdp_probe import global_batch  # noqa: PLC0415
 
     eager_config = role_config(tmp_path, {})
-    eager_ref, eager_critic = Reference(eager_config, torch.device("cpu")), Critic(eager_config, torch.device("cpu"), 10)
+    eager_ref, eager_critic = (
+        Reference(eager_config, torch.device("cpu")),
+        Critic(eager_config, torch.device("cpu"), 10),
+    )
     batch = global_batch(int(eager_ref.model.config.vocab_size))  # type: ignore[union-attr]
     want_log_probs, want_values = eager_ref.compute_ref_log_prob(batch), eager_critic.compute_values(batch)
 
@@ -493,7 +496,9 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
     for model in (ref.model, critic.model):
         layers = models.decoder_layers(model)
         assert layers and all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)
-    assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in models.decoder_layers(eager_ref.model))
+    assert not any(
+        hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in models.decoder_layers(eager_ref.model)
+    )
     torch.testing.assert_close(ref.compute_ref_log_prob(batch), want_log_probs, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(critic.compute_values(batch), want_values, atol=1e-6, rtol=1e-5)
     assert counters["stats"]["unique_graphs"] > 0

@@ -85,6 +85,8 @@ def _recompute_logits(use_fused_kernels: Any) -> str:
     recompute each chunk in the backward (FusedLinearForPPO): rlkube's `always`. Without them verl keeps
     the whole micro-batch's logits for the backward; `auto` keeps them when they fit, as they must."""
     return "always" if use_fused_kernels else "auto"
+
+
 DERIVED = "derived from other keys in rlkube"
 NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
