@@ -268,6 +268,8 @@ RULES: dict[str, Rule] = {
     **_micro_batch(_ACTOR),
     **_optim(f"{_ACTOR}.optim", "actor.optim"),
     **_fsdp(_ACTOR, "actor"),
+    # The key verl's FSDP engine reads (the actor-level use_torch_compile reaches no code in 0.9.1).
+    f"{_ACTOR}.fsdp_config.use_torch_compile": Ignored(ENTROPY_COMPILE),
     # --- reference ----------------------------------------------------------------------------
     f"{_REF}.strategy": Ignored("the reference runs where the actor runs", _is(*STRATEGIES), "only fsdp is supported"),
     f"{_REF}.log_prob_micro_batch_size": Ignored(DERIVED),
@@ -282,6 +284,7 @@ RULES: dict[str, Rule] = {
     f"{_REF}.entropy_checkpointing": Ignored(PERF),
     f"{_REF}.profiler": Ignored("profiling is a benchmark concern here"),
     **_fsdp(_REF, "ref", optimizer=False),
+    f"{_REF}.fsdp_config.use_torch_compile": Ignored(ENTROPY_COMPILE),
     # --- rollout ------------------------------------------------------------------------------
     f"{_ROLLOUT}.name": To("rollout.name"),
     f"{_ROLLOUT}.n": To("rollout.n"),
@@ -355,6 +358,7 @@ RULES: dict[str, Rule] = {
         f"critic.model.{k}": To(f"critic.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
     },
     "critic.model.use_shm": Ignored("model.use_shm decides for every role"),
+    "critic.model.use_fused_kernels": Ignored("the critic has no LM head (a value head on the last hidden states)"),
     "critic.model.lora": Ignored(
         "Megatron's LoRA block; the FSDP keys are critic.model.lora_*",
         lambda v: not v or not v.get("rank"),
