@@ -227,6 +227,18 @@ INVALID = [
         _set("spec.ref.fsdpConfig", {"optimizerOffload": True}),
         ("spec.ref.fsdpConfig.optimizerOffload", "the reference has no optimizer"),
     ),
+    # "on"/"off" would be YAML 1.1 booleans in a trainer YAML: the values are always/never/auto.
+    Case("recompute-logits-unknown", _set("spec.actor.recomputeLogits", "on"), ("spec.actor.recomputeLogits",)),
+    Case(
+        "critic-compile-not-a-bool",
+        _set("spec.critic.compileDecoderLayers", "layers"),
+        ("spec.critic.compileDecoderLayers",),
+    ),
+    Case(
+        "reference-compile-differs-from-the-actor-with-lora",
+        _all(_set("spec.model.loraRank", 8), _set("spec.ref.compileDecoderLayers", True)),
+        ("spec.ref.compileDecoderLayers", "the reference is the actor's model"),
+    ),
     # --- what pod creation would refuse: quantities, labels, tolerations, names --------------------
     Case(
         "memory-in-gigabytes",

@@ -324,3 +324,32 @@ def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() 
     else:
         raise AssertionError("rollout.multiTurn with separate rollout pods was accepted")
     _refused("rollout.multiTurn", {"sandbox": {"cpuSeconds": 2}}, "sandbox")  # while disabled
+
+
+def test_compile_and_recompute_settings_take_effect_and_lora_refuses_another_reference_compile() -> None:
+    """Issue 34's update settings: every value reaches the trainer config (the walk above tries one
+    value per field; recomputeLogits has three, ref.compileDecoderLayers false differs from unset);
+    with LoRA the reference is the actor's model, so only the actor's value is accepted for it."""
+    base_obj = example(GPU)
+    base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
+    for path, value in [
+        ("actor.compileDecoderLayers", True),
+        ("critic.compileDecoderLayers", True),
+        ("ref.compileDecoderLayers", True),
+        ("ref.compileDecoderLayers", False),
+        ("actor.recomputeLogits", "always"),
+        ("actor.recomputeLogits", "never"),
+    ]:
+        assert _verdict(base_obj, base_children, path, value) is None, (path, value)
+    obj = example(GPU)
+    _set(obj["spec"], "model.loraRank", 8)
+    _set(obj["spec"], "actor.compileDecoderLayers", True)
+    _set(obj["spec"], "ref.compileDecoderLayers", True)
+    parse_rljob(copy.deepcopy(obj))  # the actor's value: accepted
+    _set(obj["spec"], "ref.compileDecoderLayers", False)
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "ref.compileDecoderLayers" in str(exc), str(exc)
+        return
+    raise AssertionError("ref.compileDecoderLayers unlike the actor's with LoRA was accepted")

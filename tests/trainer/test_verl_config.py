@@ -365,6 +365,34 @@ def test_trainer_v1_keys_arrive_and_what_is_not_supported_is_refused_by_name() -
         convert(verl)
 
 
+@pytest.mark.parametrize(("fused", "recompute"), [(True, "always"), (False, "auto")])
+def test_use_fused_kernels_maps_to_recompute_logits(fused: bool, recompute: str) -> None:
+    """verl's fused kernels recompute the LM head's chunks in the backward (rlkube's always);
+    without them verl keeps the logits, which auto does when they fit."""
+    conversion = convert(
+        variant(**{"actor_rollout_ref.model.use_fused_kernels": fused, "critic.model.use_fused_kernels": fused})
+    )
+    assert conversion.config.actor.recompute_logits == recompute
+    assert ("actor_rollout_ref.model.use_fused_kernels", "actor.recompute_logits") in conversion.mapped
+    assert "no LM head" in dict(conversion.ignored)["critic.model.use_fused_kernels"]
+
+
+def test_use_torch_compile_is_not_the_decoder_layer_compile() -> None:
+    """verl's use_torch_compile compiles its entropy helper only: ignored, with the reason, and the
+    decoder layers stay uncompiled."""
+    keys = [
+        f"actor_rollout_ref.{role}.{where}use_torch_compile"
+        for role in ("actor", "ref")
+        for where in ("", "fsdp_config.")
+    ]
+    conversion = convert(variant(**dict.fromkeys(keys, True)))
+    why = dict(conversion.ignored)
+    for key in keys:
+        assert "entropy-from-logits helper only" in why[key], key
+    assert not conversion.config.actor.compile_decoder_layers
+    assert conversion.config.ref.compile_decoder_layers is None
+
+
 def test_use_liger_arrives_and_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
     conversion = convert(variant(**{"actor_rollout_ref.model.use_liger": True}))
     assert conversion.config.model.use_liger
