@@ -381,14 +381,6 @@ class RLJobSpec(TrainerConfig):
         ),
         *_PATH_RULES,
         *_MOUNT_RULES,
-        # The pods' trainer runs its ranks as Ray actors, one call at a time: a generation in
-        # flight there cannot be paused for a weight push (trainer/rlkube_trainer/driver.py).
-        CelRule(
-            "!self.asyncTraining.partialRollout",
-            "asyncTraining.partialRollout is not supported in a cluster yet (the pods' ranks are Ray actors, "
-            "which cannot pause a generation in flight); it runs with rlkube-trainer run --in-process",
-            ".asyncTraining.partialRollout",
-        ),
         # Multi-turn episodes against separate rollout pods (reached over Ray) end in RANK_LOST
         # at the rollout rank's generate; until that is understood, refused (docs/development-notes.md).
         CelRule(

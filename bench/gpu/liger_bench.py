@@ -4,8 +4,12 @@ Qwen2.5-0.5B, 512 samples of 256 + 512 tokens, one mini-batch, micro-batch 16, b
 on one GPU), on a synthetic GRPO batch, with each variant's changes:
 
   liger    model.use_liger (liger-kernel's RMSNorm, SwiGLU MLP, rotary)
-  compile  torch.compile of every decoder layer's forward (FSDP2's hooks stay eager)
-  nohead   no recompute of the LM head's chunks in the backward (models.RECOMPUTE_LOGITS off)
+  compile  actor.compile_decoder_layers (torch.compile of every decoder layer's forward; FSDP2's
+           hooks stay eager)
+  nohead   actor.recompute_logits never (no recompute of the LM head's chunks in the backward)
+
+Every variant sets actor.recompute_logits explicitly (always unless nohead): the trainer's default,
+auto, would keep the logits at this shape and make plain and nohead the same run.
 
   python3 bench/gpu/liger_bench.py --out OUT/liger.json [--variants plain,liger,compile+nohead] [--tiny]
 
@@ -31,8 +35,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import grpo_bench as gb
-
-from rlkube_trainer import models
 
 
 def synthetic_batch(shape: dict[str, int], vocab: int) -> object:
@@ -68,17 +70,16 @@ def run_variant(
 ) -> dict[str, Any]:
     from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415  (after sys.path is set)
 
-    overrides = ["model.use_liger=true"] if "liger" in changes else []
+    overrides = [
+        f"model.use_liger={str('liger' in changes).lower()}",
+        f"actor.compile_decoder_layers={str('compile' in changes).lower()}",
+        f"actor.recompute_logits={'never' if 'nohead' in changes else 'always'}",
+    ]
     cfg = gb.trainer_config(
         workdir, model_dir, shape, "grpo", device=device.type, micro=4 if args.tiny else 16, overrides=overrides
     )
-    models.RECOMPUTE_LOGITS = "nohead" not in changes
     actor = Actor(cfg, device, 100)
-    layers = actor.model.model.layers
-    if "compile" in changes:
-        for layer in layers:
-            layer.forward = torch.compile(layer.forward)
-    layer = layers[0]
+    layer = actor.model.model.layers[0]
     kernels = f"norm {layer.input_layernorm.forward.__qualname__}, mlp {layer.mlp.forward.__qualname__}"
     log_probs = actor.compute_log_prob(batch.select(slice(0, 32)))
     diff = (log_probs - first).abs().max().item() if first is not None else 0.0
@@ -127,8 +128,6 @@ def main() -> int:
     model_dir = gb.ensure_model(workdir / ("model-tiny" if args.tiny else "model-qwen2.5-0.5b"), arch)
     batch = synthetic_batch(shape, arch["vocab_size"])
     first: torch.Tensor | None = None
-    # The compiled layers of the variants are all alike: one graph per shape, not per layer.
-    torch._dynamo.config.cache_size_limit = 64
     names = args.variants.split(",")
     names.sort(key=lambda name: "liger" in name.split("+"))  # stable: liger's process-wide patches last
     for name in names:
@@ -143,7 +142,6 @@ def main() -> int:
             gb.log(f"{name}: failed: {type(exc).__name__}: {exc}")
             continue
         finally:
-            models.RECOMPUTE_LOGITS = True
             gc.collect()
             torch.cuda.empty_cache() if torch.cuda.is_available() else None
         if first is None:

@@ -227,6 +227,18 @@ INVALID = [
         _set("spec.ref.fsdpConfig", {"optimizerOffload": True}),
         ("spec.ref.fsdpConfig.optimizerOffload", "the reference has no optimizer"),
     ),
+    # "on"/"off" would be YAML 1.1 booleans in a trainer YAML: the values are always/never/auto.
+    Case("recompute-logits-unknown", _set("spec.actor.recomputeLogits", "on"), ("spec.actor.recomputeLogits",)),
+    Case(
+        "critic-compile-not-a-bool",
+        _set("spec.critic.compileDecoderLayers", "layers"),
+        ("spec.critic.compileDecoderLayers",),
+    ),
+    Case(
+        "reference-compile-differs-from-the-actor-with-lora",
+        _all(_set("spec.model.loraRank", 8), _set("spec.ref.compileDecoderLayers", True)),
+        ("spec.ref.compileDecoderLayers", "the reference is the actor's model"),
+    ),
     # --- what pod creation would refuse: quantities, labels, tolerations, names --------------------
     Case(
         "memory-in-gigabytes",
@@ -421,8 +433,7 @@ INVALID = [
         _set("spec.trainer.v1.sampler.maxOffPolicyStrategy", "block"),
         ("spec.trainer.v1.sampler.maxOffPolicyStrategy",),
     ),
-    # Partial rollouts (asyncTraining.partialRollout): each refusal's own reason, beside the
-    # cluster's (every RLJob refuses them for now, see the last case).
+    # Partial rollouts (asyncTraining.partialRollout): each refusal's own reason.
     Case(
         "partial-rollout-in-sync",
         _set("spec.asyncTraining.partialRollout", True),
@@ -448,9 +459,15 @@ INVALID = [
         ("spec.asyncTraining.partialRollout", "not supported with rollout.multiTurn"),
     ),
     Case(
-        "partial-rollout-in-a-cluster",
-        _all(_set("spec.asyncTraining.partialRollout", True), *_SEPARATE_ASYNC),
-        ("spec.asyncTraining.partialRollout", "not supported in a cluster"),
+        "partial-rollout-colocated-tensor-parallel",
+        _all(
+            _set("spec.asyncTraining.partialRollout", True),
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.trainer.testFreq", -1),
+            _set("spec.rollout.freeCacheEngine", False),
+            _set("spec.roles.rollout", {"placement": "colocated", "tensorParallelSize": 2}),
+        ),
+        ("spec.asyncTraining.partialRollout", "tensorParallelSize 1"),
     ),
     Case("save-freq-below-minus-one", _set("spec.trainer.saveFreq", -2), ("spec.trainer.saveFreq",)),
     # --- roles without a use ----------------------------------------------------------------------------
@@ -746,6 +763,19 @@ VALID = [
     Case(
         "separate-async",
         _all(_set("spec.trainer.v1.trainerMode", "separate_async"), _set("spec.trainer.testFreq", -1)),
+        (),
+    ),
+    # A push pauses the generation in flight on the rollout ranks' own thread (ray_group.py).
+    Case("separate-async-partial-rollout", _all(_set("spec.asyncTraining.partialRollout", True), *_SEPARATE_ASYNC), ()),
+    Case(
+        "colocate-async-partial-rollout",
+        _all(
+            _set("spec.asyncTraining.partialRollout", True),
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.trainer.testFreq", -1),
+            _set("spec.rollout.freeCacheEngine", False),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+        ),
         (),
     ),
     Case("save-and-test-every-step", _all(_set("spec.trainer.saveFreq", 1), _set("spec.trainer.testFreq", 1)), ()),

@@ -16,6 +16,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import pydantic
 import pydantic_core
+import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
@@ -262,32 +263,27 @@ def test_object_store_fields_are_refused_by_name_where_they_cannot_work() -> Non
     parse_rljob(obj)  # a URL seeds a run as a path does
 
 
-def test_partial_rollout_is_refused_by_name_in_every_rljob() -> None:
-    """asyncTraining.partialRollout takes effect only in the trainer's own config (rlkube-trainer
-    run --in-process: tests/trainer/test_partial_rollout.py); in an RLJob the pods' ranks are Ray
-    actors, which cannot pause a generation in flight, so every RLJob refuses it by name, also
-    where the trainer's own rules for it hold (an asynchronous mode, vLLM, no multi-turn)."""
+def test_partial_rollout_reaches_the_trainer_or_is_refused_by_name() -> None:
+    """asyncTraining.partialRollout: the trainer's config of an asynchronous RLJob carries it
+    (what it does: tests/trainer/test_partial_rollout.py, through Ray in test_async_learning.py);
+    where a push cannot reach a generation in flight it is refused by name."""
     assert "asyncTraining.partialRollout" in {p for p, _, _ in _leaves(RLJobSpec, example(GPU)["spec"], "")}
     _refused("asyncTraining.partialRollout", True, "partialRollout")  # the example is sync
-    for mode, extra in (
-        ("separate_async", {}),
-        ("colocate_async", {"rollout.freeCacheEngine": False, "roles.rollout": {"placement": "colocated"}}),
-    ):
+    colocated = {"rollout.freeCacheEngine": False, "roles.rollout": {"placement": "colocated"}}
+    for mode, extra in (("separate_async", {}), ("colocate_async", colocated)):
         obj = example(GPU)
         for path, value in {"trainer.v1.trainerMode": mode, "trainer.testFreq": -1, **extra}.items():
             _set(obj["spec"], path, value)
-        job = parse_rljob(copy.deepcopy(obj))  # an asynchronous job the cluster runs
-        # The trainer's own config accepts it there: only the cluster refuses it.
-        config = job.spec.trainer_config().to_config()
-        config["async_training"] = {"partial_rollout": True}
-        assert parse_trainer_config(config).async_training.partial_rollout
+        assert (
+            not parse_rljob(copy.deepcopy(obj)).spec.trainer_config().to_config()["async_training"]["partial_rollout"]
+        )
         _set(obj["spec"], "asyncTraining.partialRollout", True)
-        try:
-            parse_rljob(obj)
-        except (pydantic.ValidationError, ValueError) as exc:
-            assert "spec.asyncTraining.partialRollout" in str(exc) and "in a cluster" in str(exc), str(exc)
-        else:
-            raise AssertionError(f"asyncTraining.partialRollout was accepted in {mode}")
+        config = parse_rljob(copy.deepcopy(obj)).spec.trainer_config().to_config()
+        assert parse_trainer_config(config).async_training.partial_rollout, mode
+        if mode == "colocate_async":
+            _set(obj["spec"], "roles.rollout.tensorParallelSize", 2)
+            with pytest.raises((pydantic.ValidationError, ValueError), match=r"asyncTraining\.partialRollout"):
+                parse_rljob(obj)
 
 
 def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() -> None:
@@ -328,3 +324,32 @@ def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() 
     else:
         raise AssertionError("rollout.multiTurn with separate rollout pods was accepted")
     _refused("rollout.multiTurn", {"sandbox": {"cpuSeconds": 2}}, "sandbox")  # while disabled
+
+
+def test_compile_and_recompute_settings_take_effect_and_lora_refuses_another_reference_compile() -> None:
+    """Issue 34's update settings: every value reaches the trainer config (the walk above tries one
+    value per field; recomputeLogits has three, ref.compileDecoderLayers false differs from unset);
+    with LoRA the reference is the actor's model, so only the actor's value is accepted for it."""
+    base_obj = example(GPU)
+    base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
+    for path, value in [
+        ("actor.compileDecoderLayers", True),
+        ("critic.compileDecoderLayers", True),
+        ("ref.compileDecoderLayers", True),
+        ("ref.compileDecoderLayers", False),
+        ("actor.recomputeLogits", "always"),
+        ("actor.recomputeLogits", "never"),
+    ]:
+        assert _verdict(base_obj, base_children, path, value) is None, (path, value)
+    obj = example(GPU)
+    _set(obj["spec"], "model.loraRank", 8)
+    _set(obj["spec"], "actor.compileDecoderLayers", True)
+    _set(obj["spec"], "ref.compileDecoderLayers", True)
+    parse_rljob(copy.deepcopy(obj))  # the actor's value: accepted
+    _set(obj["spec"], "ref.compileDecoderLayers", False)
+    try:
+        parse_rljob(obj)
+    except (pydantic.ValidationError, ValueError) as exc:
+        assert "ref.compileDecoderLayers" in str(exc), str(exc)
+        return
+    raise AssertionError("ref.compileDecoderLayers unlike the actor's with LoRA was accepted")

@@ -20,6 +20,7 @@ data-parallel dispatch does."""
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import subprocess
@@ -38,6 +39,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state, stage_rank_state
 from rlkube_trainer.fsdp import offloads_parameters
+from rlkube_trainer.models import decoder_layers
 from rlkube_trainer.rank_group import split
 from rlkube_trainer.roles import actor as actor_module
 from rlkube_trainer.roles.actor import Actor
@@ -168,6 +170,11 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan
         dist.barrier()
         dist.destroy_process_group()
         return
+    if config.actor.compile_decoder_layers:
+        # inductor's C++ code generation takes about a minute per graph on a loaded CI machine;
+        # aot_eager captures the same graphs (dynamo, then AOTAutograd's forward and backward),
+        # which is where FSDP2's hooks or LoRA's layers would break the compile.
+        torch.compile = functools.partial(torch.compile, backend="aot_eager")  # type: ignore[assignment]
     reads = []  # the checkpoint reads of this rank (load_distributed: rank 0 only, when sharded)
     read = actor_module.load_causal_lm
     actor_module.load_causal_lm = lambda *a, **k: reads.append(1) or read(*a, **k)  # type: ignore[assignment]
@@ -179,6 +186,12 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan
     metrics = actor.update(batch)
     weights = {name: t.clone() for name, t in actor.named_weights()}
     offloaded = offloads_parameters(actor.model)
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+
+    compiled = {
+        "layers": sum(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in decoder_layers(actor.model)),
+        "graphs": counters["stats"]["unique_graphs"],
+    }
     # Per FSDP2 unit: whether it frees its gathered weights after the forward.
     reshards = [
         m._get_fsdp_state()._fsdp_param_group._reshard_after_forward  # type: ignore[operator, union-attr]
@@ -187,7 +200,14 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan
     ]
     Path(out, f"rank_{rank}.json").write_text(
         json.dumps(
-            {"shapes": shapes, "metrics": metrics, "offloaded": offloaded, "reshards": reshards, "reads": len(reads)}
+            {
+                "shapes": shapes,
+                "metrics": metrics,
+                "offloaded": offloaded,
+                "reshards": reshards,
+                "reads": len(reads),
+                "compiled": compiled,
+            }
         )
     )
     if rank == 0:
@@ -244,6 +264,7 @@ def config_for(
     reshard: bool = True,
     optimizer_offload: bool = False,
     lora: bool = False,
+    compile_layers: bool = False,
 ) -> dict[str, Any]:
     from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
 
@@ -259,6 +280,7 @@ def config_for(
             "strategy": strategy,
             "ppo_mini_batch_size": SAMPLES // 8,
             "ppo_micro_batch_size_per_gpu": 2,
+            "compile_decoder_layers": compile_layers,
             "fsdp_config": {
                 "mixed_precision": {"param_dtype": param_dtype},
                 "param_offload": offload,

@@ -7,12 +7,14 @@ sees which weights made each sample."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from rlkube_api.placement import Role
+from rlkube_trainer.async_training.partial_rollout import push_into_generation
 from rlkube_trainer.elastic_rollout import (
     ElasticRollout,
     Engine,
@@ -141,6 +143,12 @@ class FakeEngine:
             for _ in range(sampling.n)
         ]
         return RolloutBatch(samples, sampling.n)
+
+    def pause_generation(self) -> None:
+        self.log.append(("pause", id(self)))
+
+    def resume_generation(self, weight_version: int) -> None:
+        self.log.append(("resume", id(self), weight_version))
 
     def close(self) -> None:
         self.closed = True
@@ -328,3 +336,53 @@ def test_close_closes_only_the_engines_that_joined_later() -> None:
     s.rollout.close()
     assert s.fleet.launched[2].closed
     assert not any(engine.closed for engine in s.initial)
+
+
+# --- partial rollouts: a push into the generation in flight ---------------------------------------
+
+
+def test_a_push_into_a_generation_pauses_the_live_engines_and_resumes_every_member() -> None:
+    """async_training.partial_rollout: the engines that may be generating (live) are paused, the
+    push reaches every member (a loaded newcomer too) and all of them resume with the new
+    version, so the newcomer counts its first tokens with it."""
+    s = Setup()
+    s.fleet.ranks.add(2)
+    s.generate(4)  # rank 2 launched and set up: loaded, not live
+    s.log.clear()
+    s.weights.version += 1
+    push_into_generation(s.rollout, s.rollout.sync_weights, held=0, pushed=1)
+    new = s.fleet.launched[2]
+    paused = {e[1] for e in s.log if e[0] == "pause"}
+    assert paused == {id(s.initial[0]), id(s.initial[1])}
+    resumed = {e[1]: e[2] for e in s.log if e[0] == "resume"}
+    assert resumed == {id(s.initial[0]): 1, id(s.initial[1]): 1, id(new): 1}
+    assert new.holds == 1 and s.rollout.members == (0, 1, 2)
+    assert made_with(s.generate(6)) == {1}
+
+
+def test_the_fleet_books_stay_still_from_pause_to_resume() -> None:
+    """The rollout thread's own calls (a new engine found, a lost one dropped) wait while a push
+    is inside the generation in flight: the push decides the members alone."""
+    s = Setup()
+    s.rollout.pause_generation()
+    looked = threading.Event()
+    other = threading.Thread(target=lambda: (s.rollout.refresh(), looked.set()))
+    other.start()
+    assert not looked.wait(0.2)
+    s.weights.version += 1
+    s.rollout.sync_weights()  # the pausing thread itself goes on (the lock is re-entrant)
+    s.rollout.resume_generation(1)
+    assert looked.wait(5)
+    other.join()
+
+
+def test_an_engine_lost_while_pausing_is_dropped_and_the_push_goes_on() -> None:
+    s = Setup()
+    s.initial[1].alive = False  # its node died: the fleet no longer has it
+    s.fleet.ranks.discard(1)
+    s.weights.version += 1
+    push_into_generation(s.rollout, s.rollout.sync_weights, held=0, pushed=1)
+    assert sorted(s.rollout.engines) == [0] and s.rollout.members == (0,)
+    assert made_with(s.generate(4)) == {1}
+    assert s.rollout.lock.acquire(blocking=False)  # released after the resume
+    s.rollout.lock.release()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlkube_trainer.tiny_task import build_model
 
@@ -45,6 +45,7 @@ def update(
     optimizer_offload: bool = False,
     plan: str = "update",
     lora: bool = False,
+    compile_layers: bool = False,
 ) -> dict[str, Any]:
     sys.path.insert(0, str(PROBE.parent))
     from fsdp_probe import config_for, run_probe  # noqa: PLC0415
@@ -54,7 +55,9 @@ def update(
         return RUNS[out]
     out.mkdir()
     config = out / "config.yaml"
-    raw = config_for(workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload, lora)
+    raw = config_for(
+        workdir, world, strategy, fsdp_size, dtype, offload, reshard, optimizer_offload, lora, compile_layers
+    )
     config.write_text(yaml.safe_dump(raw))
     run_probe(world, config, out, plan)
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world)]
@@ -199,6 +202,24 @@ def test_lora_under_fsdp2_updates_as_replicas_do_and_only_the_adapters_move(work
     deltas = [torch.cat([(r["weights"][n] - w).flatten() for n, w in initial.items()]) for r in (sharded, replicas)]
     assert deltas[0].abs().max() > 0
     assert cosine(*deltas) > 0.999
+
+
+@pytest.mark.trainer
+def test_compiled_decoder_layers_update_as_eager_ones_under_fsdp2_with_lora(workdir: Path) -> None:
+    """actor.compileDecoderLayers on 2 FSDP2 ranks with LoRA (the probe compiles with aot_eager:
+    dynamo and AOTAutograd's graphs, without inductor's slow C++ build): every decoder layer runs
+    compiled, inside FSDP2's eager hooks, and the update is the eager one's up to float order."""
+    eager = update(workdir, "lora-fsdp2", 2, "fsdp2", None, "fp32", lora=True)
+    compiled = update(workdir, "lora-fsdp2-compiled", 2, "fsdp2", None, "fp32", lora=True, compile_layers=True)
+    layers = AutoConfig.from_pretrained(workdir / "model").num_hidden_layers
+    for rank in compiled["ranks"]:
+        assert rank["compiled"]["layers"] == layers
+        assert rank["compiled"]["graphs"] > 0
+    assert eager["ranks"][0]["compiled"] == {"layers": 0, "graphs": 0}
+    for key, value in eager["ranks"][0]["metrics"].items():
+        assert compiled["ranks"][0]["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for name, tensor in eager["weights"].items():
+        assert torch.allclose(compiled["weights"][name], tensor, atol=1e-6), name
 
 
 @pytest.mark.trainer

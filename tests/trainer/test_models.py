@@ -336,3 +336,169 @@ def test_response_sum_pi_squared_is_the_tempered_distributions(tmp_path: Path, k
     with torch.no_grad():
         without = response_scores(model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, packed=packed)
     assert without.sum_pi_squared is None
+
+
+# --- actor.recompute_logits -------------------------------------------------------------------
+
+# Issue 34's benchmark shape: micro-batch 16 × (512 response + 1) scored positions, Qwen2.5's vocabulary.
+BENCH_TOKENS, BENCH_VOCAB = 16 * 513, 151_936
+
+
+def test_kept_logits_are_fp32_logits_and_probabilities_with_the_entropy() -> None:
+    assert models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False) == BENCH_TOKENS * BENCH_VOCAB * 4
+    assert models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=True) == BENCH_TOKENS * BENCH_VOCAB * 8
+
+
+def test_auto_keeps_the_logits_exactly_when_they_fit_the_budget() -> None:
+    kept = models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)  # 4.6 GiB
+    h100 = models.LogitsRecompute("auto", 80 * 10**9 // models.LOGITS_BUDGET_SHARE)
+    assert not h100.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)
+    # With the entropy in the loss the probabilities are kept too: 9.3 GiB, still under 10 GB; a
+    # 24 GB card's budget (3 GB) keeps neither.
+    assert not h100.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=True)
+    small = models.LogitsRecompute("auto", 24 * 10**9 // models.LOGITS_BUDGET_SHARE)
+    assert small.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)
+    assert not models.LogitsRecompute("auto", kept).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
+    assert models.LogitsRecompute("auto", kept - 1).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
+    # always and never do not look at the size.
+    assert models.LogitsRecompute("always", 2**62).recomputes(1, 1, False)
+    assert not models.LogitsRecompute("never", 0).recomputes(BENCH_TOKENS, BENCH_VOCAB, True)
+
+
+def test_the_logits_budget_on_cpu_is_the_stated_constant() -> None:
+    assert models.logits_budget_bytes(torch.device("cpu")) == models.CPU_LOGITS_BUDGET_BYTES
+
+
+@pytest.mark.usefixtures("two_token_chunks")
+@pytest.mark.parametrize(
+    ("recompute", "head_runs_per_chunk"),
+    [
+        (models.LogitsRecompute("always"), 2),
+        (models.LogitsRecompute("never"), 1),
+        (models.LogitsRecompute("auto", models.CPU_LOGITS_BUDGET_BYTES), 1),  # a few KiB of logits fit
+        (models.LogitsRecompute("auto", 0), 2),
+    ],
+    ids=["always", "never", "auto-fits", "auto-over-budget"],
+)
+def test_kept_logits_run_the_head_once_and_give_the_recomputed_gradients(
+    monkeypatch: pytest.MonkeyPatch, recompute: models.LogitsRecompute, head_runs_per_chunk: int
+) -> None:
+    """The LM head's chunk (its matmul and the scores) runs in the forward and, recomputed, again
+    in the backward; kept, only in the forward. The loss and every gradient are the same."""
+    model = random_qwen2()
+    input_ids, attention_mask = padded_batch(512)
+    response_mask = attention_mask[:, -RESPONSE_WIDTH:].double()
+    runs = 0
+    chunk_scores = models._chunk_scores
+
+    def counted(*args: Any) -> torch.Tensor:
+        nonlocal runs
+        runs += 1
+        return chunk_scores(*args)
+
+    def loss_and_gradients(recompute: models.LogitsRecompute) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        scores = response_scores(
+            model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, with_entropy=True, recompute=recompute
+        )
+        assert scores.entropy is not None
+        loss = ((scores.log_probs.double() - 0.01 * scores.entropy.double()) * response_mask).sum()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want_loss, want = loss_and_gradients(models.LogitsRecompute("always"))
+    monkeypatch.setattr(models, "_chunk_scores", counted)
+    loss, got = loss_and_gradients(recompute)
+    chunks = -(-input_ids.shape[0] * (RESPONSE_WIDTH + 1) // 2)  # two positions per chunk
+    assert runs == head_runs_per_chunk * chunks
+    torch.testing.assert_close(loss, want_loss, atol=0, rtol=1e-12)
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-7, rtol=1e-6)
+
+
+# --- the roles read the settings ----------------------------------------------------------------
+
+
+def role_config(tmp_path: Path, actor: dict[str, Any], critic: dict[str, Any] | None = None) -> Any:
+    from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
+    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+
+    if not (tmp_path / "model").exists():
+        build_model(tmp_path / "model", layers=1)
+    raw = trainer_config(tmp_path)
+    raw["data"]["train_batch_size"] = 2  # prompts: fsdp_probe's batch of 16 samples is one mini-batch
+    raw["actor"].update(ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=4, **actor)
+    raw["critic"] = {"ppo_micro_batch_size_per_gpu": 4, **(critic or {})}
+    return parse_trainer_config(raw)
+
+
+def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """actor.recomputeLogits from the config: 4 micro-batches of one chunk each; the update is
+    the same either way."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from fsdp_probe import global_batch  # noqa: PLC0415
+
+    from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415
+
+    chunk_scores = models._chunk_scores
+    results = {}
+    for mode in ("always", "never"):
+        runs = 0
+
+        def counted(*args: Any) -> torch.Tensor:
+            nonlocal runs
+            runs += 1
+            return chunk_scores(*args)
+
+        actor = Actor(role_config(tmp_path, {"recompute_logits": mode}), torch.device("cpu"), total_steps=10)
+        batch = global_batch(int(actor.model.config.vocab_size))  # type: ignore[union-attr]
+        batch.old_log_probs = actor.compute_log_prob(batch)
+        monkeypatch.setattr(models, "_chunk_scores", counted)
+        metrics = actor.update(batch)
+        monkeypatch.setattr(models, "_chunk_scores", chunk_scores)
+        results[mode] = (runs, metrics, {name: t.clone() for name, t in actor.named_weights()})
+    micro_batches = len(batch) // 4
+    assert results["always"][0] == 2 * micro_batches
+    assert results["never"][0] == micro_batches
+    assert results["never"][1] == pytest.approx(results["always"][1], rel=1e-6, abs=1e-7)
+    for name, tensor in results["always"][2].items():
+        torch.testing.assert_close(results["never"][2][name], tensor, atol=1e-7, rtol=1e-6)
+
+
+def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ref.compileDecoderLayers unset follows actor.compileDecoderLayers; critic's is its own.
+    aot_eager: dynamo's graphs without inductor's C++ build (a minute per graph on CI's CPU)."""
+    import functools  # noqa: PLC0415
+
+    from torch._dynamo.utils import counters  # noqa: PLC0415
+
+    from rlkube_trainer.roles.critic import Critic  # noqa: PLC0415
+    from rlkube_trainer.roles.reference import Reference  # noqa: PLC0415
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    from fsdp_probe import global_batch  # noqa: PLC0415
+
+    eager_config = role_config(tmp_path, {})
+    eager_ref, eager_critic = (
+        Reference(eager_config, torch.device("cpu")),
+        Critic(eager_config, torch.device("cpu"), 10),
+    )
+    batch = global_batch(int(eager_ref.model.config.vocab_size))  # type: ignore[union-attr]
+    want_log_probs, want_values = eager_ref.compute_ref_log_prob(batch), eager_critic.compute_values(batch)
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    counters.clear()
+    config = role_config(tmp_path, {"compile_decoder_layers": True}, {"compile_decoder_layers": True})
+    ref, critic = Reference(config, torch.device("cpu")), Critic(config, torch.device("cpu"), 10)
+    for model in (ref.model, critic.model):
+        layers = models.decoder_layers(model)
+        assert layers and all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)
+    assert not any(
+        hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in models.decoder_layers(eager_ref.model)
+    )
+    torch.testing.assert_close(ref.compute_ref_log_prob(batch), want_log_probs, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(critic.compute_values(batch), want_values, atol=1e-6, rtol=1e-5)
+    assert counters["stats"]["unique_graphs"] > 0

@@ -32,11 +32,11 @@ import torch
 from tiny_model import build_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlkube_api.placement import Role
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout as rollout_module
 from rlkube_trainer import tiny_task
 from rlkube_trainer.async_training.partial_rollout import (
-    check_placement,
     interruptible_rollout,
     push_into_generation,
     token_version_metrics,
@@ -45,7 +45,9 @@ from rlkube_trainer.async_training.schedule import OneStepOff
 from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken, span_of
 from rlkube_trainer.batch import build_batch
 from rlkube_trainer.data import Prompt
-from rlkube_trainer.preflight import PreflightError
+from rlkube_trainer.fsdp import Rendezvous
+from rlkube_trainer.rank import RankSpec
+from rlkube_trainer.ray_group import concurrency_of
 from rlkube_trainer.rollout import (
     RolloutBatch,
     RolloutEngine,
@@ -165,12 +167,8 @@ def tiny_config(tmp_path: Path, **async_training: Any) -> Any:
     return parse_trainer_config(raw)
 
 
-def test_placement_and_rollout_checks(tmp_path: Path) -> None:
+def test_the_interruptible_rollout(tmp_path: Path) -> None:
     on, off = tiny_config(tmp_path, partial_rollout=True), tiny_config(tmp_path)
-    check_placement(on, ranks_in_process=True)
-    check_placement(off, ranks_in_process=False)
-    with pytest.raises(PreflightError, match=r"spec\.asyncTraining\.partialRollout.*--in-process"):
-        check_placement(on, ranks_in_process=False)  # Ray actors cannot pause a call in flight
     assert interruptible_rollout(off, object()) is None
     rollout = FakeRollout()
     assert interruptible_rollout(on, rollout) is rollout
@@ -509,3 +507,23 @@ def test_engines_without_partial_rollouts_refuse_to_pause(w0_path: Path) -> None
         pytest.raises(NotImplementedError, match=r"async_training\.partial_rollout"),
     ):
         hf.pause_generation()
+
+
+# --- the rank's threads through Ray (ray_group.py) -------------------------------------------------
+
+
+def _spec(hosts: set[Role], tp: int = 1) -> RankSpec:
+    return RankSpec(Role.ACTOR, 0, Rendezvous("127.0.0.1", 0, 1, 0), frozenset(hosts), 1, tensor_parallel_size=tp)
+
+
+def test_generation_leaves_the_default_thread_only_where_it_can_be_paused() -> None:
+    """A Ray actor runs one call at a time: a rank hosting a one-process engine generates on a
+    thread of its own and takes pause/resume on another; a tensor-parallel engine's generation
+    keeps the default thread, in order with the rank's collectives (the API refuses partial
+    rollouts there); a rank without an engine has nothing to leave."""
+    separate = concurrency_of([_spec({Role.ROLLOUT})])
+    assert separate["generate"] != separate["pause_generation"] == separate["resume_generation"]
+    assert "update_actor" not in separate and "receive_weights" not in separate
+    assert concurrency_of([_spec({Role.ACTOR, Role.ROLLOUT})]) == separate  # colocated, tensor parallel 1
+    assert concurrency_of([_spec({Role.ACTOR, Role.ROLLOUT}, tp=2)]) == {}
+    assert concurrency_of([_spec({Role.ACTOR})]) == {}

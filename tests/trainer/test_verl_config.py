@@ -188,7 +188,8 @@ REFUSED = [
     ("lora-regex", {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": ".*proj"}, "regular expression"),
     ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
     ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),
-    ("dynamic-sampling", {"algorithm.filter_groups": {"enable": True}}, "algorithm.filter_groups: DAPO's filter_groups"),
+    ("dapo-concurrent-rounds", {"algorithm.filter_groups": {"enable": True, "max_inflight_gen_batches": 2}}, "algorithm.filter_groups.max_inflight_gen_batches: max_inflight_gen_batches"),
+    ("dapo-gen-batch-size", {"data.gen_batch_size": 96}, "data.gen_batch_size: gen_batch_size is not supported"),
     ("no-reward", {"custom_reward_function.path": None}, "custom_reward_function.path: required"),
     ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: ${actor_rollout_ref.actor.nope} names no key"),
     ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
@@ -362,6 +363,34 @@ def test_trainer_v1_keys_arrive_and_what_is_not_supported_is_refused_by_name() -
     verl["trainer"]["v1"]["trainer_mode"] = "separate_async"  # the example's rollout is colocated
     with pytest.raises(Exception, match="separate_async needs separate rollout pods"):
         convert(verl)
+
+
+@pytest.mark.parametrize(("fused", "recompute"), [(True, "always"), (False, "auto")])
+def test_use_fused_kernels_maps_to_recompute_logits(fused: bool, recompute: str) -> None:
+    """verl's fused kernels recompute the LM head's chunks in the backward (rlkube's always);
+    without them verl keeps the logits, which auto does when they fit."""
+    conversion = convert(
+        variant(**{"actor_rollout_ref.model.use_fused_kernels": fused, "critic.model.use_fused_kernels": fused})
+    )
+    assert conversion.config.actor.recompute_logits == recompute
+    assert ("actor_rollout_ref.model.use_fused_kernels", "actor.recompute_logits") in conversion.mapped
+    assert "no LM head" in dict(conversion.ignored)["critic.model.use_fused_kernels"]
+
+
+def test_use_torch_compile_is_not_the_decoder_layer_compile() -> None:
+    """verl's use_torch_compile compiles its entropy helper only: ignored, with the reason, and the
+    decoder layers stay uncompiled."""
+    keys = [
+        f"actor_rollout_ref.{role}.{where}use_torch_compile"
+        for role in ("actor", "ref")
+        for where in ("", "fsdp_config.")
+    ]
+    conversion = convert(variant(**dict.fromkeys(keys, True)))
+    why = dict(conversion.ignored)
+    for key in keys:
+        assert "entropy-from-logits helper only" in why[key], key
+    assert not conversion.config.actor.compile_decoder_layers
+    assert conversion.config.ref.compile_decoder_layers is None
 
 
 def test_use_liger_arrives_and_needs_the_package(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -31,7 +31,6 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Group, Placement, Role, placement_of
 from rlkube_trainer.async_training.partial_rollout import (
-    check_placement,
     interruptible_rollout,
     push_into_generation,
     token_version_metrics,
@@ -718,7 +717,6 @@ def train(
     """Set-up, then the loop: the same for every way of running the ranks. `job`: the RLJob this
     runs for, which must own checkpoint.dir (None outside a cluster). `fleet_of`: where rollout
     engines that join later come from (None: the rollout keeps the engines it started with)."""
-    check_placement(config, ranks_in_process=launch is launch_local)
     if job is not None:
         claim(checkpoint_root(config), job, config.checkpoint.adopt)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

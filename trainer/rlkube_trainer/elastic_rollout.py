@@ -15,6 +15,12 @@ now (`Fleet.wanted`, from the mounted config the operator re-renders), then:
   dies is generated again on the others with the same seed offset, so no sample is lost or
   counted twice.
 
+With partial rollouts (`async_training.partial_rollout`) a weight push comes while a generation
+is in flight on the schedule's rollout thread: the engines generating are paused at a step
+boundary, the push goes to every member (new engines included), and all of them resume with the
+new version. The fleet's books are then read and changed from two threads, so they are kept under
+one lock; a call in flight holds its own group, not a lookup into the books.
+
 The decisions are pure functions (`plan_fleet`, `serving`, `sync_members`, `assign`); the class
 `ElasticRollout` only carries them out over `RankGroup`s.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -157,11 +164,17 @@ class ElasticRollout:
         self.launched: set[int] = set()
         self.generation = 0
         self.version = 0
+        # The driver's thread pushes weights while the rollout thread generates (partial rollouts).
+        self.lock = threading.RLock()
 
     # --- membership -----------------------------------------------------------------------------
     def refresh(self) -> None:
         """Launches engines for new ranks, drops those whose rank is gone, and marks those
         whose setup finished as loaded."""
+        with self.lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
         changes = plan_fleet(self.engines, self.fleet.present())
         for rank in changes.drop:
             self._drop(rank, "its pod is gone")
@@ -185,19 +198,25 @@ class ElasticRollout:
             log.info("rollout engine ready: %s; it takes work after the next weight push", where)
 
     def _drop(self, rank: int, why: str) -> None:
-        if self.engines.pop(rank, None) is not None:
-            log.warning("rollout rank %d left (%s): its work goes to the other engines", rank, why)
-        self.groups.pop(rank, None)
-        self.setups.pop(rank, None)
+        with self.lock:
+            if self.engines.pop(rank, None) is not None:
+                log.warning("rollout rank %d left (%s): its work goes to the other engines", rank, why)
+            self.groups.pop(rank, None)
+            self.setups.pop(rank, None)
 
     def live_ranks(self) -> list[int]:
-        return serving(self.engines, self.fleet.wanted(), self.version)
+        with self.lock:
+            return serving(self.engines, self.fleet.wanted(), self.version)
 
     # --- weights --------------------------------------------------------------------------------
     def sync_weights(self) -> int:
         """Pushes the actor's weights to every engine set up and wanted (new ones included);
         they all hold the new version after it."""
-        self.refresh()
+        with self.lock:
+            return self._sync_weights()
+
+    def _sync_weights(self) -> int:
+        self._refresh()
         while True:
             members = sync_members(self.engines, self.fleet.wanted())
             try:
@@ -257,22 +276,22 @@ class ElasticRollout:
         todo = [slice(0, len(prompt_token_ids))]
         samples: list[RolloutSample] = []
         while todo:
-            ranks = self._serving_or_wait()
-            work = [(rank, share) for part in todo for rank, share in assign(part, ranks)]
-            calls = [
-                (
-                    rank,
-                    share,
-                    self.groups[rank].submit(
-                        "generate", [(prompt_token_ids[share], shard_sampling(sampling, share.start))]
-                    ),
-                )
-                for rank, share in work
-            ]
+            with self.lock:  # the books as they are now; a push may change them while we wait
+                ranks = self._serving_or_wait()
+                work = [(rank, self.groups[rank], share) for part in todo for rank, share in assign(part, ranks)]
+                calls = [
+                    (
+                        rank,
+                        group,
+                        share,
+                        group.submit("generate", [(prompt_token_ids[share], shard_sampling(sampling, share.start))]),
+                    )
+                    for rank, group, share in work
+                ]
             todo = []
-            for rank, share, call in calls:
+            for rank, group, share, call in calls:
                 try:
-                    batch: RolloutBatch = self.groups[rank].wait(call)[0]
+                    batch: RolloutBatch = group.wait(call)[0]
                 except RankLost as lost:
                     self._drop(rank, str(lost))
                     todo.append(share)
@@ -282,13 +301,49 @@ class ElasticRollout:
         return RolloutBatch(samples, sampling.n)
 
     def _serving_or_wait(self) -> list[int]:
-        ranks = self.live_ranks()
+        ranks = serving(self.engines, self.fleet.wanted(), self.version)
         if not ranks:
             # Only a weight push makes an engine serve, and none comes during a generation.
             raise NoRolloutEngine(
                 f"every rollout engine holding the current weights was lost (engines now: {sorted(self.engines)})"
             )
         return ranks
+
+    # --- partial rollouts -----------------------------------------------------------------------
+    def pause_generation(self) -> None:
+        """Every engine that may be generating (those live) stops at a step boundary. The
+        lock is held until `resume_generation`: no membership change between pause and resume
+        but the push's own."""
+        self.lock.acquire()
+        try:
+            paused = {
+                r: self.groups[r].submit("pause_generation", [()])
+                for r, e in self.engines.items()
+                if e.state is EngineState.LIVE
+            }
+            self._wait_members(paused)
+        except RankLost as lost:
+            log.warning("pausing the rollout: %s", lost)  # dropped: its share is generated again
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def resume_generation(self, weight_version: int) -> None:
+        """The live engines go on with the version they now hold (the push's, or the one still
+        held after a failed push); an engine that joined at the push starts counting its tokens
+        with it."""
+        try:
+            resumed = {
+                r: self.groups[r].submit("resume_generation", [(weight_version,)])
+                for r, e in self.engines.items()
+                if e.state is EngineState.LIVE
+            }
+            try:
+                self._wait_members(resumed)
+            except RankLost as lost:
+                log.warning("resuming the rollout: %s", lost)
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         """Closes the engines that joined later (the driver closes the initial group's)."""

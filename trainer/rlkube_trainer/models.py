@@ -31,6 +31,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rlkube_api.config import RecomputeLogits
 from rlkube_trainer.packing import PackedBatch, pack
 
 SHM = Path("/dev/shm")
@@ -149,6 +150,32 @@ def apply_liger(model: nn.Module) -> None:
     )
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The model's decoder layers (Hugging Face names their classes *DecoderLayer; FSDP2's
+    per-layer units keep the suffix), in order."""
+    return [module for module in model.modules() if type(module).__name__.endswith("DecoderLayer")]
+
+
+# Dynamo caches a compiled frame per code object, and every decoder layer runs the same one: its
+# guards then hold a few entries per micro-batch shape (static, then dynamic). torch's default (8)
+# sends the layers to eager once exceeded, silently; 64 leaves room for packing's varying lengths.
+COMPILE_CACHE_SIZE = 64
+
+
+def compile_decoder_layers(model: nn.Module) -> int:
+    """actor/ref/critic.compile_decoder_layers: each decoder layer's forward compiled (lazily, at
+    its first call) in place of the eager one. The module's __call__ stays eager, and with it the
+    hooks FSDP2 registers on the layer (all-gather before, reshard after) and gradient
+    checkpointing's wrapper. Returns how many layers were compiled."""
+    import torch._dynamo  # noqa: PLC0415  (only where the setting is on)
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILE_CACHE_SIZE)
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)  # this instance only: its class keeps the eager one
+    return len(layers)
+
+
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """0, 1, 2, ... over the real tokens, whatever side the padding is on."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -222,11 +249,45 @@ def _logits_to_keep_argument(model: nn.Module) -> str | None:
 # One chunk of fp32 logits is at most this many elements ([tokens, vocab]; 512 MiB): the LM
 # head's output for a whole batch ([batch, tokens, vocab] in fp32) is never made.
 LOGITS_CHUNK_ELEMENTS = 2**27
-# With gradients, each chunk's logits are recomputed in the backward (activation checkpointing)
-# so that one chunk is alive at a time. Off, every chunk's logits stay alive until the backward:
-# the LM head runs twice instead of three times, at [tokens, vocab] fp32 memory per micro-batch.
-# Not a setting: bench/gpu/liger_bench.py turns it off to measure what the recompute costs.
-RECOMPUTE_LOGITS = True
+# auto keeps the logits when they take at most this share of the accelerator's memory: at issue
+# 34's shape (16 × 513 scored tokens × 151,936 vocabulary × 4 bytes = 4.6 GiB) that is kept on
+# an 80 GB H100 (10 GB budget), and a 7B update's micro-batch of 4 still fits beside its weights.
+LOGITS_BUDGET_SHARE = 8
+# On CPU (tests, tiny models) there is no device memory to read; host memory is shared.
+CPU_LOGITS_BUDGET_BYTES = 2 * 2**30
+
+
+def logits_budget_bytes(device: torch.device) -> int:
+    """The memory `recompute_logits: auto` lets the update keep logits in (see LOGITS_BUDGET_SHARE)."""
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory) // LOGITS_BUDGET_SHARE
+    return CPU_LOGITS_BUDGET_BYTES
+
+
+def kept_logits_bytes(tokens: int, vocab: int, with_entropy: bool) -> int:
+    """What the backward holds when no chunk is recomputed: each scored token's fp32 logits (saved
+    by the logsumexp) and, with the entropy in the loss, its fp32 probabilities (saved by the
+    softmax). The temperature-scaled copy replaces the unscaled one; nothing else is [tokens, vocab]."""
+    return tokens * vocab * 4 * (2 if with_entropy else 1)
+
+
+@dataclass(frozen=True)
+class LogitsRecompute:
+    """actor.recompute_logits: whether the LM head's chunks are recomputed in the backward
+    (activation checkpointing, one chunk of logits alive at a time) or kept from the forward (the
+    head's matmul runs twice instead of three times). `auto` keeps them when they fit `budget_bytes`."""
+
+    mode: RecomputeLogits = "always"
+    budget_bytes: int = 0
+
+    def recomputes(self, tokens: int, vocab: int, with_entropy: bool) -> bool:
+        if self.mode == "auto":
+            return kept_logits_bytes(tokens, vocab, with_entropy) > self.budget_bytes
+        return self.mode == "always"
+
+
+# What a caller that does not say gets: the bounded-memory path.
+ALWAYS_RECOMPUTE = LogitsRecompute("always")
 # Models whose forward returns the LM head's output as is (no soft-capping or scaling of the
 # logits), so the head may be swapped for one that returns the scores directly.
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "qwen2", "qwen3", "mistral", "qwen2_moe", "qwen3_moe"})
@@ -264,19 +325,21 @@ def chunked_scores(
     temperature: float,
     with_entropy: bool,
     with_sum_pi_squared: bool = False,
+    recompute: LogitsRecompute = ALWAYS_RECOMPUTE,
 ) -> torch.Tensor:
     """[batch, positions, SCORES] (log-prob, entropy, sum of pi^2) of `targets` [batch, positions]
     from hidden states [batch, positions, hidden], chunk by chunk. With gradients each chunk is
-    recomputed in the backward (activation checkpointing), so at most one chunk of logits is
-    alive at a time."""
+    recomputed in the backward (activation checkpointing), so that at most one chunk of logits is
+    alive at a time, unless `recompute` keeps them."""
     batch, positions, width = hidden.shape
     per_chunk = max(1, LOGITS_CHUNK_ELEMENTS // head.out_features)
     parts = []
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    recomputing = needs_grad and recompute.recomputes(batch * positions, head.out_features, with_entropy)
     hidden_chunks = torch.split(hidden.reshape(-1, width), per_chunk)
     for h, t in zip(hidden_chunks, torch.split(targets.reshape(-1), per_chunk), strict=True):
         args = (h, head.weight, head.bias, t, temperature, with_entropy, with_sum_pi_squared)
-        if needs_grad and RECOMPUTE_LOGITS:
+        if recomputing:
             parts.append(checkpoint(_chunk_scores, *args, use_reentrant=False))
         else:
             parts.append(_chunk_scores(*args))
@@ -306,7 +369,12 @@ def _head_returns(head: nn.Linear, forward: Callable[[torch.Tensor], torch.Tenso
 
 
 def _head_returns_scores(
-    head: nn.Linear, input_ids: torch.Tensor, temperature: float, with_entropy: bool, with_sum_pi_squared: bool
+    head: nn.Linear,
+    input_ids: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    with_sum_pi_squared: bool,
+    recompute: LogitsRecompute,
 ) -> contextlib.AbstractContextManager[None]:
     """The LM head returns the (log-prob, entropy, sum of pi^2) of each kept position's next token."""
     # Position t scores token t + 1; the last position predicts past the sequence (target 0).
@@ -314,7 +382,7 @@ def _head_returns_scores(
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         return chunked_scores(
-            hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy, with_sum_pi_squared
+            hidden, head, targets[:, -hidden.shape[1] :], temperature, with_entropy, with_sum_pi_squared, recompute
         )
 
     return _head_returns(head, forward)
@@ -355,6 +423,7 @@ def response_scores(
     with_entropy: bool = False,
     packed: bool = False,
     with_sum_pi_squared: bool = False,
+    recompute: LogitsRecompute = ALWAYS_RECOMPUTE,
 ) -> ResponseScores:
     """[batch, response_length] log-probs (and entropies, and sums of pi^2) of the response tokens,
     for sequences laid out as prompt (left-padded) followed by response (right-padded); 0 at
@@ -378,13 +447,13 @@ def response_scores(
     # past the sequence and are dropped below (1/(response_length+1) extra head work).
     if packed:
         rows = pack(input_ids, attention_mask, response_length)
-        return _packed_scores(model, rows, temperature, with_entropy, with_sum_pi_squared)
+        return _packed_scores(model, rows, temperature, with_entropy, with_sum_pi_squared, recompute)
     keep = _logits_to_keep_argument(model)
     extra = {keep: response_length + 1} if keep is not None else {}
     position_ids = position_ids_from_mask(attention_mask)
     head = _plain_head(model)
     if head is not None:
-        with _head_returns_scores(head, input_ids, temperature, with_entropy, with_sum_pi_squared):
+        with _head_returns_scores(head, input_ids, temperature, with_entropy, with_sum_pi_squared, recompute):
             scores = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **extra)
         scores = scores.logits[:, -response_length - 1 : -1, :]
         return ResponseScores(
@@ -402,7 +471,12 @@ def response_scores(
 
 
 def _packed_scores(
-    model: nn.Module, packed: PackedBatch, temperature: float, with_entropy: bool, with_sum_pi_squared: bool
+    model: nn.Module,
+    packed: PackedBatch,
+    temperature: float,
+    with_entropy: bool,
+    with_sum_pi_squared: bool,
+    recompute: LogitsRecompute,
 ) -> ResponseScores:
     inputs = {
         "input_ids": packed.input_ids,
@@ -414,7 +488,9 @@ def _packed_scores(
         index, targets = packed.score_index, packed.targets.unsqueeze(0)
 
         def forward(hidden: torch.Tensor) -> torch.Tensor:
-            return chunked_scores(hidden[:, index], head, targets, temperature, with_entropy, with_sum_pi_squared)
+            return chunked_scores(
+                hidden[:, index], head, targets, temperature, with_entropy, with_sum_pi_squared, recompute
+            )
 
         with _head_returns(head, forward):
             scores = model(**inputs).logits[0]

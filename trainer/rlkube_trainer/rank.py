@@ -43,6 +43,7 @@ from rlkube_trainer.roles.critic import Critic
 from rlkube_trainer.roles.reference import Reference
 from rlkube_trainer.roles.training import Trainable
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
+from rlkube_trainer.rollout.stream import GenerationStream
 from rlkube_trainer.weight_sync import BroadcastGroup, Manifest, load_into_engine, manifest_of
 
 log = logging.getLogger("rlkube.trainer")
@@ -152,6 +153,7 @@ class Rank:
         self.engine: RolloutEngine | None = None
         self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
         self.broadcast: BroadcastGroup | None = None
+        self.generation_stream = GenerationStream(self.device, enabled=False)
 
     def setup(self) -> str:
         """Joins the group and loads what this rank hosts; returns where it runs."""
@@ -193,6 +195,9 @@ class Rank:
                 if self.device.type == "cpu":
                     clear_stale_cpu_shm(rendezvous.rank, tp)
             self.engine = build_engine(config, self.device, tp)
+            # colocate_async: the actor's update runs beside this engine's generation.
+            overlapped = self.actor is not None and config.trainer.v1.trainer_mode == "colocate_async"
+            self.generation_stream = GenerationStream(self.device, enabled=overlapped)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
 
@@ -237,7 +242,8 @@ class Rank:
             # A second generate before the next update (validation, DAPO's extra rounds):
             # wake with the current weights (a level-2 sleep dropped them).
             self.sync_colocated()
-        batch = self.engine.generate(prompt_token_ids, sampling)
+        with self.generation_stream.generating():
+            batch = self.engine.generate(prompt_token_ids, sampling)
         if self.actor is not None and self.config.rollout.free_cache_engine:
             self.engine.sleep()  # colocated: free the KV cache while the actor trains
             self.engine_asleep = True
@@ -248,9 +254,11 @@ class Rank:
         boundary; returns once the engine is idle."""
         assert self.engine is not None
         self.engine.pause_generation()
+        self.generation_stream.before_weights()
 
     def resume_generation(self, weight_version: int) -> None:
         assert self.engine is not None
+        self.generation_stream.after_weights()
         self.engine.resume_generation(weight_version)
 
     def sync_colocated(self) -> int:

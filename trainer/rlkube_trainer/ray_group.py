@@ -2,6 +2,14 @@
 advertises its group and pod index (ray_cluster.py). A rank that dies fails the call
 at once with the role and rank named: results are collected with ray.wait, so one
 dead rank is seen even while the others are blocked in a collective waiting for it.
+
+A Ray actor runs one call at a time unless its calls go to concurrency groups (threads of
+their own). The asynchronous schedule needs what the ranks in one process get from the
+driver's threads (rank_group.LocalRankGroup): a generation in flight on the rollout thread
+while the same rank updates the actor (colocate_async) or takes a weight push, paused at a
+step boundary (async_training.partial_rollout). So `generate` runs in a group of its own and
+pausing and resuming it in another; everything else keeps the actor's default thread, in the
+order the driver calls it.
 """
 
 from __future__ import annotations
@@ -26,18 +34,45 @@ log = logging.getLogger("rlkube.trainer")
 CALL_TIMEOUT = 1800.0
 
 
+# The rank's calls that leave its default thread, and the thread (concurrency group) each takes.
+GENERATION = "generation"
+CONTROL = "control"
+GENERATION_CALLS = {"generate": GENERATION}
+CONTROL_CALLS = {"pause_generation": CONTROL, "resume_generation": CONTROL}
+
+
+def concurrency_of(specs: Sequence[RankSpec]) -> dict[str, str]:
+    """Which calls of these ranks run off the default thread. A rollout engine of one process
+    generates beside the rank's other calls; a tensor-parallel engine's generation is a chain
+    of collectives across its ranks, so it stays in call order with the rank's other
+    collectives (an FSDP update beside it could interleave two groups' collectives differently
+    on different ranks and hang both): it keeps the default thread, where it cannot be paused."""
+    if any(Role.ROLLOUT not in spec.hosts for spec in specs):
+        return {}
+    if all(spec.tensor_parallel_size == 1 for spec in specs):
+        return GENERATION_CALLS | CONTROL_CALLS
+    return {}
+
+
 class RayRankGroup(RankGroup):
-    def __init__(self, role: Role, handles: list[Any], timeout: float = CALL_TIMEOUT) -> None:
+    def __init__(
+        self,
+        role: Role,
+        handles: list[Any],
+        timeout: float = CALL_TIMEOUT,
+        concurrency: dict[str, str] | None = None,
+    ) -> None:
         self.role = role
         self.handles = handles
         self.timeout = timeout
+        self.concurrency = concurrency or {}
 
     def __len__(self) -> int:
         return len(self.handles)
 
     def submit(self, method: str, args: Sequence[tuple[Any, ...]], ranks: Sequence[int] | None = None) -> Pending:
         ranks = list(ranks) if ranks is not None else list(range(len(args)))
-        refs = [getattr(self.handles[r], method).remote(*a) for r, a in zip(ranks, args, strict=True)]
+        refs = [self._method(r, method).remote(*a) for r, a in zip(ranks, args, strict=True)]
         return Pending(ranks, refs)
 
     def wait(self, pending: Pending) -> list[Any]:
@@ -61,13 +96,18 @@ class RayRankGroup(RankGroup):
                     raise RankLost(self.role, rank_of[ref], _first_line(exc)) from exc
         return list(ray.get(list(pending.handles)))
 
+    def _method(self, rank: int, method: str) -> Any:
+        bound = getattr(self.handles[rank], method)
+        group = self.concurrency.get(method)
+        return bound.options(concurrency_group=group) if group is not None else bound
+
     def done(self, pending: Pending) -> bool:
         refs = list(pending.handles)
         finished, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         return len(finished) == len(refs)
 
     def only(self, rank: int) -> RayRankGroup:
-        return RayRankGroup(self.role, [self.handles[rank]], self.timeout)
+        return RayRankGroup(self.role, [self.handles[rank]], self.timeout, self.concurrency)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -77,7 +117,11 @@ def _first_line(exc: BaseException) -> str:
 
 def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RayRankGroup:
     """A Ray actor per rank on its pod's Ray node, one GPU each where the group has GPUs."""
-    remote = ray.remote(Rank)
+    concurrency = concurrency_of(specs)
+    # Ray takes concurrency groups only where the actor class is made remote, not in .options().
+    groups = dict.fromkeys(sorted(set(concurrency.values())), 1)
+    # ray.remote's typed overloads leave out its actor options; concurrency_groups is one.
+    remote = ray.remote(concurrency_groups=groups)(Rank) if groups else ray.remote(Rank)  # type: ignore[call-overload]
     handles = [
         remote.options(
             name=f"{group.name}-{spec.rank}",
@@ -88,7 +132,7 @@ def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]
         ).remote(config, spec)
         for spec in specs
     ]
-    return RayRankGroup(group.name, handles)
+    return RayRankGroup(group.name, handles, concurrency=concurrency)
 
 
 class RayRolloutFleet:

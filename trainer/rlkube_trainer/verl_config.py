@@ -73,6 +73,20 @@ def _strategy(value: Any) -> str:
 
 
 PERF = "a performance setting of verl's engines; rlkube sizes its own"
+# verl 0.9.1's FSDP engine: use_torch_compile compiles its entropy_from_logits helper, nothing else.
+ENTROPY_COMPILE = (
+    "compiles verl's entropy-from-logits helper only; rlkube's chunked LM head is not compiled, and its "
+    "decoder-layer compile is actor/ref/critic.compile_decoder_layers"
+)
+
+
+def _recompute_logits(use_fused_kernels: Any) -> str:
+    """verl's fused kernels compute the log-probs and entropy chunk by chunk from the hidden states and
+    recompute each chunk in the backward (FusedLinearForPPO): rlkube's `always`. Without them verl keeps
+    the whole micro-batch's logits for the backward; `auto` keeps them when they fit, as they must."""
+    return "always" if use_fused_kernels else "auto"
+
+
 DERIVED = "derived from other keys in rlkube"
 NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
@@ -136,10 +150,10 @@ def _micro_batch(prefix: str) -> dict[str, Rule]:
         f"{prefix}.ulysses_sequence_parallel_size": Ignored(
             "no sequence parallelism in rlkube", _is(1, None), "sequence parallelism is not supported"
         ),
-        f"{prefix}.use_torch_compile": Ignored(PERF),
+        f"{prefix}.use_torch_compile": Ignored(ENTROPY_COMPILE),
         f"{prefix}.checkpoint": Ignored("rlkube checkpoints model, optimizer and loop state"),
         f"{prefix}.use_remove_padding": Ignored("rlkube reads the model's use_remove_padding"),
-        f"{prefix}.use_fused_kernels": Ignored(PERF),
+        f"{prefix}.use_fused_kernels": Ignored("rlkube reads the model's use_fused_kernels"),
         f"{prefix}.entropy_from_logits_with_chunking": Ignored(PERF),
         f"{prefix}.entropy_checkpointing": Ignored(PERF),
         f"{prefix}.profiler": Ignored("profiling is a benchmark concern here"),
@@ -168,6 +182,12 @@ RULES: dict[str, Rule] = {
     "data.tokenizer": To("model.tokenizer_path"),
     "data.use_shm": Ignored("models are read from a mounted volume"),
     "data.val_batch_size": Ignored("deprecated in verl"),
+    "data.gen_batch_size": Ignored(
+        "each round of dynamic sampling generates data.train_batch_size prompts",
+        _is(None),
+        "gen_batch_size is not supported: rlkube generates data.train_batch_size prompts per round "
+        "(algorithm.filter_groups draws more rounds until the batch is full)",
+    ),
     "data.return_raw_input_ids": Ignored("rlkube's rows carry what its roles need"),
     "data.return_raw_chat": Ignored("rlkube's rows carry what its roles need"),
     "data.return_full_prompt": Ignored("rlkube's rows carry what its roles need"),
@@ -189,7 +209,8 @@ RULES: dict[str, Rule] = {
     f"{_MODEL}.external_lib": Ignored("no extra imports", _falsy, "external_lib is not supported"),
     f"{_MODEL}.override_config": Ignored("model config is used as saved", _falsy, "override_config is not supported"),
     f"{_MODEL}.use_remove_padding": To("model.use_remove_padding"),
-    f"{_MODEL}.use_fused_kernels": Ignored(PERF),
+    f"{_MODEL}.use_fused_kernels": To("actor.recompute_logits", _recompute_logits),
+    f"{_MODEL}.fused_kernel_options": Ignored("the backend of verl's fused kernels; rlkube's chunked LM head is torch"),
     f"{_MODEL}.use_liger": To("model.use_liger"),
     f"{_MODEL}.enable_activation_offload": Ignored(NO_OFFLOAD, _falsy, "activation offload is not supported"),
     f"{_MODEL}.use_shm": To("model.use_shm"),
@@ -253,6 +274,8 @@ RULES: dict[str, Rule] = {
     **_micro_batch(_ACTOR),
     **_optim(f"{_ACTOR}.optim", "actor.optim"),
     **_fsdp(_ACTOR, "actor"),
+    # The key verl's FSDP engine reads (the actor-level use_torch_compile reaches no code in 0.9.1).
+    f"{_ACTOR}.fsdp_config.use_torch_compile": Ignored(ENTROPY_COMPILE),
     # --- reference ----------------------------------------------------------------------------
     f"{_REF}.strategy": Ignored("the reference runs where the actor runs", _is(*STRATEGIES), "only fsdp is supported"),
     f"{_REF}.log_prob_micro_batch_size": Ignored(DERIVED),
@@ -262,11 +285,12 @@ RULES: dict[str, Rule] = {
     f"{_REF}.ulysses_sequence_parallel_size": Ignored(
         "no sequence parallelism in rlkube", _is(1, None), "sequence parallelism is not supported"
     ),
-    f"{_REF}.use_torch_compile": Ignored(PERF),
+    f"{_REF}.use_torch_compile": Ignored(ENTROPY_COMPILE),
     f"{_REF}.entropy_from_logits_with_chunking": Ignored(PERF),
     f"{_REF}.entropy_checkpointing": Ignored(PERF),
     f"{_REF}.profiler": Ignored("profiling is a benchmark concern here"),
     **_fsdp(_REF, "ref", optimizer=False),
+    f"{_REF}.fsdp_config.use_torch_compile": Ignored(ENTROPY_COMPILE),
     # --- rollout ------------------------------------------------------------------------------
     f"{_ROLLOUT}.name": To("rollout.name"),
     f"{_ROLLOUT}.n": To("rollout.n"),
@@ -340,6 +364,7 @@ RULES: dict[str, Rule] = {
         f"critic.model.{k}": To(f"critic.{k}") for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
     },
     "critic.model.use_shm": Ignored("model.use_shm decides for every role"),
+    "critic.model.use_fused_kernels": Ignored("the critic has no LM head (a value head on the last hidden states)"),
     "critic.model.lora": Ignored(
         "Megatron's LoRA block; the FSDP keys are critic.model.lora_*",
         lambda v: not v or not v.get("rank"),
@@ -422,8 +447,19 @@ RULES: dict[str, Rule] = {
     "algorithm.gdpo_reward_weights": To("algorithm.gdpo_reward_weights", lambda v: None if v is None else list(v)),
     "algorithm.use_pf_ppo": Ignored("no preference feedback", _falsy, "use_pf_ppo is not supported"),
     "algorithm.pf_ppo": Ignored("only read with use_pf_ppo"),
-    "algorithm.filter_groups": Ignored(
-        "no dynamic sampling", lambda v: not v or not v.get("enable"), "DAPO's filter_groups is not supported"
+    # DAPO's dynamic sampling. verl's metric "reward" is the canonical pre-KL reward (its
+    # rm_scores), rlkube's seq_reward (the overlong penalty included); other names are keys of the
+    # reward's extra info in both.
+    "algorithm.filter_groups._target_": Ignored("verl's Hydra class"),
+    "algorithm.filter_groups.enable": To("algorithm.filter_groups.enable"),
+    "algorithm.filter_groups.metric": To(
+        "algorithm.filter_groups.metric", lambda v: "seq_reward" if v in (None, "reward") else v
+    ),
+    "algorithm.filter_groups.max_num_gen_batches": To("algorithm.filter_groups.max_num_gen_batches"),
+    "algorithm.filter_groups.max_inflight_gen_batches": Ignored(
+        "one generation round at a time",
+        _is(1, None),
+        "max_inflight_gen_batches above 1 (concurrent generation rounds) is not supported",
     ),
     # --- trainer ------------------------------------------------------------------------------
     **{

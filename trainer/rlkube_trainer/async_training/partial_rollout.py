@@ -3,7 +3,9 @@ push pauses the generation in flight at a step boundary, loads the new weights a
 (verl 0.9.1's CheckpointEngineManager.update_weights: abort, sync, resume), and the batch's
 per-token weight versions become verl's `training/off_policy/trajectory_*` metrics.
 
-The samples' splice is `rollout/partial.py`; the engines carry it out (`vllm_engine.py`).
+The samples' splice is `rollout/partial.py`; the engines carry it out (`vllm_engine.py`). Ranks
+that are Ray actors take the pause and the resume on a thread of their own while `generate`
+runs on another (ray_group.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import torch
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.async_training.staleness import trajectory_metrics
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.preflight import PreflightError
 
 
 @runtime_checkable
@@ -26,18 +27,6 @@ class Interruptible(Protocol):
     def pause_generation(self) -> None: ...
 
     def resume_generation(self, weight_version: int) -> None: ...
-
-
-def check_placement(config: TrainerConfig, ranks_in_process: bool) -> None:
-    """Refuses partial rollouts where the ranks are Ray actors: an actor runs one call at a
-    time, so a generation in flight there cannot be paused for a weight push."""
-    if config.async_training.partial_rollout and not ranks_in_process:
-        raise PreflightError(
-            "async_training.partial_rollout",
-            None,
-            "partial rollouts need the ranks in this process (rlkube-trainer run --in-process); "
-            "Ray placements do not support them yet",
-        )
 
 
 def interruptible_rollout(config: TrainerConfig, rollout: object) -> Interruptible | None:

@@ -22,7 +22,16 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.lora import LoraSettings, apply_lora, merged_names, merged_weights
 from rlkube_trainer.lora.merge import BASE
-from rlkube_trainer.models import ResponseScores, apply_liger, causal_lm_skeleton, load_causal_lm, response_scores
+from rlkube_trainer.models import (
+    LogitsRecompute,
+    ResponseScores,
+    apply_liger,
+    causal_lm_skeleton,
+    compile_decoder_layers,
+    load_causal_lm,
+    logits_budget_bytes,
+    response_scores,
+)
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.resharding import gather_full_tensors
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
@@ -172,6 +181,10 @@ class Actor(Trainable):
             config.actor.fsdp_config,
             prepare=prepare,
         )
+        if config.actor.compile_decoder_layers:
+            # After sharding, so that FSDP2's hooks run eagerly around each compiled layer.
+            compile_decoder_layers(self.model)
+        self.recompute = LogitsRecompute(config.actor.recompute_logits, logits_budget_bytes(device))
         super().__init__(
             config.actor.optim,
             total_steps,
@@ -202,6 +215,7 @@ class Actor(Trainable):
                 with_entropy,
                 packed=self.packed,
                 with_sum_pi_squared=with_sum_pi_squared,
+                recompute=self.recompute,
             )
 
     def _log_probs(self, batch: TrainBatch, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -9,7 +9,7 @@ from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.fsdp import DTYPES
 from rlkube_trainer.lora import LoraSettings, apply_lora
-from rlkube_trainer.models import CriticModel, response_values
+from rlkube_trainer.models import CriticModel, compile_decoder_layers, response_values
 from rlkube_trainer.packing import LossScale, enable_packed_attention
 from rlkube_trainer.roles.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 
@@ -53,6 +53,8 @@ class Critic(Trainable):
             config.critic.fsdp_config,
             prepare=enable_packed_attention if self.packed else None,
         )
+        if config.critic.compile_decoder_layers:
+            compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
         self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
         self.samples_per_mini_batch = mini * config.rollout.n

@@ -13,7 +13,13 @@ from torch import nn
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.lora import adapters_disabled
-from rlkube_trainer.models import apply_liger, causal_lm_skeleton, load_causal_lm, response_log_probs
+from rlkube_trainer.models import (
+    apply_liger,
+    causal_lm_skeleton,
+    compile_decoder_layers,
+    load_causal_lm,
+    response_log_probs,
+)
 from rlkube_trainer.packing import enable_packed_attention
 from rlkube_trainer.roles.actor import actor_batching
 from rlkube_trainer.roles.training import MicroBatching, autocast, load_distributed
@@ -33,6 +39,8 @@ class Reference:
         self.liger = config.model.use_liger
         self.base_of_policy = policy is not None
         if policy is not None:
+            # LoRA: the actor's model, compiled or not as actor.compile_decoder_layers says (the API
+            # refuses another ref.compile_decoder_layers).
             self.model = policy
             return
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
@@ -49,6 +57,9 @@ class Reference:
             mixed_precision=False,
             prepare=self._prepare,
         )
+        compiled = config.ref.compile_decoder_layers
+        if config.actor.compile_decoder_layers if compiled is None else compiled:
+            compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
 
     def _prepare(self, model: nn.Module) -> None:
         model.eval().requires_grad_(False)
