@@ -27,9 +27,11 @@ Runs (--runs, comma-separated, in order; a name may repeat):
   sync                        generate, update, push: one step at a time
   sync_logprobs               the same with the engine's log-probs (rollout.calculate_log_probs),
                               which the asynchronous modes always ask for
-  colocate_async              one step off, generation on the rollout thread
-  colocate_async_side_stream  the same, the rollout thread issuing its work on a CUDA stream of
-                              its own (a benchmark-only wrapper; the trainer does not do this)
+  colocate_async              one step off, generation on the rollout thread, its kernels on a
+                              CUDA stream of its own (the trainer's rollout/stream.py, as its
+                              colocated ranks run it since session 21)
+  colocate_async_one_stream   the same with every kernel on the default stream (the trainer up to
+                              session 20; issue 29's measurement)
 """
 
 # ruff: noqa: PLC0415
@@ -66,8 +68,8 @@ class RunKind:
 RUNS = {
     "sync": RunKind("sync"),
     "sync_logprobs": RunKind("sync", ("rollout.calculate_log_probs=true",)),
-    "colocate_async": RunKind("colocate_async"),
-    "colocate_async_side_stream": RunKind("colocate_async", side_stream=True),
+    "colocate_async": RunKind("colocate_async", side_stream=True),
+    "colocate_async_one_stream": RunKind("colocate_async"),
 }
 
 # Profile windows, in engine steps (of 512 decode steps) and actor micro-batches (of 32); the
@@ -331,19 +333,16 @@ def overlap_seconds(spans: list[Span]) -> float:
     return sum(max(0.0, min(g.end, u.end) - max(g.start, u.start)) for g in gens for u in updates)
 
 
-def on_side_stream(generate: Callable[..., Any]) -> Callable[..., Any]:
-    """Generation on a CUDA stream of its own: after the work already queued on the default
-    stream (a weight push), concurrent with the actor's kernels that follow."""
-    if not torch.cuda.is_available():
-        return generate
-    stream = torch.cuda.Stream()
+def on_side_stream(generate: Callable[..., Any], device: torch.device) -> Callable[..., Any]:
+    """Generation as the trainer's colocated rank runs it in colocate_async (Rank.generate):
+    inside rollout/stream.py's GenerationStream (a no-op on a CPU)."""
+    from rlkube_trainer.rollout.stream import GenerationStream
+
+    stream = GenerationStream(device, enabled=True)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        stream.wait_stream(torch.cuda.default_stream())
-        with torch.cuda.stream(stream):
-            out = generate(*args, **kwargs)
-        stream.synchronize()
-        return out
+        with stream.generating():
+            return generate(*args, **kwargs)
 
     return wrapped
 
@@ -355,9 +354,16 @@ class NoCheckpoints:
     """GroupState without the writes: a benchmark's final checkpoint (6 GB of actor and
     optimizer state) would only add disk time after the last row."""
 
-    def save(self, staging: Path) -> list[str]:
+    def save(self, staging: Path) -> dict[str, Any]:
         del staging
-        return []
+        return {}  # no rank wrote anything: the checkpoint holds the driver's state alone
+
+    def save_in_background(self, staging: Path) -> None:
+        del staging
+
+    def written_in_background(self, wait: bool) -> tuple[dict[str, Any], float]:
+        del wait
+        return {}, 0.0
 
     def load(self, checkpoint: Path) -> None:
         del checkpoint
@@ -453,7 +459,7 @@ def main_run(args: argparse.Namespace) -> int:
         rollout = gb.colocated(engine, actor, cfg)
         generate = rollout.generate
         if kind.side_stream:
-            generate = on_side_stream(generate)
+            generate = on_side_stream(generate, device)
         rollout.generate = probe.wrap("gen", generate)  # type: ignore[method-assign]
         roles = Roles(actor=actor, rollout=rollout, reward=build_reward_scorer(cfg.reward, str(device)))
         ppo = PPOTrainer(cfg, roles, tokenizer.decode, tokenizer.pad_token_id, num_gpus=1)

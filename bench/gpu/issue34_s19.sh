@@ -12,6 +12,12 @@
 #   bash bench/gpu/issue34_s19.sh verl-start / verl-wait   # verl 0.9.1 with its fused kernels (issue34_s12.sh's)
 #   bash bench/gpu/issue34_s19.sh scale     # the 3B shape (scale_bench.py), if time is left
 #   bash bench/gpu/issue34_s19.sh report    # grpo_bench.py report over every JSON of this machine's run
+# Session 21's phases (the settings that replaced the benchmark's patches, the colocated
+# generation's CUDA stream, asynchronous checkpoint saves):
+#   bash bench/gpu/issue34_s19.sh stream    # the GPU-only tests (rollout/stream.py, the optimizer offload)
+#   bash bench/gpu/issue34_s19.sh grpo2     # GRPO + PPO: the defaults, compiled layers without recompute, + liger
+#   bash bench/gpu/issue34_s19.sh async     # async_bench.py: sync, colocate_async (its own stream), one stream
+#   bash bench/gpu/issue34_s19.sh save      # save_bench.py: blocking against background saves, 7B state
 #
 # Every phase writes its JSON and log to $OUT (at most 8 files come back a call) and keeps the
 # JSON in /tmp/i34/results for the report.
@@ -68,6 +74,8 @@ case "${1:?phase}" in
         *liger*) python3 -m pip install -q --no-index --no-deps --no-compile --target $liger "$w" ;;
         # The trainer's driver imports the object store's fsspec filesystem (checkpoint/objectstore.py).
         *obstore*) python3 -m pip install -q --no-index --no-deps --no-compile --target $liger "$w" ;;
+        # The GPU-only tests (stream phase).
+        *pytest* | *pluggy* | *iniconfig*) python3 -m pip install -q --no-index --no-deps --target /tmp/test-site "$w" ;;
       esac
     done
     # The sites are installed --no-compile: every process of every run would otherwise compile
@@ -112,6 +120,31 @@ case "${1:?phase}" in
       echo "scale_bench exited with $?"
     quiet <"$state/scale.full.log" | tail -10 | tee "$out/scale.log"
     keep scale-3b.json || true
+    ;;
+  stream)
+    elapsed "GPU-only tests"
+    PYTHONPATH="/tmp/test-site:$root/trainer:$root/api:$liger:$site" timeout "${RUN_TIMEOUT:-240}" python3 -m pytest \
+      -q -p no:cacheprovider --noconftest -o addopts="" --rootdir "$root" "$root/tests/trainer/test_generation_stream_gpu.py" \
+      "$root/tests/trainer/test_optimizer_offload_gpu.py" 2>&1 | tail -15 | tee "$out/stream-tests.log" || true
+    ;;
+  grpo2)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    grpo rlkube-defaults
+    grpo rlkube-compiled --set actor.compile_decoder_layers=true --set critic.compile_decoder_layers=true \
+      --set actor.recompute_logits=never
+    grpo rlkube-liger-compiled --set model.use_liger=true --set actor.compile_decoder_layers=true \
+      --set critic.compile_decoder_layers=true --set actor.recompute_logits=never
+    ;;
+  async)
+    elapsed "async_bench"
+    PYTHONPATH="$liger:$site" timeout "${RUN_TIMEOUT:-420}" python3 "$here/async_bench.py" --out "$out/async.json" \
+      --runs "${RUNS:-sync,colocate_async,colocate_async_one_stream}" --steps "${STEPS:-4}" >"$state/async.full.log" 2>&1 ||
+      echo "async_bench exited with $?"
+    PYTHONPATH="$liger:$site" python3 "$here/async_bench.py" report "$out/async.json" | tee "$out/async-report.md" || true
+    ;;
+  save)
+    elapsed "save_bench, 7B state"
+    timeout "${RUN_TIMEOUT:-400}" python3 "$here/save_bench.py" /tmp/i34/save 2>&1 | tail -3 | tee "$out/save-7b.json" || true
     ;;
   report)
     PYTHONPATH="$site" python3 "$here/grpo_bench.py" report "$results"/*.json | tee "$out/report.md"
