@@ -180,7 +180,11 @@ def test_a_tool_calling_job_with_separate_rollout_succeeds(
 ) -> None:
     kubectl, namespace = real_kubectl, real_namespace
     job = _agent_job(tmp_path / "work", real_cluster.images["trainer-cpu"].ref)
-    with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{job.name}-controller-0") as driver_log:
+    kubeconfig = real_cluster.cluster.kubeconfig
+    with (
+        PodLogs(kubeconfig, namespace, f"{job.name}-controller-0") as driver_log,
+        PodLogs(kubeconfig, namespace, f"{job.name}-rollout-0") as rollout_log,
+    ):
         kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump_all(_config_maps(namespace)))
         kubectl("-n", namespace, "apply", "--server-side", "-f", "-", input=json.dumps(job.manifest))
         try:
@@ -188,8 +192,10 @@ def test_a_tool_calling_job_with_separate_rollout_succeeds(
             assert final["state"] == "Succeeded", final
         except (TimeoutError, AssertionError) as error:
             events = kubectl("-n", namespace, "get", "events", "--sort-by=.lastTimestamp", check=False).stdout
+            (tmp_path / "driver.log").write_text(driver_log.text())  # whole: the ranks' logs come through it
             raise AssertionError(
                 f"{error}\nevents:\n{events[-3000:]}\ndriver log:\n{driver_log.text()[-6000:]}"
+                f"\nrollout pod log:\n{rollout_log.text()[-6000:]}"
                 f"\noperator log:\n{watching_operator.log()[-2000:]}"
             ) from error
     assert final.get("restartCount", 0) == 0, final

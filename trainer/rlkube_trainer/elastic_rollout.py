@@ -125,6 +125,13 @@ class Fleet(Protocol):
         ...
 
 
+def _with_cause(lost: RankLost) -> str:
+    """The loss with the rank's own error: Ray's first line names only the method and the
+    process, the remote exception is its last line."""
+    cause = [line for line in str(lost.__cause__ or "").splitlines() if line.strip()]
+    return f"{lost}: {cause[-1].strip()}" if len(cause) > 1 else str(lost)
+
+
 class NoRolloutEngine(RuntimeError):
     """Every rollout engine was lost and none holds the weights to take over."""
 
@@ -274,7 +281,7 @@ class ElasticRollout:
                 try:
                     batch: RolloutBatch = self.groups[rank].wait(call)[0]
                 except RankLost as lost:
-                    self._drop(rank, str(lost))
+                    self._drop(rank, _with_cause(lost))
                     todo.append(share)
                     continue
                 samples += [dataclasses.replace(s, prompt_index=share.start + s.prompt_index) for s in batch.samples]
