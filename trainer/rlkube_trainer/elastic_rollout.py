@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -127,9 +128,11 @@ class Fleet(Protocol):
 
 def _with_cause(lost: RankLost) -> str:
     """The loss with the rank's own error: Ray's first line names only the method and the
-    process, the remote exception is its last line."""
-    cause = [line for line in str(lost.__cause__ or "").splitlines() if line.strip()]
-    return f"{lost}: {cause[-1].strip()}" if len(cause) > 1 else str(lost)
+    process; the remote exception is further down (its last `...Error: ` line, else the last)."""
+    lines = [line.strip() for line in str(lost.__cause__ or "").splitlines()[1:] if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    cause = errors[-1] if errors else lines[-1] if lines else ""
+    return f"{lost}: {cause}" if cause else str(lost)
 
 
 class NoRolloutEngine(RuntimeError):
@@ -164,6 +167,7 @@ class ElasticRollout:
         self.launched: set[int] = set()
         self.generation = 0
         self.version = 0
+        self.last_loss = ""  # why the latest engine left, for the error when none is left
 
     # --- membership -----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -194,6 +198,7 @@ class ElasticRollout:
     def _drop(self, rank: int, why: str) -> None:
         if self.engines.pop(rank, None) is not None:
             log.warning("rollout rank %d left (%s): its work goes to the other engines", rank, why)
+            self.last_loss = why
         self.groups.pop(rank, None)
         self.setups.pop(rank, None)
 
@@ -293,7 +298,8 @@ class ElasticRollout:
         if not ranks:
             # Only a weight push makes an engine serve, and none comes during a generation.
             raise NoRolloutEngine(
-                f"every rollout engine holding the current weights was lost (engines now: {sorted(self.engines)})"
+                f"every rollout engine holding the current weights was lost (engines now: {sorted(self.engines)}); "
+                f"the last: {self.last_loss}"
             )
         return ranks
 
