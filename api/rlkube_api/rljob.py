@@ -381,16 +381,6 @@ class RLJobSpec(TrainerConfig):
         ),
         *_PATH_RULES,
         *_MOUNT_RULES,
-        # Multi-turn episodes against separate rollout pods (reached over Ray) end in RANK_LOST
-        # at the rollout rank's generate; until that is understood, refused (docs/development-notes.md).
-        CelRule(
-            "!has(self.rollout) || !has(self.rollout.multiTurn) || !has(self.rollout.multiTurn.enable) || "
-            "!self.rollout.multiTurn.enable || !has(self.roles.rollout) || "
-            "!has(self.roles.rollout.placement) || self.roles.rollout.placement != 'separate'",
-            "rollout.multiTurn.enable needs roles.rollout.placement colocated in an RLJob: multi-turn episodes "
-            "against separate rollout pods are not supported yet",
-            ".rollout.multiTurn.enable",
-        ),
         # Kueue admits a plain-pod group of a fixed size (its pod-group-total-count): a gang
         # cannot grow or shrink in place under it.
         CelRule(

@@ -552,12 +552,6 @@ INVALID = [
         _set("spec.rollout.multiTurn", {"functionToolPath": "/tools/lookup.py"}),
         ("spec.rollout.multiTurn.enable",),
     ),
-    # Episodes against separate rollout pods end in RANK_LOST (docs/development-notes.md).
-    Case(
-        "multi-turn-on-separate-rollout-pods",
-        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py"}),
-        ("spec.rollout.multiTurn.enable",),
-    ),
     Case(
         "multi-turn-config-map-key-is-a-path",
         _all(
@@ -599,6 +593,12 @@ INVALID = [
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    # Separate rollout pods: the base spec's placement (tests/e2e/test_agent_job.py runs such a job).
+    Case(
+        "multi-turn-on-separate-rollout-pods",
+        _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/tools/lookup.py"}),
+        (),
+    ),
     Case(
         "multi-turn-with-function-tools",
         _all(

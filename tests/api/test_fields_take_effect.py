@@ -313,16 +313,19 @@ def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() 
     }
     for path, value in changes.items():
         assert _verdict(base_obj, base_children, path, value) is None, path
-    # Refused by name: a bound; separate rollout pods (their refusal names multiTurn.enable).
+    # Refused by name: a bound.
     assert _verdict(base_obj, base_children, "rollout.multiTurn.sandbox.cpuSeconds", 0) is None
+    # Separate rollout pods get the ConfigMap too (the episodes run in the driver; every pod
+    # mounts it alike).
     obj = copy.deepcopy(base_obj)
     _set(obj["spec"], "roles.rollout", example(GPU)["spec"]["roles"]["rollout"])
-    try:
-        parse_rljob(obj)
-    except (pydantic.ValidationError, ValueError) as exc:
-        assert "rollout.multiTurn.enable" in str(exc) and "separate" in str(exc), str(exc)
-    else:
-        raise AssertionError("rollout.multiTurn with separate rollout pods was accepted")
+    rollout = [
+        c
+        for c in _children(parse_rljob(obj))
+        if c["kind"] == "StatefulSet" and c["metadata"]["name"].endswith("-rollout")
+    ]
+    volumes = rollout[0]["spec"]["template"]["spec"]["volumes"]
+    assert any((v.get("configMap") or {}).get("name") == "agent-tools" for v in volumes), volumes
     _refused("rollout.multiTurn", {"sandbox": {"cpuSeconds": 2}}, "sandbox")  # while disabled
 
 

@@ -206,7 +206,8 @@ def engine(model_path: Path) -> Iterator[RolloutEngine]:
 def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase) -> None:
     """The first turn is a scripted tool call (a random model never writes one); the engine then
     continues after the tool turn, batched across episodes, with its own log-probs."""
-    sampler = BatchingGenerator(engine, SamplingConfig(temperature=0.0, max_tokens=1))
+    # With log-probs, as a run that needs them asks (the sampling decides; none unless asked).
+    sampler = BatchingGenerator(engine, SamplingConfig(temperature=0.0, max_tokens=1, logprobs=True))
     call_ids = list(tokenizer(CALL, add_special_tokens=False)["input_ids"])
     # The tools run in worker threads and finish in any order: the second turns are held
     # until all four are asked for, so that they are waiting together when the engine is.

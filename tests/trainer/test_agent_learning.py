@@ -89,27 +89,34 @@ def write(path: Path, data: list[dict[str, Any]]) -> str:
     return str(path)
 
 
+def _prompt_text(tokenizer: Any, key: str) -> str:
+    messages = [{"role": "user", "content": f"key {key}"}]
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+
 def setup(workdir: Path) -> Path:
     model = build_tiny_model(workdir / "model", vocab=512, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model)
-
-    def prompt(key: str) -> str:
-        messages = [{"role": "user", "content": f"key {key}"}]
-        return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
-
     # Every (prompt key, called key) pair once, and the right call twice more: the taught model
     # calls the prompt's key about 3 times in 10 (24 of 80), a weak habit RL has to make a rule.
     # From no trace of the prompt's key at all (every pair once), 40 steps were not enough.
-    texts = [conversation(prompt(p), q) for p in KEYS for q in KEYS] + [conversation(prompt(p), p) for p in KEYS * 2]
+    texts = [conversation(_prompt_text(tokenizer, p), q) for p in KEYS for q in KEYS]
+    texts += [conversation(_prompt_text(tokenizer, p), p) for p in KEYS * 2]
     loss = teach(model, texts, steps=300)
     # About 1.5 nats on the key token, spread over the sequence; the rest learned.
     assert loss < 0.05, f"the tiny model did not learn the conversation's form (loss {loss:.3f})"
+    return write_config(workdir, model, rows(512, seed=0), STEPS)
+
+
+def write_config(workdir: Path, model: Path, train: list[dict[str, Any]], steps: int) -> Path:
+    """The run's files beside `model`: the tool, the reward, the data (held-out rows of another
+    seed) and the trainer's YAML (one actor rank with its engine colocated)."""
     (workdir / "tools.py").write_text(TOOL_FILE)
     (workdir / "reward.py").write_text(REWARD_FILE)
     config: dict[str, Any] = {
         "model": {"path": str(model)},
         "data": {
-            "train_files": [write(workdir / "train.jsonl", rows(512, seed=0))],
+            "train_files": [write(workdir / "train.jsonl", train)],
             "val_files": [write(workdir / "val.jsonl", rows(32, seed=1))],
             "max_prompt_length": 32,
             "max_response_length": 128,
@@ -129,9 +136,9 @@ def setup(workdir: Path) -> Path:
         },
         "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
         "trainer": {
-            "total_training_steps": STEPS,
+            "total_training_steps": steps,
             "save_freq": -1,
-            "test_freq": STEPS,
+            "test_freq": steps,
             "val_before_train": True,
             "seed": 1,
         },
@@ -143,19 +150,27 @@ def setup(workdir: Path) -> Path:
     return path
 
 
-@pytest.mark.trainer
-@pytest.mark.slow
-def test_the_tool_is_learned(tmp_path: Path) -> None:
-    config = setup(tmp_path)
-    result = subprocess.run(
+def run(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=1500,
         check=False,
     )
+
+
+def metrics(workdir: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in (workdir / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_the_tool_is_learned(tmp_path: Path) -> None:
+    config = setup(tmp_path)
+    result = run(config)
     assert result.returncode == 0, result.stderr[-4000:]
-    rows = [json.loads(line) for line in (tmp_path / "checkpoints" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path)
     steps = [r for r in rows if "critic/score/mean" in r]
     scores = [r["critic/score/mean"] for r in steps]
     correct = [r["reward_extra/correct_call/mean"] for r in steps]
@@ -170,3 +185,38 @@ def test_the_tool_is_learned(tmp_path: Path) -> None:
     # answer is only reachable through the tool, so any reward there came through a tool call.
     val = [r["val-core/lookup_task/reward/mean@1"] for r in rows if "val-core/lookup_task/reward/mean@1" in r]
     assert len(val) == 2 and val[0] >= 0.5, val
+
+
+SEPARATE_STEPS = 3
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_episodes_train_against_a_separate_rollout_rank_over_ray(tmp_path: Path) -> None:
+    """Multi-turn episodes with the engine in a rollout rank of its own (a Ray actor, as a
+    rollout pod is): every turn's continuation is a `generate` call to it from the episodes'
+    thread, and the run trains, validates and ends. The model is taught only the right calls, a
+    few steps: this checks the plumbing, not learning."""
+    model = build_tiny_model(tmp_path / "model", vocab=512, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    teach(model, [conversation(_prompt_text(tokenizer, k), k) for k in KEYS], steps=60)
+    config = write_config(tmp_path, model, rows(128, seed=0), SEPARATE_STEPS)
+    raw = yaml.safe_load(config.read_text())
+    raw["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpus_per_replica": 0}
+    raw["data"]["train_batch_size"] = raw["actor"]["ppo_mini_batch_size"] = 8
+    raw["rollout"]["n"] = 4
+    raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    result = run(config)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "weight-sync group: rank 1 of 2" in result.stderr  # the rollout rank joined the broadcast
+    logged = metrics(tmp_path)
+    steps = [r for r in logged if r["step"] >= 1 and "critic/score/mean" in r]
+    assert [int(r["step"]) for r in steps] == list(range(1, SEPARATE_STEPS + 1))
+    # A single answer is 2 turns; a tool call adds the tool's and the model's next (seen: about 6
+    # episodes in 10 call the tool).
+    assert max(r["num_turns/max"] for r in steps) >= 4, steps
+    assert sum(r["tool_call_counts/mean"] for r in steps) > 0, steps
+    val = [r["val-core/lookup_task/reward/mean@1"] for r in logged if "val-core/lookup_task/reward/mean@1" in r]
+    assert len(val) == 2, logged  # before training and after the last step, episodes too

@@ -20,6 +20,7 @@ from rlkube_trainer.elastic_rollout import (
     Engine,
     EngineState,
     NoRolloutEngine,
+    _with_cause,
     assign,
     plan_fleet,
     serving,
@@ -325,8 +326,28 @@ def test_an_engine_lost_during_a_push_is_dropped_and_the_group_formed_without_it
 def test_no_engine_holding_the_current_weights_is_a_clear_error() -> None:
     s = Setup(initial=1)
     s.initial[0].alive = False
-    with pytest.raises(NoRolloutEngine, match="every rollout engine holding the current weights was lost"):
+    # Names why the last one left (a rank's own error: the one a user can act on).
+    with pytest.raises(
+        NoRolloutEngine, match=r"every rollout engine holding the current weights was lost.*its node died"
+    ):
         s.generate(2)
+
+
+def test_a_lost_rank_is_named_with_its_remote_error() -> None:
+    """Ray's error names the method and process on its first line; the rank's exception below."""
+    remote = RuntimeError(
+        "ray::Rank.generate() (pid=110, ip=10.0.0.5)\n  File x, line 1\n"
+        "torch._inductor.exc.InductorError: InvalidCxxCompiler: No working C++ compiler found\n"
+        "Set TORCHDYNAMO_VERBOSE=1 for the internal stack trace"
+    )
+    lost = RankLost("rollout", 0, "ray::Rank.generate() (pid=110, ip=10.0.0.5)")
+    lost.__cause__ = remote
+    assert _with_cause(lost).endswith(
+        "generate() (pid=110, ip=10.0.0.5): torch._inductor.exc.InductorError: "
+        "InvalidCxxCompiler: No working C++ compiler found"
+    )
+    plain = RankLost("rollout", 0, "its node died")
+    assert _with_cause(plain) == "role rollout rank 0 failed: its node died"
 
 
 def test_close_closes_only_the_engines_that_joined_later() -> None:

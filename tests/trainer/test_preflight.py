@@ -160,17 +160,3 @@ def test_a_multi_turn_file_missing_is_named_as_a_key_the_config_map_lacks(task: 
     assert error.key == "rollout.multi_turn.tool_config_path"
     assert f"(RLJob spec.rollout.multiTurn.toolConfigPath) '{missing}'" in str(error)
     assert "a key the ConfigMap lacks" in str(error)
-
-
-def test_multi_turn_with_separate_rollout_ranks_over_ray_is_refused(task: Path, tmp_path: Path) -> None:
-    from rlkube_trainer.preflight import check_multi_turn_placement  # noqa: PLC0415
-
-    tools = tmp_path / "lookup.py"
-    tools.write_text("")
-    config = config_with(task, tmp_path, rollout__multi_turn={"enable": True, "function_tool_path": str(tools)})
-    check_multi_turn_placement(config, ranks_in_process=False)  # the tiny task's rollout is colocated
-    rollout = config.roles.rollout.model_copy(update={"placement": "separate"})
-    separate = config.model_copy(update={"roles": config.roles.model_copy(update={"rollout": rollout})})
-    check_multi_turn_placement(separate, ranks_in_process=True)
-    with pytest.raises(PreflightError, match=r"rollout\.multi_turn\.enable .*placement colocated"):
-        check_multi_turn_placement(separate, ranks_in_process=False)

@@ -129,12 +129,10 @@ def _run(args: argparse.Namespace) -> int:
     # torch and Ray: imported only when running (and after the cheap checks).
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer import driver, ray_cluster  # noqa: PLC0415
-    from rlkube_trainer.preflight import check_multi_turn_placement  # noqa: PLC0415
 
     try:
         if args.in_process:
             return _finish(driver.run_in_process(config, args.steps, not args.no_progress))
-        check_multi_turn_placement(config, ranks_in_process=False)
         ray_cluster.start_local_ray(placement_of(config))
         return _finish(driver.run_distributed(config, None, args.steps, not args.no_progress))
     except Exception as exc:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,15 @@ class Fleet(Protocol):
         ...
 
 
+def _with_cause(lost: RankLost) -> str:
+    """The loss with the rank's own error: Ray's first line names only the method and the
+    process; the remote exception is further down (its last `...Error: ` line, else the last)."""
+    lines = [line.strip() for line in str(lost.__cause__ or "").splitlines()[1:] if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
+    cause = errors[-1] if errors else lines[-1] if lines else ""
+    return f"{lost}: {cause}" if cause else str(lost)
+
+
 class NoRolloutEngine(RuntimeError):
     """Every rollout engine was lost and none holds the weights to take over."""
 
@@ -166,6 +176,7 @@ class ElasticRollout:
         self.version = 0
         # The driver's thread pushes weights while the rollout thread generates (partial rollouts).
         self.lock = threading.RLock()
+        self.last_loss = ""  # why the latest engine left, for the error when none is left
 
     # --- membership -----------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -201,6 +212,7 @@ class ElasticRollout:
         with self.lock:
             if self.engines.pop(rank, None) is not None:
                 log.warning("rollout rank %d left (%s): its work goes to the other engines", rank, why)
+                self.last_loss = why
             self.groups.pop(rank, None)
             self.setups.pop(rank, None)
 
@@ -293,7 +305,7 @@ class ElasticRollout:
                 try:
                     batch: RolloutBatch = group.wait(call)[0]
                 except RankLost as lost:
-                    self._drop(rank, str(lost))
+                    self._drop(rank, _with_cause(lost))
                     todo.append(share)
                     continue
                 samples += [dataclasses.replace(s, prompt_index=share.start + s.prompt_index) for s in batch.samples]
@@ -305,7 +317,8 @@ class ElasticRollout:
         if not ranks:
             # Only a weight push makes an engine serve, and none comes during a generation.
             raise NoRolloutEngine(
-                f"every rollout engine holding the current weights was lost (engines now: {sorted(self.engines)})"
+                f"every rollout engine holding the current weights was lost (engines now: {sorted(self.engines)}); "
+                f"the last: {self.last_loss}"
             )
         return ranks
 

@@ -194,19 +194,6 @@ def check_multi_turn(config: TrainerConfig) -> None:
         raise PreflightError("rollout.multi_turn", None, str(exc)) from None
 
 
-def check_multi_turn_placement(config: TrainerConfig, ranks_in_process: bool) -> None:
-    """Refuses multi-turn episodes against separate rollout ranks that are Ray actors: there the
-    rollout rank's generate ends in RANK_LOST (not understood yet; an RLJob refuses the same
-    combination at admission). The failure is known only over Ray: ranks in this process pass."""
-    if config.rollout.multi_turn.enable and config.roles.rollout.placement == "separate" and not ranks_in_process:
-        raise PreflightError(
-            "rollout.multi_turn.enable",
-            None,
-            "multi-turn episodes need roles.rollout.placement colocated when the ranks are Ray actors "
-            "(or rlkube-trainer run --in-process); separate rollout ranks over Ray are not supported yet",
-        )
-
-
 def check_checkpoint_dir(path: str) -> None:
     """The checkpoint folder can be made and written (a volume that is missing or read-only
     would fail only at the first save, after a whole saveFreq of training)."""

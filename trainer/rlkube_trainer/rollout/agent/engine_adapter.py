@@ -46,7 +46,10 @@ class BatchingGenerator:
             for context, budget, future in batch:
                 by_budget.setdefault(budget, []).append((context, future))
             for budget, group in by_budget.items():
-                sampling = replace(self.sampling, max_tokens=budget, n=1, logprobs=True)
+                # Log-probs only when the run asks for them (sampling.logprobs): vLLM computes them
+                # with a torch.compile'd kernel, which on CPU needs a C++ compiler that the
+                # trainer's CPU image lacks (every turn's generate then failed in the pods).
+                sampling = replace(self.sampling, max_tokens=budget, n=1)
                 try:
                     out = await asyncio.to_thread(self.engine.generate, [c for c, _ in group], sampling)
                 except Exception as e:  # each waiting episode gets the engine's error
