@@ -320,3 +320,38 @@ def test_sampling_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
 def test_empty_prompt_is_rejected(vllm_w0: RolloutEngine) -> None:
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         vllm_w0.generate([[1, 2], []], GREEDY)
+
+
+NO_COMPILER_SCRIPT = """
+import json, sys
+from rlkube_trainer.rollout import SamplingConfig, build_rollout_engine
+kwargs = json.loads(sys.argv[2])
+with build_rollout_engine("vllm", model_path=sys.argv[1], **kwargs) as engine:
+    batch = engine.generate([[1, 2, 3]], SamplingConfig(n=2, temperature=1.0, max_tokens=4, seed=0, logprobs=True))
+print(json.dumps([s.logprobs for s in batch.samples]))
+"""
+
+
+@pytest.mark.trainer
+def test_log_probs_without_a_cxx_compiler(w0_path: Path, tmp_path: Path) -> None:
+    """The CPU trainer image has no C++ compiler, and vLLM compiles its log-probs' rank count with
+    inductor, which needs one: without the eager fallback (vllm_engine.py) every run that asks
+    for the engine's log-probs (the asynchronous modes, rollout correction, multi-turn with
+    calculate_log_probs) failed in a CPU pod at its first generate. A fresh process with no
+    compiler and an empty compile cache gets its log-probs."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    env = os.environ | {"CXX": str(tmp_path / "no-such-g++"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    result = subprocess.run(
+        [sys.executable, "-c", NO_COMPILER_SCRIPT, str(w0_path), json.dumps(VLLM_KWARGS)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    logprobs = json.loads(result.stdout.strip().splitlines()[-1])
+    assert len(logprobs) == 2 and all(len(lp) == 4 and all(math.isfinite(x) and x <= 0 for x in lp) for lp in logprobs)

