@@ -1,5 +1,7 @@
 """Elastic rollout capacity on real nodes (issue 29 item 4): the tiny CPU job (its rollout a
-separate pod of one vLLM engine) from the trainer image, with the operator as its own process.
+separate pod of one vLLM engine) from the trainer image, with the operator as its own process,
+trained asynchronously as such jobs are meant to run (`separate_async`, partial rollouts: each
+weight push goes into the generation in flight; rollout correction on by default).
 While it trains, `spec.roles.rollout.replicas` is patched 1 -> 2 -> 1. The rollout StatefulSet
 follows, the new engine joins the weight-sync group (and so generates), the removed one leaves
 it, the operator tells each change with a RolloutScaled Event, and the job succeeds with no gang
@@ -79,6 +81,9 @@ def test_rollout_replicas_scale_while_the_job_trains(
     kubectl, namespace = real_kubectl, real_namespace
     job = tinyjob.prepare(tmp_path / "work", name="tiny-elastic", steps=STEPS, save_freq=STEPS, pool="real")
     tinyjob.from_image(job, real_cluster.images["trainer-cpu"].ref)
+    spec = job.manifest["spec"]
+    spec.setdefault("trainer", {}).update({"testFreq": -1, "v1": {"trainerMode": "separate_async"}})
+    spec["asyncTraining"] = {"partialRollout": True}
     name = job.name
     with PodLogs(real_cluster.cluster.kubeconfig, namespace, f"{name}-controller-0") as driver_log:
         pace = job.host_path(f"{tinyjob.MOUNT}/pace")
@@ -116,7 +121,11 @@ def test_rollout_replicas_scale_while_the_job_trains(
     assert final["state"] == "Succeeded", final
     assert final.get("restartCount", 0) == 0, final
     assert final["progress"]["step"] == STEPS
-    assert [int(row["step"]) for row in job.metrics()] == list(range(1, STEPS + 1))
+    rows = job.metrics()
+    assert [int(row["step"]) for row in rows] == list(range(1, STEPS + 1))
+    # Off-policy within the default bound, corrected with the engines' own log-probs.
+    assert max(row["training/off_policy/trajectory_staleness_worst/max"] for row in rows) <= 1
+    assert all("rollout_corr/rollout_is_mean" in row for row in rows), sorted(rows[-1])
     assert "resumed from" not in driver_log.text()
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={name}").stdout
     scaled = [line for line in events.splitlines() if "RolloutScaled" in line]
