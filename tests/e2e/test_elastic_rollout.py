@@ -118,13 +118,17 @@ def test_rollout_replicas_scale_while_the_job_trains(
                 f"{error}\nstatus {tinyjob.status(kubectl, namespace, name)}\nevents:\n{events[-3000:]}"
                 f"\ndriver log:\n{driver_log.text()[-4000:]}\noperator log:\n{watching_operator.log()[-3000:]}"
             ) from error
+        finally:
+            # The whole driver log, for a failure found after it (a restart shows only in the status).
+            (tmp_path / "driver.log").write_text(driver_log.text())
     assert final["state"] == "Succeeded", final
     assert final.get("restartCount", 0) == 0, final
     assert final["progress"]["step"] == STEPS
     rows = job.metrics()
     assert [int(row["step"]) for row in rows] == list(range(1, STEPS + 1))
-    # Off-policy within the default bound, corrected with the engines' own log-probs.
-    assert max(row["training/off_policy/trajectory_staleness_worst/max"] for row in rows) <= 1
+    # Off-policy within the bound (the default max_off_policy_threshold, 8: a trajectory's oldest
+    # token at most 7 versions behind), corrected with the engines' own log-probs.
+    assert max(row["training/off_policy/trajectory_staleness_worst/max"] for row in rows) <= 7
     assert all("rollout_corr/rollout_is_mean" in row for row in rows), sorted(rows[-1])
     assert "resumed from" not in driver_log.text()
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={name}").stdout

@@ -407,3 +407,28 @@ def test_an_engine_lost_while_pausing_is_dropped_and_the_push_goes_on() -> None:
     assert made_with(s.generate(4)) == {1}
     assert s.rollout.lock.acquire(blocking=False)  # released after the resume
     s.rollout.lock.release()
+
+
+def test_an_engine_past_the_wanted_count_is_neither_paused_nor_waited_for() -> None:
+    """A scale-down's engine gets no weights at the push, so it is not paused: its pod may be
+    terminating, and a call to it would wait for Ray to give up on it (seen: 21 s, then the run's
+    end when its name was taken again)."""
+    s = Setup(initial=3)
+    s.fleet.want = 2
+    s.log.clear()
+    s.weights.version += 1
+    push_into_generation(s.rollout, s.rollout.sync_weights, held=0, pushed=1)
+    touched = {e[1] for e in s.log if e[0] in ("pause", "resume")}
+    assert touched == {id(s.initial[0]), id(s.initial[1])}
+
+
+def test_an_engine_that_does_not_start_is_tried_again_later() -> None:
+    s = Setup()
+    s.fleet.ranks.add(2)
+    launch = s.fleet.launch
+    s.fleet.launch = lambda rank: (_ for _ in ()).throw(ValueError("the name rollout-2 is already taken"))  # type: ignore[method-assign]
+    s.generate(4)  # the run goes on with the engines it has
+    assert sorted(s.rollout.engines) == [0, 1]
+    s.fleet.launch = launch  # type: ignore[method-assign]
+    s.generate(4)
+    assert s.rollout.engines[2].state is EngineState.LOADED

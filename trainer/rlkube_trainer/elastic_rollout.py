@@ -176,6 +176,7 @@ class ElasticRollout:
         self.version = 0
         # The driver's thread pushes weights while the rollout thread generates (partial rollouts).
         self.lock = threading.RLock()
+        self.paused: set[int] = set()  # the engines the push in progress paused
         self.last_loss = ""  # why the latest engine left, for the error when none is left
 
     # --- membership -----------------------------------------------------------------------------
@@ -190,7 +191,11 @@ class ElasticRollout:
         for rank in changes.drop:
             self._drop(rank, "its pod is gone")
         for rank in changes.start:
-            group = self.fleet.launch(rank)
+            try:
+                group = self.fleet.launch(rank)
+            except Exception as error:  # a new engine never ends the run: tried again at the next look
+                log.warning("rollout rank %d: its engine did not start (%s); trying again later", rank, error)
+                continue
             self.groups[rank] = group
             self.launched.add(rank)
             self.setups[rank] = group.submit("setup", [()])
@@ -324,17 +329,15 @@ class ElasticRollout:
 
     # --- partial rollouts -----------------------------------------------------------------------
     def pause_generation(self) -> None:
-        """Every engine that may be generating (those live) stops at a step boundary. The
-        lock is held until `resume_generation`: no membership change between pause and resume
-        but the push's own."""
+        """The engines the push will reach (live and still wanted) stop at a step boundary; one
+        past the wanted count gets no weights, so it finishes its share with those it holds
+        (and its pod, on its way out, is never waited for). The lock is held until
+        `resume_generation`: no membership change between pause and resume but the push's own."""
         self.lock.acquire()
         try:
-            paused = {
-                r: self.groups[r].submit("pause_generation", [()])
-                for r, e in self.engines.items()
-                if e.state is EngineState.LIVE
-            }
-            self._wait_members(paused)
+            members = set(sync_members(self.engines, self.fleet.wanted()))
+            self.paused = {r for r, e in self.engines.items() if e.state is EngineState.LIVE and r in members}
+            self._wait_members({r: self.groups[r].submit("pause_generation", [()]) for r in sorted(self.paused)})
         except RankLost as lost:
             log.warning("pausing the rollout: %s", lost)  # dropped: its share is generated again
         except BaseException:
@@ -346,10 +349,12 @@ class ElasticRollout:
         held after a failed push); an engine that joined at the push starts counting its tokens
         with it."""
         try:
+            # The paused ones and those that joined at the push (members now, live).
+            going_on = (self.paused | set(self.members)) & set(self.groups)
             resumed = {
                 r: self.groups[r].submit("resume_generation", [(weight_version,)])
-                for r, e in self.engines.items()
-                if e.state is EngineState.LIVE
+                for r in sorted(going_on)
+                if self.engines[r].state is EngineState.LIVE
             }
             try:
                 self._wait_members(resumed)

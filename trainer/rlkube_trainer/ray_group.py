@@ -174,4 +174,12 @@ class RayRolloutFleet:
         return wanted_ranks(config if isinstance(config, dict) else {}, self.group.procs_per_pod)
 
     def launch(self, rank: int) -> RayRankGroup:
+        # An engine dropped while its pod was still there (its actor unreachable, not yet dead)
+        # keeps its name: that actor is gone for the run, so the name is taken back.
+        try:
+            stale = ray.get_actor(f"{self.group.name}-{rank}")
+        except ValueError:
+            pass
+        else:
+            ray.kill(stale)
         return launch_ray_group(self.group, [self.spec_of(rank)], self.config)
