@@ -45,6 +45,17 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return _score(data_source, solution_str, ground_truth, extra_info)
 """
 STAYING = ("controller-0", "actor-0", "actor-1", "rollout-0")
+# What a row says about the pipeline, shown for a step that fell behind it.
+LAG_KEYS = (
+    "step",
+    "training/batch_index",
+    "training/rollout_weight_version",
+    "training/off_policy/trajectory_staleness_worst/max",
+    "training/off_policy/trajectory_spans/max",
+    "timing_s/wait_rollout",
+    "timing_s/update_weights",
+    "timing_s/gen",
+)
 # The driver's line for each weight-sync group it forms (elastic_rollout.py `_reform`).
 GROUP = re.compile(r"weight-sync group (\d+): actor rank 0 and rollout ranks \[([\d, ]*)\]")
 
@@ -129,6 +140,16 @@ def test_rollout_replicas_scale_while_the_job_trains(
     # Off-policy within the bound (the default max_off_policy_threshold, 8: a trajectory's oldest
     # token at most 7 versions behind), corrected with the engines' own log-probs.
     assert max(row["training/off_policy/trajectory_staleness_worst/max"] for row in rows) <= 7
+    # One step off, as the schedule promises with parameter_sync_step 1: the engine holds the
+    # actor's weights or the previous update's when a batch trains (the actor at step - 1), and no
+    # sample began more than 2 updates before it trains, whichever engines came and went.
+    late = [
+        {key: row.get(key) for key in LAG_KEYS}
+        for row in rows
+        if row["step"] - 1 - row["training/rollout_weight_version"] > 1
+        or row["training/off_policy/trajectory_staleness_worst/max"] > 2
+    ]
+    assert not late, late
     assert all("rollout_corr/rollout_is_mean" in row for row in rows), sorted(rows[-1])
     assert "resumed from" not in driver_log.text()
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={name}").stdout

@@ -103,6 +103,9 @@ def test_a_resumed_async_run_trains_the_batches_that_were_in_flight(
     resumed = _run(resumed_config)
     assert [r["training/batch_index"] for r in resumed] == [r["training/batch_index"] for r in rows[SAVED_AT:]]
     assert [r["data/order_checksum"] for r in resumed] == [r["data/order_checksum"] for r in rows[SAVED_AT:]]
+    # The weight versions go on from the checkpoint's (the status shows them), not from 0.
+    versions = [r["training/rollout_weight_version"] for r in resumed]
+    assert all(0 <= i - v <= THRESHOLD for i, v in enumerate(versions, SAVED_AT + 1)), versions
 
 
 def _separate_async_through_ray(

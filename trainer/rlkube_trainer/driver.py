@@ -384,8 +384,13 @@ class TrainingRun:
         self.last_checkpoint_step = self.step
         validation = driver.get("validation")
         self.last_validation = (int(validation[0]), float(validation[1])) if validation else None
-        # The rollout engines started from the initial weights: give them the resumed ones.
-        self.ppo.roles.rollout.sync_weights()
+        # The rollout engines started from the initial weights: give them the resumed ones, and
+        # with partial rollouts their version too (the tokens they generate are tagged with it).
+        interruptible = interruptible_rollout(self.config, self.ppo.roles.rollout)
+        if interruptible is None:
+            self.ppo.roles.rollout.sync_weights()
+        else:
+            push_into_generation(interruptible, self.ppo.roles.rollout.sync_weights, 0, self.step)
         log.info("resumed from %s (step %d)", found.path, self.step)
 
     def save(self) -> CheckpointPath:
@@ -609,7 +614,9 @@ class TrainingRun:
         buffer: OffPolicyBuffer[Sampled] = OffPolicyBuffer(
             sampler.max_off_policy_threshold, sampler.max_off_policy_strategy
         )
-        schedule = OneStepOff(buffer, 1, sync_step, generate, push, partial_rollout=interruptible is not None)
+        schedule = OneStepOff(
+            buffer, 1, sync_step, generate, push, partial_rollout=interruptible is not None, version=self.step
+        )
         self.schedule = schedule
         try:
             for metrics in self.schedule.run(self.total_steps - self.step, train):

@@ -54,6 +54,7 @@ class OneStepOff(Generic[T]):
         generate: Generate[T],
         push_weights: PushWeights,
         partial_rollout: bool = False,
+        version: int = 0,
     ) -> None:
         if parameter_sync_step < 1:
             raise ValueError(f"parameter_sync_step must be at least 1, got {parameter_sync_step}")
@@ -63,7 +64,8 @@ class OneStepOff(Generic[T]):
         self.generate = generate
         self.push_weights = push_weights
         self.partial_rollout = partial_rollout
-        self.versions = Versions()
+        # A resumed run goes on from its checkpoint's version (the engine was given those weights).
+        self.versions = Versions(version, version)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="rollout")
         self.running: tuple[Future[list[T]], int] | None = None
         # The rollout side's idle time: from a generation's end to the next one's start.
