@@ -18,6 +18,8 @@
 #   bash bench/gpu/issue34_s19.sh grpo2     # GRPO + PPO: the defaults, compiled layers without recompute, + liger
 #   bash bench/gpu/issue34_s19.sh async     # async_bench.py: sync, colocate_async (its own stream), one stream
 #   bash bench/gpu/issue34_s19.sh save      # save_bench.py: blocking against background saves, 7B state
+# Session 22's:
+#   bash bench/gpu/issue34_s19.sh ppo       # GRPO then PPO, compiled actor and critic layers, no recompute
 #
 # Every phase writes its JSON and log to $OUT (at most 8 files come back a call) and keeps the
 # JSON in /tmp/i34/results for the report.
@@ -133,6 +135,11 @@ case "${1:?phase}" in
     grpo rlkube-compiled --set actor.compile_decoder_layers=true --set critic.compile_decoder_layers=true \
       --set actor.recompute_logits=never
     grpo rlkube-liger-compiled --set model.use_liger=true --set actor.compile_decoder_layers=true \
+      --set critic.compile_decoder_layers=true --set actor.recompute_logits=never
+    ;;
+  ppo)
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    grpo rlkube-ppo-compiled --steps 3 --ppo-steps 3 --set actor.compile_decoder_layers=true \
       --set critic.compile_decoder_layers=true --set actor.recompute_logits=never
     ;;
   async)
