@@ -40,6 +40,8 @@ class KubeletInputs:
 
 
 ROOT_DIR_IN_NODE = "/var/lib/kubelet"
+# Where the kubelet finds a pod's `seccompProfile: {type: Localhost}` (its root dir's `seccomp`).
+SECCOMP_DIR_IN_NODE = f"{ROOT_DIR_IN_NODE}/seccomp"
 
 
 def cgroup_root(cgroup_id: str) -> str:

@@ -12,7 +12,8 @@ directory. Every mount lives only in the namespace and goes when its last proces
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
 
 from rlkube_e2e.node.kubelet import KERNEL_DEFAULTS
 
@@ -31,7 +32,7 @@ def write_sysctl_files(state_dir: Path) -> dict[Path, Path]:
 
 def setup_script(state_dir: Path, binds: dict[Path, Path]) -> str:
     run, log = state_dir / "run", state_dir / "log"
-    upper, work = state_dir / "var-lib" / "upper", state_dir / "var-lib" / "work"
+    upper, work = var_lib_upper(state_dir), state_dir / "var-lib" / "work"
     made = " ".join(shlex.quote(str(path)) for path in (run, log, upper, work))
     lines = ["set -e", f"mkdir -p {made}"]
     lines += [f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}" for src, dst in binds.items()]
@@ -43,6 +44,22 @@ def setup_script(state_dir: Path, binds: dict[Path, Path]) -> str:
         'exec "$@"',
     ]
     return "\n".join(lines)
+
+
+def var_lib_upper(state_dir: Path) -> Path:
+    """Where the node's writes to /var/lib land (the overlay's upper directory)."""
+    return state_dir / "var-lib" / "upper"
+
+
+def provide(state_dir: Path, files: Mapping[PurePosixPath, Path]) -> None:
+    """Files the node finds under /var/lib from its start, as a node image ships them: each
+    copied to its path in the node (`/var/lib/...`) in the overlay's upper directory, before
+    the overlay is mounted; the host's /var/lib is not touched."""
+    for inside, source in files.items():
+        relative = inside.relative_to("/var/lib")
+        target = var_lib_upper(state_dir) / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(source.read_bytes())
 
 
 def wrap(netns: str, state_dir: Path, command: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rlkube_e2e import processes
 from rlkube_e2e.binaries import K8S_VERSION, cache_dir
@@ -31,13 +31,28 @@ from rlkube_e2e.node import mountns, netns
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths, cri_serving
 from rlkube_e2e.node.image_store import ImageStoreError, ensure_store, import_archive, seed_root
 from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
-from rlkube_e2e.node.kubelet import KubeletInputs, cgroup_root, kubelet_args, write_kubelet_config
+from rlkube_e2e.node.kubelet import (
+    SECCOMP_DIR_IN_NODE,
+    KubeletInputs,
+    cgroup_root,
+    kubelet_args,
+    write_kubelet_config,
+)
 from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
 from rlkube_e2e.pki import Pki, issue_client_cert, issue_node_client_cert, self_signed_server_cert
 
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 PAUSE_IMAGE = f"localhost/rlkube/pause:{K8S_VERSION}"
+# The Localhost seccomp profiles every node holds, as the README asks of users' nodes (a node
+# image or a DaemonSet): the multi-turn example's code interpreter needs `unshare` and Landlock,
+# which RuntimeDefault refuses. Pods name it `localhostProfile: profiles/rlkube-sandbox.json`.
+SECCOMP_PROFILES: dict[str, Path] = {
+    "profiles/rlkube-sandbox.json": Path(__file__).resolve().parents[3]
+    / "examples"
+    / "seccomp"
+    / "rlkube-sandbox.json",
+}
 
 
 class NodeError(ClusterError):
@@ -160,6 +175,10 @@ class RealNode:
         binaries = find_node_binaries()
         deadline = time.monotonic() + timeout
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        mountns.provide(
+            self.state_dir,
+            {PurePosixPath(SECCOMP_DIR_IN_NODE) / name: source for name, source in SECCOMP_PROFILES.items()},
+        )
         netns.create(self.net)
         self._make_cgroup_roots()
         hold = mountns.wrap(self.net.netns, self.state_dir, [str(binaries.sleep), "infinity"])
