@@ -20,6 +20,7 @@
 #   bash bench/gpu/issue34_s19.sh save      # save_bench.py: blocking against background saves, 7B state
 # Session 22's:
 #   bash bench/gpu/issue34_s19.sh ppo       # GRPO then PPO, compiled actor and critic layers, no recompute
+#                                           # (session 23: STEPS=4, CRITIC_MICRO=32 by default)
 #
 # Every phase writes its JSON and log to $OUT (at most 8 files come back a call) and keeps the
 # JSON in /tmp/i34/results for the report.
@@ -139,8 +140,10 @@ case "${1:?phase}" in
     ;;
   ppo)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
-    grpo rlkube-ppo-compiled --steps 3 --ppo-steps 3 --set actor.compile_decoder_layers=true \
-      --set critic.compile_decoder_layers=true --set actor.recompute_logits=never
+    # Session 23: 4 steps each (row 2 may still carry the compile), the critic's micro-batch apart.
+    grpo rlkube-ppo-compiled --steps "${STEPS:-4}" --ppo-steps "${STEPS:-4}" --set actor.compile_decoder_layers=true \
+      --set critic.compile_decoder_layers=true --set actor.recompute_logits=never \
+      --set critic.ppo_micro_batch_size_per_gpu="${CRITIC_MICRO:-32}"
     ;;
   async)
     elapsed "async_bench"
