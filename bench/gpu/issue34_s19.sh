@@ -128,7 +128,7 @@ case "${1:?phase}" in
     elapsed "GPU-only tests"
     PYTHONPATH="/tmp/test-site:$root/trainer:$root/api:$liger:$site" timeout "${RUN_TIMEOUT:-240}" python3 -m pytest \
       -q -p no:cacheprovider --noconftest -o addopts="" --rootdir "$root" "$root/tests/trainer/test_generation_stream_gpu.py" \
-      "$root/tests/trainer/test_optimizer_offload_gpu.py" 2>&1 | tail -15 | tee "$out/stream-tests.log" || true
+      "$root/tests/trainer/test_optimizer_offload_gpu.py" "$root/tests/trainer/test_checkpoint_stager_gpu.py" 2>&1 | tail -15 | tee "$out/stream-tests.log" || true
     ;;
   grpo2)
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
@@ -153,8 +153,12 @@ case "${1:?phase}" in
     PYTHONPATH="$liger:$site" python3 "$here/async_bench.py" report "$out/async.json" | tee "$out/async-report.md" || true
     ;;
   save)
-    elapsed "save_bench, 7B state"
-    timeout "${RUN_TIMEOUT:-400}" python3 "$here/save_bench.py" /tmp/i34/save 2>&1 | tail -3 | tee "$out/save-7b.json" || true
+    # SAVE_B: billions of parameters of the state (default Qwen2.5-7B's); where it writes, and
+    # whether that is memory (a tmpfs /tmp holds the files in RAM beside the staged copy).
+    elapsed "save_bench, ${SAVE_B:-7.616} B parameters"
+    df -h /tmp/i34 /dev/shm | tail -2
+    timeout "${RUN_TIMEOUT:-400}" python3 "$here/save_bench.py" /tmp/i34/save "${SAVE_B:-7.616}" 2>&1 | tail -6 |
+      tee "$out/save-${SAVE_B:-7.616}b.log" || true
     ;;
   report)
     PYTHONPATH="$site" python3 "$here/grpo_bench.py" report "$results"/*.json | tee "$out/report.md"

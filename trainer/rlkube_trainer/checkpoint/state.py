@@ -206,6 +206,30 @@ def _cpu_group() -> Any:
     return _CPU_GROUP
 
 
+_STAGER: Any = None
+
+
+def _stager() -> Any:
+    """The stager of this process's background saves of sharded state: None (torch's default,
+    pageable host memory allocated at every save) without CUDA; with it, pinned host buffers
+    made at the first save and reused by every later one (torch caches them per storage, and
+    a rank's parameters and optimizer moments keep their storages). On an H100 the default
+    copied 1.7 GB/s, so the step waited 13.8 s for 22.8 GB; pinned and reused, what the step
+    waits is the device-to-host copy alone. Reuse is safe because the driver finishes a save
+    before it stages the next (driver.py: at most one in flight). The cost: the host keeps the
+    rank's state pinned between saves (docs/trainer.md)."""
+    global _STAGER  # noqa: PLW0603  (one per process: its buffers outlive a save)
+    if _STAGER is None and torch.cuda.is_available():
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415
+
+        _STAGER = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
+            )
+        )
+    return _STAGER
+
+
 @dataclass(frozen=True)
 class WrittenInBackground:
     """What a rank's background write reports once done: its files and how long it took."""
@@ -270,10 +294,14 @@ def stage_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable
                     trainable.sharded_state_dict(),
                     storage_writer=FsspecWriter(str(sharded), **sharded.options),
                     process_group=_cpu_group(),
+                    async_stager=_stager(),
                 )
             else:
                 future = async_save(
-                    trainable.sharded_state_dict(), checkpoint_id=str(sharded), process_group=_cpu_group()
+                    trainable.sharded_state_dict(),
+                    checkpoint_id=str(sharded),
+                    process_group=_cpu_group(),
+                    async_stager=_stager(),
                 )
             futures.append((sharded, future))
             pending.append((path, {"local": host_copy(trainable.local_state_dict()), "rng": capture_rng()}))

@@ -1,0 +1,62 @@
+"""checkpoint.asyncSave on a GPU (skipped without one; CI has none: run it on a GPU host, as
+bench/gpu/issue34_s19.sh's `stream` phase does): one FSDP2 rank over NCCL. A rank's background
+saves stage its sharded state into pinned host buffers made at the first save and reused by the
+next (checkpoint/state.py: _stager), and what a save writes is the state of its step even though
+the next update runs while the write goes on."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.trainer.test_optimizer_offload_gpu import actor_for, nccl, step, weights, workdir
+
+pytestmark = [
+    pytest.mark.trainer,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+sys.path.insert(0, str(Path(__file__).parent))
+__all__ = ["nccl", "workdir"]  # the fixtures this module uses
+
+
+def staged_storages() -> dict[int, bool]:
+    """The stager's host buffers: data pointer -> pinned. torch keeps them in its stager's
+    per-storage cache (a private attribute: this test pins down that the cache is used)."""
+    from rlkube_trainer.checkpoint import state  # noqa: PLC0415
+
+    cache = state._stager()._state_dict_stager._cached_storage_mapping
+    return {buffer.data_ptr(): buffer.is_pinned() for buffer in cache.values()}
+
+
+def test_background_saves_reuse_pinned_host_buffers_and_hold_their_steps_weights(
+    nccl: None, workdir: Path, tmp_path: Path
+) -> None:
+    from fsdp_probe import global_batch  # noqa: PLC0415
+
+    from rlkube_trainer.checkpoint.state import load_rank_state, stage_rank_state  # noqa: PLC0415
+
+    actor = actor_for(workdir, offload=False)
+    assert actor.sharded
+    batch = global_batch(int(actor.model.config.vocab_size))
+    step(actor, batch)
+    first = stage_rank_state(tmp_path / "first", {"actor": actor}, 0)
+    assert first.result(wait=True) is not None
+    buffers = staged_storages()
+    assert buffers and all(buffers.values()), "the staged state is not in pinned host memory"
+
+    step(actor, batch)
+    at_save = weights(actor)
+    second = stage_rank_state(tmp_path / "second", {"actor": actor}, 0)
+    step(actor, batch)  # the next update, while the write may still go on
+    assert second.result(wait=True) is not None
+    assert staged_storages() == buffers, "the second save staged into new host buffers"
+
+    resumed = actor_for(workdir, offload=False)
+    load_rank_state(tmp_path / "second", {"actor": resumed}, 0)
+    got = weights(resumed)
+    for name, tensor in at_save.items():
+        torch.testing.assert_close(got[name], tensor, rtol=0, atol=0, msg=name)
