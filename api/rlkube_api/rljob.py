@@ -170,7 +170,8 @@ class RunPolicy(ApiModel):
         300,
         ge=1,
         description="How long a job waits for its pods to start: then a ConfigMap, Secret or claim they name still "
-        "missing, a bad image or a volume that cannot be mounted fails it; no node that fits sets Unschedulable.",
+        "missing, pods that cannot be created (a missing ServiceAccount, a quota), a bad image or a volume that "
+        "cannot be mounted fails it; no node that fits sets Unschedulable.",
     )
     termination_grace_period_seconds: int = Field(
         120,

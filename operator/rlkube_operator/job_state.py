@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 JobKey = tuple[str, str]  # (namespace, name)
@@ -81,6 +82,9 @@ class TrackedJob:
     validated_generation: int | None = None
     # time.monotonic() of the last status write.
     last_write: float = -math.inf
+    # StatefulSet name -> (the pass time it was read at, its latest FailedCreate Event or None),
+    # for those short of pods: read again only every few seconds, however often pods wake the job.
+    create_failures_read: dict[str, tuple[datetime, tuple[datetime, str] | None]] = field(default_factory=dict)
 
     @property
     def key(self) -> JobKey:
@@ -125,6 +129,7 @@ class TrackedJob:
             self.last_write = -math.inf
             self.apply_errors = {}
             self.invalid_children, self.invalid_generation, self.validated_generation = {}, None, None
+            self.create_failures_read = {}
             self.uid = uid
 
     def forget_children(self) -> None:

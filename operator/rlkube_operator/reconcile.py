@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
@@ -39,6 +39,7 @@ from rlkube_operator.plan import (
 )
 from rlkube_operator.rollout_scaling import new_engine
 from rlkube_operator.status import (
+    CREATE_FAILURE_RECHECK_SECONDS,
     Observed,
     compute_status,
     pods_to_explain,
@@ -91,6 +92,10 @@ class ReconcileResult:
 # After an apply whose refusals differ from what the plan assumed, the pass stops before
 # writing and the next one comes this soon, to report them.
 REPLAN_SECONDS = 0.0
+# A short StatefulSet's FailedCreate Events are read at most this often (the pods of its job's
+# other roles may wake the job many times a second); a little under the status function's
+# recheck, so that the pass its requeue brings always reads them afresh.
+CREATE_FAILURE_READ_SECONDS = CREATE_FAILURE_RECHECK_SECONDS - 1.0
 
 
 class Reconciler:
@@ -115,7 +120,7 @@ class Reconciler:
         tracked.adopt(meta["uid"])
         views = [view_pod(p) for p in pods]
         stuck = pods_to_explain(job, views, now)
-        short = stateful_sets_to_explain(job, views, now)
+        short = set(stateful_sets_to_explain(job, views, now))
         observed = Observed(
             pods=views,
             now=now,
@@ -128,11 +133,7 @@ class Reconciler:
             pod_warnings={
                 pod.name: warning for pod in stuck if (warning := self.kube.pod_warning(meta["namespace"], pod.uid))
             },
-            create_failures={
-                name: failure
-                for name in short
-                if name in present_sets and (failure := self.kube.create_failure(meta["namespace"], name))
-            },
+            create_failures=self.create_failures(tracked, meta["namespace"], short & present_sets, now),
             departed=self.departed_pods(meta["namespace"], job, views),
             missing_references=tuple(
                 ref
@@ -174,6 +175,20 @@ class Reconciler:
         if is_terminal(plan.status.state):
             tracked.forget_children()  # none are applied again, and every later write is a transition
         return ReconcileResult(plan.events, written, plan.status.state, plan.requeue_after)
+
+    def create_failures(
+        self, tracked: TrackedJob, namespace: str, short: set[str], now: datetime
+    ) -> dict[str, tuple[datetime, str]]:
+        """The latest FailedCreate Event of each StatefulSet short of pods, read at most once
+        every CREATE_FAILURE_READ_SECONDS; in between, the last read stands."""
+        read = {}
+        for name in sorted(short):
+            last = tracked.create_failures_read.get(name)
+            if last is None or not timedelta(0) <= now - last[0] < timedelta(seconds=CREATE_FAILURE_READ_SECONDS):
+                last = (now, self.kube.create_failure(namespace, name))
+            read[name] = last
+        tracked.create_failures_read = read  # a StatefulSet no longer short is read afresh next time
+        return {name: failure for name, (_, failure) in read.items() if failure is not None}
 
     def departed_pods(self, namespace: str, job: RLJob, views: list[PodView]) -> dict[str, PodView]:
         """The running gang's members that are gone, replaced unseen (the operator was down):

@@ -22,7 +22,9 @@ settles the job's fate ends it (RULES below):
 - stuck before start: a scheduled pod whose containers do not start for
   pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
 - pods not created: a StatefulSet failing to create its pods (FailedCreate: a missing
-  ServiceAccount, a quota) for pendingTimeoutSeconds → Failed/PodsNotCreated;
+  ServiceAccount, a quota, a Pod Security violation) → at once Running=False/PodsNotCreated,
+  naming it with the controller's message (cleared once the pods are created); still failing
+  after pendingTimeoutSeconds → Failed/PodsNotCreated;
 - awaiting admission: pods held by Kueue's admission gate → Running=False/AwaitingAdmission,
   naming the queue; pendingTimeoutSeconds does not run out on a queue (it may hold a job for hours);
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
@@ -88,6 +90,8 @@ APPLY_RETRY_SECONDS = 15.0
 COUNTS_WRITE_INTERVAL = 1.0
 # Condition types that announce trouble when True.
 _WARNING_WHEN_TRUE = frozenset({ConditionType.FAILED, ConditionType.RESTARTING, ConditionType.UNSCHEDULABLE})
+# Reasons that announce trouble whatever the condition says: the job waits on something a user must fix.
+_WARNING_REASONS = frozenset({PODS_NOT_CREATED})
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ class Observed:
     # `pods_to_explain` names (scheduled, containers not started past the timeout).
     pod_warnings: dict[str, str] = field(default_factory=dict)
     # StatefulSet name -> its latest FailedCreate Warning Event (last seen, message), read
-    # for the StatefulSets `stateful_sets_to_explain` names (short of pods past the timeout).
+    # for the StatefulSets `stateful_sets_to_explain` names (short of pods past a short grace).
     create_failures: dict[str, tuple[datetime, str]] = field(default_factory=dict)
     # Pod name -> the gang member its StatefulSet replaced while no operator watched, as its
     # Events tell it (`observed.departed_pod`): read for the replaced pods of a running gang.
@@ -139,8 +143,10 @@ class _Conditions:
     def set(self, type_: ConditionType, status: Literal["True", "False"], reason: str, message: str) -> None:
         old = self.by_type.get(type_)
         changed = old is None or old.status != status or old.reason != reason
-        warning = (status == "True" and type_ in _WARNING_WHEN_TRUE) or (
-            type_ == ConditionType.CREATED and status == "False"
+        warning = (
+            (status == "True" and type_ in _WARNING_WHEN_TRUE)
+            or (type_ == ConditionType.CREATED and status == "False")
+            or reason in _WARNING_REASONS
         )
         if old is None and status == "False" and not warning:
             changed = False  # a condition that never held needs no Event, unless it reports trouble
@@ -524,6 +530,11 @@ def bad_image(p: _Pass) -> Fate | None:
 # wrong reported (a large image still pulling), is looked at again.
 STARTING_RECHECK_SECONDS = 30.0
 CREATE_FAILURE_RECHECK_SECONDS = 5.0
+# A StatefulSet (podManagementPolicy Parallel) creates all its pods within a second or so of
+# being applied: only one still short of them this long after the attempt asked for them has
+# its FailedCreate Events read. Earlier, nearly every new job would cost an Events list per role
+# while its pods are merely on their way.
+CREATE_FAILURE_GRACE_SECONDS = 5.0
 
 
 def _starting_too_long(job: RLJob, pod: PodView, now: datetime) -> bool:
@@ -608,42 +619,76 @@ def _roles_missing_pods(job: RLJob, pods: list[PodView]) -> list[str]:
 
 
 def stateful_sets_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
-    """The StatefulSets still short of pods pendingTimeoutSeconds after the attempt asked for
-    them: why is in their controller's FailedCreate Events."""
+    """The StatefulSets still short of pods CREATE_FAILURE_GRACE_SECONDS (or a shorter
+    pendingTimeoutSeconds) after the attempt asked for them: why is in their controller's
+    FailedCreate Events."""
     since = _pods_awaited_since(job, job.status.state, job.status.conditions) if job.status else None
-    if since is None or (now - since).total_seconds() < job.spec.run_policy.pending_timeout_seconds:
+    grace = min(CREATE_FAILURE_GRACE_SECONDS, job.spec.run_policy.pending_timeout_seconds)
+    if since is None or (now - since).total_seconds() < grace:
         return []
     return _roles_missing_pods(job, pods)
 
 
 def pods_not_created(p: _Pass) -> Fate | None:
-    """A StatefulSet that has not created its pods pendingTimeoutSeconds after the attempt
-    asked for them, and whose controller reported why (FailedCreate: a missing ServiceAccount,
-    a quota, a Pod Security violation), ends the job with that reason: its other roles' pods
-    would otherwise hold their GPUs waiting for it forever."""
+    """A StatefulSet that cannot create its pods (its controller's FailedCreate Event of this
+    attempt: a missing ServiceAccount, a quota, a Pod Security violation) says so at once,
+    Running=False/PodsNotCreated naming it with the controller's message, while the job waits
+    for the cause to be fixed (the pods come, the condition clears). Still short of its pods
+    pendingTimeoutSeconds after the attempt asked for them, it ends the job with that reason:
+    its other roles' pods would otherwise hold their GPUs waiting for it forever."""
     # This pass's conditions: the pass that creates the children starts the wait, and must
     # come back when it is over (the watch may bring nothing: a StatefulSet that cannot create
     # pods may never change).
     since = _pods_awaited_since(p.job, p.status.state, p.conds.by_type.values())
-    if since is None or not _roles_missing_pods(p.job, p.observed.pods):
+    missing = _roles_missing_pods(p.job, p.observed.pods)
+    if since is None or not missing:
         return None
+    failures = [
+        (name, message)
+        for name, (last_seen, message) in sorted(p.observed.create_failures.items())
+        if name in missing and last_seen >= since  # this attempt's failure, not an earlier one's
+    ]
     timeout = p.job.spec.run_policy.pending_timeout_seconds
     waited = (p.now - since).total_seconds()
-    if waited < timeout:
-        p.requeue.append(timeout - waited)
-        return None
-    for name, (last_seen, message) in sorted(p.observed.create_failures.items()):
-        if last_seen >= since:  # this attempt's failure, not an earlier one's
+    if waited >= timeout:
+        if failures:
+            name, message = failures[0]
             return p.finish(
                 State.FAILED,
                 ConditionType.FAILED,
                 PODS_NOT_CREATED,
                 f"StatefulSet {name} has not created its pods for over {timeout}s: {message}",
             )
-    # No failure reported yet: the controller-manager posts its Events asynchronously (late
-    # under load), and nothing else wakes the job when one arrives.
-    p.requeue.append(CREATE_FAILURE_RECHECK_SECONDS)
-    return None
+        # No failure reported yet: the controller-manager posts its Events asynchronously (late
+        # under load), and nothing else wakes the job when one arrives.
+        p.requeue.append(CREATE_FAILURE_RECHECK_SECONDS)
+        return None
+    p.requeue.append(timeout - waited)
+    if not failures:
+        # Nothing wakes the job when an Event arrives: it looks once the grace is over, then again
+        # after a quarter of the wait so far (at least every 5 s), so that a StatefulSet short of
+        # pods with no Event (a busy controller-manager) costs some 15 Events lists over the
+        # default timeout, not 60.
+        if waited < CREATE_FAILURE_GRACE_SECONDS:
+            p.requeue.append(CREATE_FAILURE_GRACE_SECONDS - waited)
+        else:
+            p.requeue.append(max(CREATE_FAILURE_RECHECK_SECONDS, waited / 4))
+        return None
+    if p.conds.is_true(ConditionType.RUNNING):
+        return None  # a running gang's rollout adding engines: the gang trains on (readiness)
+    name, message = failures[0]
+    others = [other for other, _ in failures[1:]]
+    also = f" (nor can {', '.join(others)})" if others else ""
+    p.conds.set(
+        ConditionType.RUNNING,
+        "False",
+        PODS_NOT_CREATED,
+        f"StatefulSet {name} cannot create its pods{also}: {message}; the job fails if they are still "
+        f"missing after runPolicy.pendingTimeoutSeconds={timeout}",
+    )
+    restarting = p.conds.is_true(ConditionType.RESTARTING)
+    p.status.state = State.RESTARTING.value if restarting else State.CREATED.value
+    return Fate.ACTIVE
 
 
 def awaiting_admission(p: _Pass) -> Fate | None:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -243,12 +244,14 @@ def wait_for_definite_states(custom: CustomObjectsApi, namespace: str, batch: li
 
 def test_a_job_whose_service_account_is_missing_says_so(jobs: Jobs) -> None:
     """Found by the fuzz: with spec.serviceAccountName naming a ServiceAccount that does not
-    exist, the StatefulSets cannot create pods (FailedCreate) and the job stayed Created."""
-    jobs.create(
-        tiny_job(
-            "tiny", jobs.namespace, {"spec.serviceAccountName": "missing", "spec.runPolicy.pendingTimeoutSeconds": 3}
-        )
-    )
+    exist, the StatefulSets cannot create pods (FailedCreate) and the job stayed Created. It
+    fails after pendingTimeoutSeconds (job "tiny", 3 s); meanwhile (job "waits", the default
+    300 s) it says so at once, in the Running condition and a Warning Event, and once the
+    ServiceAccount exists its pods come and the condition clears."""
+    missing = {"spec.serviceAccountName": "missing"}
+    jobs.create(tiny_job("tiny", jobs.namespace, {**missing, "spec.runPolicy.pendingTimeoutSeconds": 3}))
+    jobs.create(tiny_job("waits", jobs.namespace, missing))
+    asked = time.monotonic()
     try:
         wait_for(lambda: definite_state(jobs.get("tiny")), "a definite state", timeout=60)
     except AssertionError as timed_out:
@@ -261,6 +264,23 @@ def test_a_job_whose_service_account_is_missing_says_so(jobs: Jobs) -> None:
         raise AssertionError(f"{timed_out}; status {jobs.get('tiny').get('status')}; warnings {warnings}") from None
     failed = next(c for c in jobs.get("tiny")["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "PodsNotCreated" and "missing" in failed["message"], failed
+
+    def not_created(job: Obj) -> bool:
+        return any(c["type"] == "Running" and c["reason"] == "PodsNotCreated" for c in job["status"]["conditions"])
+
+    # Well before pendingTimeoutSeconds (300 s).
+    waits = jobs.wait("waits", not_created, "Running=False/PodsNotCreated", timeout=60)
+    print(f"PodsNotCreated shown {time.monotonic() - asked:.1f} s after the job was created")
+    running = next(c for c in waits["status"]["conditions"] if c["type"] == "Running")
+    assert running["status"] == "False" and waits["status"]["state"] == "Created", waits["status"]
+    assert re.match(r"StatefulSet waits-[a-z]+ cannot create its pods", running["message"]), running
+    assert 'serviceaccount "missing" not found' in running["message"], running
+    event = jobs.wait_event("waits", "PodsNotCreated")
+    assert event["type"] == "Warning" and 'serviceaccount "missing" not found' in event["message"], event
+
+    jobs.core.create_namespaced_service_account(jobs.namespace, {"metadata": {"name": "missing"}})
+    cleared = jobs.wait_running("waits", timeout=90)
+    assert "PodsNotCreated" not in json.dumps(cleared["status"]["conditions"]), cleared["status"]
 
 
 class DeletedJobKube:

@@ -192,7 +192,10 @@ def test_missing_reference_applies_the_children_at_zero_replicas_and_looks_again
 
 def test_bad_image_past_the_pending_timeout_fails_the_job() -> None:
     timeout = JOB.spec.run_policy.pending_timeout_seconds
-    pods = [pod("tiny-cpu", "actor", 0, phase="Pending", ready=False, waiting=("ErrImagePull", "not found"))]
+    # The whole gang (a StatefulSet short of pods would be looked at again sooner, for why).
+    pods = replace_pod(
+        PODS, pod("tiny-cpu", "actor", 0, phase="Pending", ready=False, waiting=("ErrImagePull", "not found"))
+    )
     early = plan(created(), pods, 10)
     assert kinds(early) == [ApplyChildren, WriteStatus]
     assert early.requeue_after == pytest.approx(timeout - 10)

@@ -15,7 +15,7 @@ from rlkube_api.conditions import State
 from rlkube_api.rljob import Condition, Progress, RLJobStatus, RoleStatus, RunPolicy
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult, status_patch
-from rlkube_operator.status import REFERENCE_RECHECK_SECONDS, name_volume_source
+from rlkube_operator.status import CREATE_FAILURE_GRACE_SECONDS, REFERENCE_RECHECK_SECONDS, name_volume_source
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
 JOB = load_job(CPU)
@@ -382,31 +382,45 @@ NO_SERVICE_ACCOUNT = (
 )
 
 
-def test_a_stateful_set_that_cannot_create_its_pods_fails_the_job_after_the_timeout() -> None:
+def test_a_stateful_set_that_cannot_create_its_pods_says_so_then_fails_the_job_after_the_timeout() -> None:
     """The rollout's StatefulSet cannot create its pod (a missing ServiceAccount): the other
-    roles' pods run meanwhile. Its FailedCreate Event ends the job after pendingTimeoutSeconds."""
+    roles' pods run meanwhile. Its FailedCreate Event, read once the StatefulSet is short of pods
+    past a short grace, shows at once in the Running condition, and ends the job after
+    pendingTimeoutSeconds."""
     kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
     created = reconcile(kube, tracked, body_of(), [], 0)
-    # The pass that creates the StatefulSets comes back when the wait is over: a StatefulSet
-    # that cannot create pods may never change, so no watch event would bring it.
-    assert created.requeue_after is not None and created.requeue_after <= 300
+    # The pass that creates the StatefulSets comes back after the grace: a StatefulSet that
+    # cannot create pods may never change, so no watch event would bring it.
+    assert created.requeue_after == CREATE_FAILURE_GRACE_SECONDS
     body = body_of(status=kube.written())
     pods = [p for p in gang_pods(load_job(CPU)) if "rollout" not in p["metadata"]["name"]]
     kube.calls.clear()
     everyone = reconcile(kube, tracked, body, gang_pods(load_job(CPU)), 10)
     assert "create_failure" not in kube.kinds()  # every pod there: nothing to ask
     assert everyone.state != "Failed"
-    unexplained = reconcile(kube, tracked, body, pods, 301)
+    on_its_way = reconcile(kube, tracked, body, pods, 3)
+    assert "create_failure" not in kube.kinds()  # within the grace, the pod is on its way
+    assert on_its_way.requeue_after is not None and on_its_way.requeue_after <= 2
+    unexplained = reconcile(kube, tracked, body, pods, 6)
     assert ("create_failure", NAMESPACE, "tiny-cpu-rollout") in kube.calls
-    assert unexplained.state != "Failed"  # its Event may still be on its way: ask again soon
+    assert unexplained.state == "Created"  # its Event may still be on its way: ask again soon
     assert unexplained.requeue_after is not None and unexplained.requeue_after <= 5
     kube.calls.clear()
-    kube.create_failures["tiny-cpu-rollout"] = (at(5), NO_SERVICE_ACCOUNT)
-    early = reconcile(kube, tracked, body, pods, 100)
-    assert "create_failure" not in kube.kinds()  # not before pendingTimeoutSeconds (300)
-    assert early.state != "Failed" and early.requeue_after is not None and early.requeue_after <= 200
-    failed = reconcile(kube, tracked, body, pods, 306)
+    kube.create_failures["tiny-cpu-rollout"] = (at(6), NO_SERVICE_ACCOUNT)
+    woken = reconcile(kube, tracked, body, pods, 8)
+    assert "create_failure" not in kube.kinds()  # read 2 s ago: however often pods wake the job
+    assert woken.events == [] and woken.state == "Created"
+    told = reconcile(kube, tracked, body, pods, 11)
     assert ("create_failure", NAMESPACE, "tiny-cpu-rollout") in kube.calls
+    assert told.state == "Created"
+    running = next(c for c in kube.written()["conditions"] if c["type"] == "Running")
+    assert (running["status"], running["reason"]) == ("False", "PodsNotCreated")
+    assert running["message"].startswith("StatefulSet tiny-cpu-rollout cannot create its pods: ")
+    assert NO_SERVICE_ACCOUNT in running["message"]
+    assert [(e.type, e.reason) for e in told.events] == [("Warning", "PodsNotCreated")]
+    assert told.requeue_after == 300 - 11
+    body = body_of(status=kube.written())
+    failed = reconcile(kube, tracked, body, pods, 306)
     assert failed.state == "Failed"
     condition = next(c for c in kube.written()["conditions"] if c["type"] == "Failed")
     assert condition["reason"] == "PodsNotCreated"

@@ -8,18 +8,20 @@ from collections.abc import Callable
 
 import pytest
 
-from rlkube_api.names import ANNOTATION_ATTEMPT
+from rlkube_api.names import ANNOTATION_ATTEMPT, LABEL_ROLE
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import as_lost, pods_to_judge, view_pod
 from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
+    CREATE_FAILURE_GRACE_SECONDS,
     REFERENCE_RECHECK_SECONDS,
     Observed,
     compute_status,
     is_transition,
     references_to_check,
+    stateful_sets_to_explain,
     status_write_delay,
 )
 from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
@@ -440,6 +442,126 @@ def test_bad_image_fails_after_the_pending_timeout(reason: str) -> None:
     assert 'image "nope" not found' in c.message
     assert not late.pods_wanted
     assert s.completion_time == iso(at(300))
+
+
+# --- pods not created -----------------------------------------------------------------------------
+
+NO_SERVICE_ACCOUNT = (
+    'create Pod tiny-cpu-rollout-0 in StatefulSet tiny-cpu-rollout failed error: pods "tiny-cpu-rollout-0" is '
+    'forbidden: error looking up service account ml/missing: serviceaccount "missing" not found'
+)
+NO_ROLLOUT = [p for p in PODS if p["metadata"]["labels"][LABEL_ROLE] != "rollout"]
+
+
+def not_created(job: RLJob, seconds: float, failed_at: float | None, pods: list[Obj] = NO_ROLLOUT) -> Plan:
+    """A pass that sees the rollout StatefulSet's FailedCreate Event last seen at `failed_at` (None: none)."""
+    failures = {} if failed_at is None else {"tiny-cpu-rollout": (at(failed_at), NO_SERVICE_ACCOUNT)}
+    return compute_status(job, Observed([view_pod(p) for p in pods], at(seconds), create_failures=failures))
+
+
+def test_a_stateful_set_that_cannot_create_its_pods_says_so_at_once() -> None:
+    job = created()
+    d = not_created(job, 6, failed_at=2)
+    c = cond(d.status, "Running")
+    # Running was False already: its status did not flip, its transition time stays.
+    assert (c.status, c.reason, c.last_transition_time) == ("False", "PodsNotCreated", iso(at(0)))
+    assert c.message == (
+        f"StatefulSet tiny-cpu-rollout cannot create its pods: {NO_SERVICE_ACCOUNT}; the job fails if they are "
+        "still missing after runPolicy.pendingTimeoutSeconds=300"
+    )
+    assert d.status.state == "Created"
+    assert not has_cond(d.status, "Failed")
+    assert [(e.type, e.reason, e.message) for e in d.events] == [("Warning", "PodsNotCreated", c.message)]
+    assert d.pods_wanted
+    assert d.requeue_after == pytest.approx(294)  # when the wait is over
+    # Told once: the next passes of the same wait change nothing.
+    again = not_created(after(job, d), 60, failed_at=58)
+    assert again.events == [] and again.status == d.status
+
+
+def test_every_stateful_set_that_cannot_create_its_pods_is_named() -> None:
+    pods = [p for p in NO_ROLLOUT if p["metadata"]["labels"][LABEL_ROLE] != "actor"]
+    failures = {name: (at(2), f"{name}: quota exceeded") for name in ("tiny-cpu-actor", "tiny-cpu-rollout")}
+    d = compute_status(created(), Observed([view_pod(p) for p in pods], at(6), create_failures=failures))
+    message = cond(d.status, "Running").message
+    assert message.startswith("StatefulSet tiny-cpu-actor cannot create its pods (nor can tiny-cpu-rollout): ")
+    assert "tiny-cpu-actor: quota exceeded" in message
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "pods"),
+    [
+        (-30.0, NO_ROLLOUT),  # an Event older than the wait: an earlier attempt's (or job's)
+        # The rollout has its pods since (a quota raised); the actor, short of one, reported nothing.
+        (2.0, [p for p in PODS if p["metadata"]["name"] != "tiny-cpu-actor-1"]),
+    ],
+)
+def test_a_create_failure_that_is_not_this_attempts_says_nothing(failed_at: float, pods: list[Obj]) -> None:
+    d = not_created(created(), 6, failed_at=failed_at, pods=pods)
+    assert cond(d.status, "Running").reason != "PodsNotCreated"
+    assert ("Warning", "PodsNotCreated") not in events(d)
+    assert not has_cond(d.status, "Failed")
+
+
+def test_a_restarted_gangs_pods_not_created_say_so_and_it_stays_restarting() -> None:
+    job = running()
+    failed = replace_pod(PODS, pod("tiny-cpu", "actor", 1, phase="Failed", terminated=(1, "Error")))
+    restarting = after(job, run(job, failed, 20))
+    assert restarting.status is not None and restarting.status.state == "Restarting"
+    new_gang = [
+        p for p in gang_pods(job, attempt=1, created=at(22)) if p["metadata"]["labels"][LABEL_ROLE] != "rollout"
+    ]
+    # The Event of the first attempt's failure (before the restart) is not this attempt's.
+    old = not_created(restarting, 30, failed_at=15, pods=new_gang)
+    assert cond(old.status, "Running").reason == "Restarting"
+    d = not_created(restarting, 30, failed_at=26, pods=new_gang)
+    assert (cond(d.status, "Running").status, cond(d.status, "Running").reason) == ("False", "PodsNotCreated")
+    assert d.status.state == "Restarting"
+    assert cond(d.status, "Restarting").status == "True"
+
+
+def test_the_condition_clears_once_the_pods_are_created() -> None:
+    waiting = after(created(), not_created(created(), 6, failed_at=2))
+    starting = gang_pods(JOB, ready=False, created=at(40))
+    d = not_created(waiting, 45, failed_at=30, pods=starting)
+    c = cond(d.status, "Running")
+    assert (c.status, c.reason, c.message) == ("False", "PodsNotReady", "0/4 pods are ready")
+    assert events(d) == [("Normal", "PodsNotReady")]
+    assert d.status.state == "Created"
+    ready = run(after(waiting, d), PODS, 50)
+    assert (cond(ready.status, "Running").reason, ready.status.state) == ("AllPodsReady", "Running")
+
+
+def test_pods_not_created_for_the_pending_timeout_fail_the_job() -> None:
+    waiting = after(created(), not_created(created(), 6, failed_at=2))
+    early = not_created(waiting, 299, failed_at=290)
+    assert early.status.state == "Created" and early.requeue_after == pytest.approx(1)
+    d = not_created(waiting, 300, failed_at=290)
+    s = d.status
+    assert s.state == "Failed"
+    c = cond(s, "Failed")
+    assert (c.status, c.reason) == ("True", "PodsNotCreated")
+    assert c.message == f"StatefulSet tiny-cpu-rollout has not created its pods for over 300s: {NO_SERVICE_ACCOUNT}"
+    assert [e for e in events(d) if e[1] == "PodsNotCreated"] == [("Warning", "PodsNotCreated")]
+    assert not d.pods_wanted and s.completion_time == iso(at(300))
+
+
+def test_create_failures_are_looked_for_after_a_short_grace_then_less_and_less_often() -> None:
+    """Nothing wakes the job when an Event arrives: the status function asks for a pass when
+    the grace is over, then after a quarter of the wait so far; the reconciler reads the Events
+    only for StatefulSets short of pods past the grace."""
+    job = created()
+    views = [view_pod(p) for p in NO_ROLLOUT]
+    assert stateful_sets_to_explain(job, views, at(CREATE_FAILURE_GRACE_SECONDS - 1)) == []
+    assert stateful_sets_to_explain(job, views, at(CREATE_FAILURE_GRACE_SECONDS)) == ["tiny-cpu-rollout"]
+    assert stateful_sets_to_explain(job, [view_pod(p) for p in PODS], at(100)) == []
+    assert run(JOB, [], 0).requeue_after == pytest.approx(CREATE_FAILURE_GRACE_SECONDS)
+    for seconds, look in ((1, 4), (CREATE_FAILURE_GRACE_SECONDS, 5), (10, 5), (100, 25), (280, 20)):
+        d = not_created(job, seconds, failed_at=None)
+        assert d.requeue_after == pytest.approx(look), seconds
+        assert cond(d.status, "Running").reason == "PodsNotReady"
+    # With every pod there, nothing is looked for.
+    assert run(job, PODS, 10).requeue_after == pytest.approx(1790)
 
 
 # --- suspend --------------------------------------------------------------------------------------
