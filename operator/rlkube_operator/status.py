@@ -608,14 +608,38 @@ def _pods_awaited_since(job: RLJob, state: str | None, conditions: Iterable[Cond
     return max((t for t in times if t is not None), default=None)
 
 
-def _roles_missing_pods(job: RLJob, pods: list[PodView]) -> list[str]:
+def _present(job: RLJob, pods: list[PodView]) -> Counter[str]:
     attempt = job.status.restart_count if job.status else 0
-    present = Counter(pod.role for pod in pods if pod.attempt == attempt and not pod.deleting)
+    return Counter(pod.role for pod in pods if pod.attempt == attempt and not pod.deleting)
+
+
+def _gang_rollout(job: RLJob) -> int | None:
+    """The rollout pods a running gang needs, where its rollout scales in place: the ordinals it
+    has (status.gangRolloutReplicas). A scale-up's pods past them are new engines the gang trains
+    without, so their StatefulSet failing to create them must not fail the job."""
+    status = job.status
+    if status is None or status.gang_rollout_replicas is None or state_of(status.state) is not State.RUNNING:
+        return None
+    return status.gang_rollout_replicas
+
+
+def _roles_missing_pods(job: RLJob, pods: list[PodView]) -> list[str]:
+    """The StatefulSets short of the pods the gang needs."""
+    present, gang_rollout = _present(job, pods), _gang_rollout(job)
     return [
         child_name(job.metadata.name or "", role.name)
         for role in pod_roles(job)
-        if present.get(role.name, 0) < role.replicas
+        if present.get(role.name, 0)
+        < (role.replicas if role.name != ROLLOUT or gang_rollout is None else min(role.replicas, gang_rollout))
     ]
+
+
+def _new_engines_missing(job: RLJob, pods: list[PodView]) -> str | None:
+    """The rollout StatefulSet of a running gang that is short of a scale-up's new engines."""
+    gang_rollout = _gang_rollout(job)
+    if gang_rollout is None or _present(job, pods).get(ROLLOUT, 0) >= job.spec.roles.rollout.replicas:
+        return None
+    return child_name(job.metadata.name or "", ROLLOUT)
 
 
 def stateful_sets_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> list[str]:
@@ -626,7 +650,8 @@ def stateful_sets_to_explain(job: RLJob, pods: list[PodView], now: datetime) -> 
     grace = min(CREATE_FAILURE_GRACE_SECONDS, job.spec.run_policy.pending_timeout_seconds)
     if since is None or (now - since).total_seconds() < grace:
         return []
-    return _roles_missing_pods(job, pods)
+    scaling = _new_engines_missing(job, pods)
+    return _roles_missing_pods(job, pods) + ([scaling] if scaling else [])
 
 
 def pods_not_created(p: _Pass) -> Fate | None:
@@ -689,6 +714,17 @@ def pods_not_created(p: _Pass) -> Fate | None:
     restarting = p.conds.is_true(ConditionType.RESTARTING)
     p.status.state = State.RESTARTING.value if restarting else State.CREATED.value
     return Fate.ACTIVE
+
+
+def _why_new_engines_are_missing(p: _Pass) -> str:
+    """A scale-up's rollout pods that their StatefulSet reported it cannot create (a quota, say):
+    the gang trains on without them, and the Running condition says why they are not coming."""
+    name = _new_engines_missing(p.job, p.observed.pods)
+    since = _pods_awaited_since(p.job, p.prev.state, p.prev.conditions)
+    failure = p.observed.create_failures.get(name) if name else None
+    if failure is None or since is None or failure[0] < since:
+        return ""
+    return f"; StatefulSet {name} cannot create the new ones: {failure[1]}"
 
 
 def awaiting_admission(p: _Pass) -> Fate | None:
@@ -764,7 +800,8 @@ def readiness(p: _Pass) -> Fate:
             ConditionType.RUNNING,
             "True",
             "AllPodsReady",
-            f"the gang is running; the rollout is scaling: {rollout.ready}/{rollout.replicas} rollout pods are ready",
+            f"the gang is running; the rollout is scaling: {rollout.ready}/{rollout.replicas} rollout pods are ready"
+            + _why_new_engines_are_missing(p),
         )
         _record_gang(p)
         status.state = State.RUNNING.value

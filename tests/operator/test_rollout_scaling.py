@@ -23,7 +23,7 @@ from rlkube_operator.rollout_scaling import (
     scaled_away,
     scaled_away_in_spec,
 )
-from rlkube_operator.status import is_transition
+from rlkube_operator.status import Observed, compute_status, is_transition, stateful_sets_to_explain
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import after, cond, events, run, running
 
@@ -244,6 +244,30 @@ def test_a_scale_up_adds_engines_without_restarting_the_gang() -> None:
     d = run(after(up, d), ready, 30)
     no_restart(d)
     assert cond(d.status, "Running").message == "all 5 pods are ready"
+
+
+def test_a_scale_up_whose_new_pods_cannot_be_created_keeps_the_gang_training() -> None:
+    """A quota (say) refuses the scale-up's pod: the job's wait for its pods began with the gang,
+    long past pendingTimeoutSeconds, yet the gang needs no new engine, so the job runs on, and
+    the Running condition says why the new engine is not coming."""
+    job = running(ONE)
+    up = scaled(job, 2)
+    pods = gang_pods(ONE)
+    views = [view_pod(p) for p in pods]
+    d = run(up, pods, 20)
+    up = after(up, d)
+    assert stateful_sets_to_explain(up, views, at(400)) == [f"{NAME}-rollout"]  # its Events are read
+    quota = 'pods "tiny-cpu-rollout-1" is forbidden: exceeded quota: gpus'
+    for seconds in (400, 1000):
+        d = compute_status(up, Observed(views, at(seconds), create_failures={f"{NAME}-rollout": (at(30), quota)}))
+        no_restart(d)
+        assert not any(c.type == "Failed" for c in d.status.conditions)
+        message = cond(d.status, "Running").message
+        assert message.startswith("the gang is running; the rollout is scaling: 1/2 rollout pods are ready; ")
+        assert f"StatefulSet {NAME}-rollout cannot create the new ones: {quota}" in message
+    # A gang member's StatefulSet failing still fails the job (an actor pod gone and not recreated).
+    no_actor = [p for p in pods if p["metadata"]["name"] != f"{NAME}-actor-1"]
+    assert f"{NAME}-actor" in stateful_sets_to_explain(up, [view_pod(p) for p in no_actor], at(400))
 
 
 def test_a_new_engine_replaced_before_the_gang_recorded_it_is_still_new() -> None:
