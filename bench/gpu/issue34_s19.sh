@@ -5,6 +5,7 @@
 # (py-spy, liger-kernel).
 #
 #   bash bench/gpu/issue34_s19.sh stage     # after each carried batch (copies to /tmp)
+#   bash bench/gpu/issue34_s19.sh ray       # Ray's parts (.gpu-carry/carry-ray), into rlkube's site once all came
 #   bash bench/gpu/issue34_s19.sh install   # rlkube's site (vLLM 0.24), verl's site, tools; compileall of all
 #   bash bench/gpu/issue34_s19.sh update    # the actor update's kernel variants (liger_bench.py)
 #   bash bench/gpu/issue34_s19.sh grpo      # GRPO 4 steps + PPO 3 steps, plain, then model.use_liger
@@ -65,6 +66,16 @@ case "${1:?phase}" in
       mkdir -p $state/tools && cp -u "$root"/.gpu-carry/tools/*.whl $state/tools/ && echo "tools staged"
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+    ;;
+  ray)
+    # Ray for verl (session 22's batches leave it out): its parts come in .gpu-carry/carry-ray/bN
+    # (wheels.py pack of ray==2.60.0, requirements-gpu.txt's pin), one call each; installed into
+    # rlkube's site once all are here.
+    mkdir -p $state/ray-stage $state/ray-wheel
+    for batch in "$root"/.gpu-carry/carry-ray/b*/; do cp -u "$batch"/* $state/ray-stage/; done
+    if python3 "$here/wheels.py" assemble $state/ray-stage $state/ray-wheel; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target $site $state/ray-wheel/ray-*.whl && echo "ray installed"
+    fi
     ;;
   install)
     [ -d $site/vllm ] || bash "$here/install.sh" 2>&1 | tail -3

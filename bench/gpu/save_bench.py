@@ -7,8 +7,8 @@ in the background (`async_save`, what `checkpoint/state.py: stage_rank_state` ru
 the caller waits (the copy into host memory) and the time the write takes after it.
 
 The background save is timed twice more with the stager the trainer keeps per rank
-(`checkpoint/state.py: _stager`: pinned host buffers, made at the first save and reused by every
-later one): the first save pays for pinning the buffers, the second only copies. Each phase's
+(`checkpoint/state.py: _stager`, torch's BlockingAsyncStager with its cache: pinned host buffers,
+made at the first save and reused by every later one): the first save pays for pinning the buffers, the second only copies. Each phase's
 line is printed as it ends (a run cut short still says what it measured), then the JSON.
 
     python3 bench/gpu/save_bench.py OUT_DIR [BILLIONS]  # prints one JSON line last
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import BlockingAsyncStager
 from torch.distributed.checkpoint.state_dict_loader import load
 from torch.distributed.checkpoint.state_dict_saver import async_save, save
 
@@ -42,7 +42,9 @@ def state(billions: float) -> dict[str, torch.Tensor]:
     return out
 
 
-def timed_async_save(tensors: dict[str, torch.Tensor], where: Path, stager: DefaultStager | None) -> dict[str, float]:
+def timed_async_save(
+    tensors: dict[str, torch.Tensor], where: Path, stager: BlockingAsyncStager | None
+) -> dict[str, float]:
     """One background save: the caller's wait, then the write behind it while the GPU state
     changes (the next update); checks that the files hold the state from before the change."""
     before = tensors["weights.0"].cpu()
@@ -82,12 +84,11 @@ def main() -> None:
         result[f"async_{key}"] = value
     print(f"async, default stager: waits {result['async_blocking_s']:.1f} s", flush=True)
 
-    stager = DefaultStager(StagingOptions(True, False, False, True))
+    stager = BlockingAsyncStager(cache_staged_state_dict=True)
     for save_no in (1, 2):
         for key, value in timed_async_save(tensors, out / f"pinned-{save_no}", stager).items():
             result[f"pinned{save_no}_{key}"] = value
         print(f"async, pinned stager, save {save_no}: waits {result[f'pinned{save_no}_blocking_s']:.1f} s", flush=True)
-    stager.close()
     result["pinned_copy_gb_per_s"] = result["state_gb"] / result["pinned2_blocking_s"]
     print(json.dumps(result))
 

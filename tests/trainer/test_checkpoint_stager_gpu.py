@@ -24,12 +24,26 @@ __all__ = ["nccl", "workdir"]  # the fixtures this module uses
 
 
 def staged_storages() -> dict[int, bool]:
-    """The stager's host buffers: data pointer -> pinned. torch keeps them in its stager's
-    per-storage cache (a private attribute: this test pins down that the cache is used)."""
+    """The stager's host buffers: data pointer -> pinned (its cache, a public attribute of
+    torch's BlockingAsyncStager)."""
+
     from rlkube_trainer.checkpoint import state  # noqa: PLC0415
 
-    cache = state._stager()._state_dict_stager._cached_storage_mapping
-    return {buffer.data_ptr(): buffer.is_pinned() for buffer in cache.values()}
+    found: dict[int, bool] = {}
+
+    def walk(obj: object) -> None:
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        if isinstance(local, torch.Tensor):
+            found[local.data_ptr()] = local.is_pinned()
+        elif isinstance(obj, dict):
+            for value in obj.values():
+                walk(value)
+        elif isinstance(obj, list | tuple):
+            for value in obj:
+                walk(value)
+
+    walk(state._stager().state_dict_cache)
+    return found
 
 
 def test_background_saves_reuse_pinned_host_buffers_and_hold_their_steps_weights(

@@ -212,21 +212,17 @@ _STAGER: Any = None
 def _stager() -> Any:
     """The stager of this process's background saves of sharded state: None (torch's default,
     pageable host memory allocated at every save) without CUDA; with it, pinned host buffers
-    made at the first save and reused by every later one (torch caches them per storage, and
-    a rank's parameters and optimizer moments keep their storages). On an H100 the default
-    copied 1.7 GB/s, so the step waited 13.8 s for 22.8 GB; pinned and reused, what the step
-    waits is the device-to-host copy alone. Reuse is safe because the driver finishes a save
-    before it stages the next (driver.py: at most one in flight). The cost: the host keeps the
-    rank's state pinned between saves (docs/trainer.md)."""
+    made at the first save and reused by every later one (torch's BlockingAsyncStager with its
+    cache: a rank's parameters and optimizer moments keep their shapes). Reuse is safe because
+    the driver finishes a save before it stages the next (driver.py: at most one in flight).
+    torch 2.11's DefaultStager, the newer class for this, fails on a plain dict of tensors
+    (KeyError: <class 'type'> in its deep copy; docs/benchmarks.md, session 23). The cost: the
+    host keeps the rank's state pinned between saves (docs/trainer.md)."""
     global _STAGER  # noqa: PLW0603  (one per process: its buffers outlive a save)
     if _STAGER is None and torch.cuda.is_available():
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: PLC0415
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager  # noqa: PLC0415
 
-        _STAGER = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=True, use_shared_memory=False, use_async_staging=False, use_non_blocking_copy=True
-            )
-        )
+        _STAGER = BlockingAsyncStager(cache_staged_state_dict=True)
     return _STAGER
 
 
