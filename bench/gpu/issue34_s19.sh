@@ -72,13 +72,18 @@ case "${1:?phase}" in
     # (wheels.py pack of ray==2.60.0, requirements-gpu.txt's pin), one call each; installed into
     # rlkube's site once all are here.
     mkdir -p $state/ray-stage $state/ray-wheel
-    for batch in "$root"/.gpu-carry/carry-ray/b*/; do cp -u "$batch"/* $state/ray-stage/; done
+    for batch in "$root"/.gpu-carry/carry-ray/b*/; do [ -d "$batch" ] && cp -u "$batch"/* $state/ray-stage/; done
     if python3 "$here/wheels.py" assemble $state/ray-stage $state/ray-wheel; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target $site $state/ray-wheel/ray-*.whl && echo "ray installed"
     fi
     ;;
   install)
-    [ -d $site/vllm ] || bash "$here/install.sh" 2>&1 | tail -3
+    if [ ! -d $site/vllm ]; then
+      bash "$here/install.sh" 2>&1 | tail -3
+      # install.sh makes the site anew: Ray, if its parts came before, goes in again.
+      [ -d $state/ray-wheel ] && compgen -G "$state/ray-wheel/ray-*.whl" >/dev/null &&
+        python3 -m pip install -q --no-index --no-deps --no-compile --target $site $state/ray-wheel/ray-*.whl
+    fi
     if [ -d /tmp/verl-wheels ] && [ ! -d /tmp/verl-site/verl ]; then
       bash "$here/install-verl.sh" 2>&1 | tail -2 || echo "verl install failed"
     fi
