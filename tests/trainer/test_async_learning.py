@@ -177,14 +177,20 @@ def test_partial_rollouts_through_ray_resume_generations_with_new_weights(tmp_pa
     60-step run saw it in 11 rows, a loaded CI machine in none). Trajectories then hold tokens of
     two weight versions (span 2), never more (one push per generation with one batch in
     flight), within the bound, every batch trained once in order. Learning with partial
-    rollouts is not judged here: the answers are padded past what the reward reads."""
+    rollouts is not judged here: the answers are padded past what the reward reads.
+
+    Of the 12 rows, 10 can hold a spliced trajectory (row 1 has no push before it, row 11
+    follows validation's quiesce); an idle machine showed 9-10 (generation 0.4 s, update 0.2 s),
+    a loaded CI run 5. Any span of 2 proves the splice, since without partial rollouts every
+    trajectory holds one version; the bar asks for a quarter of the rows, which a slow host
+    meets and a push that reached one generation by chance does not."""
     steps = 12
     rows = _separate_async_through_ray(
         tmp_path, steps, {"data": {"max_response_length": 24}, "rollout": {"ignore_eos": True}}, partial_rollout=True
     )
     assert len(rows) == steps
     spans = [r["training/off_policy/trajectory_spans/max"] for r in rows]
-    assert max(spans) == 2 and spans.count(2) >= steps // 2, f"pushes did not reach generations in flight: {spans}"
+    assert max(spans) == 2 and spans.count(2) >= steps // 4, f"pushes did not reach generations in flight: {spans}"
     worst = [r["training/off_policy/trajectory_staleness_worst/max"] for r in rows]
     assert max(worst) <= 1, worst  # the bound holds on the oldest token
     assert all(r["timing_s/update_weights"] > 0 for r in rows[1:])
