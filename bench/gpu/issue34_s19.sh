@@ -5,6 +5,7 @@
 # (py-spy, liger-kernel).
 #
 #   bash bench/gpu/issue34_s19.sh stage     # after each carried batch (copies to /tmp)
+#   bash bench/gpu/issue34_s19.sh next      # vLLM 0.26.0's parts (.gpu-carry/carry-vllm-next); NEXT=1 runs rlkube on it
 #   bash bench/gpu/issue34_s19.sh ray       # Ray's parts (.gpu-carry/carry-ray), into rlkube's site once all came
 #   bash bench/gpu/issue34_s19.sh install   # rlkube's site (vLLM 0.24), verl's site, tools; compileall of all
 #   bash bench/gpu/issue34_s19.sh update    # the actor update's kernel variants (liger_bench.py)
@@ -37,6 +38,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export RLKUBE_COMMIT="${RLKUBE_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 site=/tmp/rlkube-site
 liger=/tmp/liger-site
+next=/tmp/vllm-next-site  # vLLM 0.26.0 (fetch_vllm_next.sh) in front of the site's 0.24 where NEXT=1
 elapsed() { echo "[$(date -u +%T)] $*"; }
 keep() { cp "$out/$1" "$results/$1"; }
 quiet() { grep -vE "^(INFO|WARNING|\(EngineCore)|Capturing|Loading|Writing|.*it/s\]$" | cut -c1-700; }
@@ -48,7 +50,7 @@ grpo() {  # grpo NAME [--set k=v ...]: GRPO steps then PPO steps at the benchmar
   local name=$1
   shift
   elapsed "rlkube $name ($*)"
-  PYTHONPATH="$liger:$site" timeout "${RUN_TIMEOUT:-280}" python3 "$here/grpo_bench.py" rlkube --out "$out/$name.json" \
+  PYTHONPATH="${NEXT:+$next:}$liger:$site" timeout "${RUN_TIMEOUT:-280}" python3 "$here/grpo_bench.py" rlkube --out "$out/$name.json" \
     --steps 4 --ppo-steps 3 --budget 600 \
     --skip weight_sync,rollout_variants,profile_actor,profile_rollout,actor_update_variants,grpo_kl "$@" \
     >"$state/$name.full.log" 2>&1 || echo "rlkube $name exited with $?"
@@ -75,6 +77,20 @@ case "${1:?phase}" in
     for batch in "$root"/.gpu-carry/carry-ray/b*/; do [ -d "$batch" ] && cp -u "$batch"/* $state/ray-stage/; done
     if python3 "$here/wheels.py" assemble $state/ray-stage $state/ray-wheel; then
       python3 -m pip install -q --no-index --no-deps --no-compile --target $site $state/ray-wheel/ray-*.whl && echo "ray installed"
+    fi
+    ;;
+  next)
+    # vLLM 0.26.0 for rlkube's runs (NEXT=1; verl 0.9.1 pins 0.24.0 and keeps the site's): its
+    # parts come in .gpu-carry/carry-vllm-next/bN, one call each; installed once all are here.
+    if [ -d "$root/.gpu-carry/carry-vllm-next" ]; then
+      rm -rf "${here:?}/carry-vllm-next" && ln -s "$root/.gpu-carry/carry-vllm-next" "$here/carry-vllm-next"
+    fi
+    mkdir -p /tmp/vllm-next-wheels
+    for batch in "$here"/carry-vllm-next/b*/; do [ -d "$batch" ] && cp -u "$batch"/* /tmp/vllm-next-wheels/; done
+    if [ ! -d $next/vllm ] && python3 "$here/wheels.py" assemble /tmp/vllm-next-wheels /tmp/vllm-next-wheels/wheels; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --target $next /tmp/vllm-next-wheels/wheels/vllm-*.whl
+      python3 -m compileall -q -j 0 $next >/dev/null 2>&1 || true
+      PYTHONPATH="$next:$site" python3 -c "import vllm; print('vllm', vllm.__version__, 'from', vllm.__file__)"
     fi
     ;;
   install)
