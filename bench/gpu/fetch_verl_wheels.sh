@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Run on a machine WITH a package index (not on the GPU host): downloads the wheels of
 # requirements-verl.txt for Python 3.12 / x86-64 Linux (building the two sdist-only ones, pure
-# Python), checks their requirements against requirements-gpu.txt + the host's packages, and packs
-# them into bench/gpu/carry/verl/b1 (git-ignored; ~18 MiB, one transfer).
+# Python), slims the vLLM 0.24 wheel as fetch_wheels.sh's VLLM_SLIM does (VLLM_SLIM=0 keeps it whole),
+# checks their requirements against requirements-gpu.txt + the host's packages, and packs them into
+# bench/gpu/carry/verl/b1, b2, ... (git-ignored; 151 MiB slim, three 60 MiB transfers).
 #
 #   bench/gpu/fetch_verl_wheels.sh
 #
-# Then carry bench/gpu/carry/verl to the GPU host and run bench/gpu/install-verl.sh there (after
+# Then carry each of bench/gpu/carry/verl/bN to the GPU host and run bench/gpu/install-verl.sh there (after
 # install.sh: verl runs on rlkube's site, /tmp/rlkube-site, with /tmp/verl-site in front).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -31,6 +32,9 @@ expected=$(grep -cE '^[A-Za-z0-9]' "$here/requirements-verl.txt")
 if [ "$count" -ne "$expected" ]; then
   echo "expected $expected wheels, got $count" >&2
   exit 1
+fi
+if [ "${VLLM_SLIM:-1}" = 1 ]; then
+  python3 "$here/wheels.py" slim "$cache"/vllm-*.whl
 fi
 # What verl's site may rely on: the host's packages and everything rlkube's site carries.
 present="$cache/present.txt"

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# Issue 15's "a newer vLLM built for the host's torch": vLLM 0.26.0 is the newest release that
-# still pins torch 2.11.0 (0.27+ need 2.13). Its requirements differ from 0.24's only in
-# packages the benchmark never imports (flashinfer, video codecs, nvtx) or already carries in a
-# newer version (apache-tvm-ffi), so the vLLM wheel alone travels, slimmed like 0.24's, into
-# bench/gpu/carry-vllm-next/b1, b2, ... Run on a machine with a package index; on the GPU host:
+# Another vLLM release than requirements-gpu.txt's, for a comparison in the trainer (issue 15 and
+# 34 compared 0.26.0 with 0.24.0 this way before 0.26.0 became the pin): VLLM_NEXT names it. Only
+# the vLLM wheel travels, slimmed, into bench/gpu/carry-vllm-next/b1, b2, ..., so the release's
+# requirements must be met by requirements-gpu.txt's wheels and the host's (check its METADATA).
+# Run on a machine with a package index; on the GPU host:
 #   bash bench/gpu/install_vllm_next.sh     (after every batch has been carried there)
 # then put /tmp/vllm-next-site before /tmp/rlkube-site on PYTHONPATH (rollout_bench.py --site).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
-version="${VLLM_NEXT:-0.26.0}"
+version="${VLLM_NEXT:?set VLLM_NEXT to the vLLM release to compare, e.g. VLLM_NEXT=0.24.0}"
 carry="$here/carry-vllm-next"
 cache="${WHEEL_CACHE:-${TMPDIR:-/tmp}/rlkube-gpu-wheels-next}"
 read -r -a pip <<<"${PIP:-python3 -m pip}"

