@@ -833,14 +833,21 @@ def phase_trl(args: argparse.Namespace) -> int:
     (per-device batch 16 x 32 accumulation), beta=0 (no reference, as rlkube's GRPO run), bf16
     weights (--trl-dtype; TRL's default precision) under bf16 autocast, responses forced to 512
     tokens."""
+    arch, shape = (TINY, TINY_SHAPE) if args.tiny else (QWEN25_05B, FULL_SHAPE)
+    model_dir = ensure_model(Path(args.workdir) / ("model-tiny" if args.tiny else "model-qwen2.5-0.5b"), arch)
+    return train_trl(args, model_dir, shape)
+
+
+def train_trl(args: argparse.Namespace, model_dir: Path, shape: dict[str, int]) -> int:
+    """TRL's GRPO on `model_dir` at `shape` (prompts, n, prompt_len, response_len); the settings
+    are phase_trl's (args: out, workdir, steps, generation, gpu_util, tiny, trl_micro, trl_dtype,
+    trl_gradient_checkpointing). scale_bench.py's `trl` runs it at other model sizes."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     res = Results(args.out)
-    arch, shape = (TINY, TINY_SHAPE) if args.tiny else (QWEN25_05B, FULL_SHAPE)
     workdir = Path(args.workdir)
-    model_dir = ensure_model(workdir / ("model-tiny" if args.tiny else "model-qwen2.5-0.5b"), arch)
     res.put("env", environment())
     res.put("shape", shape)
     use_vllm = args.generation == "vllm"

@@ -5,6 +5,7 @@ the actor trains, chunked LM-head log-probs).
 
     python3 bench/gpu/scale_bench.py run --arch 0.5b 7b --out $OUT/scale.json
     python3 bench/gpu/scale_bench.py run --arch 7b --lora-rank 64 --lora-alpha 128 --tag lora64 --out $OUT/scale.json
+    python3 bench/gpu/scale_bench.py trl --arch 3b --model-dtype bf16 --out $OUT/trl-3b.json   # TRL, same size and shape
 
 LoRA (issue 33) goes through the trainer's own keys (model.lora_rank, lora_alpha,
 target_modules, exclude_modules; rollout.layered_summon, model.use_shm): the actor trains
@@ -338,9 +339,35 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def trl(args: argparse.Namespace) -> int:
+    """TRL's GRPOTrainer at one size and shape, with grpo_bench.py's TRL settings (HF generation,
+    beta 0, responses forced to full length): the peer of `run`'s row at 3B and 7B. The micro-batch
+    and gradient checkpointing are the shape's; --model-dtype bf16 loads bf16 weights (TRL's
+    default), fp32 float32 ones."""
+    import grpo_bench
+
+    arch, shape = args.arch[0], SHAPES[args.shape]
+    model = grpo_bench.ensure_model(Path(args.workdir) / f"model-{arch}", {**_COMMON, **ARCHS[arch]})
+    settings = argparse.Namespace(
+        out=Path(args.out),
+        workdir=args.workdir,
+        steps=args.steps,
+        generation="hf",
+        gpu_util=args.gpu_util,
+        tiny=args.device == "cpu",
+        trl_micro=shape["micro"],
+        trl_dtype="bfloat16" if args.model_dtype == "bf16" else "float32",
+        trl_gradient_checkpointing=shape["checkpointing"],
+    )
+    log(f"TRL {arch}, shape {args.shape}: {shape}")
+    return grpo_bench.train_trl(
+        settings, model, {key: shape[key] for key in ("prompts", "n", "prompt_len", "response_len")}
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["run", "one"])
+    parser.add_argument("phase", choices=["run", "one", "trl"])
     parser.add_argument("--arch", nargs="+", default=["0.5b", "7b"], choices=sorted(ARCHS))
     parser.add_argument("--shape", default="scale", choices=sorted(SHAPES))
     parser.add_argument("--steps", type=int, default=3)
@@ -361,7 +388,9 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/rlkube-scale")
     parser.add_argument("--out", default="bench-out/scale.json")
     args = parser.parse_args()
-    return one(args) if args.phase == "one" else run(args)
+    if args.phase == "trl" and len(args.arch) != 1:
+        parser.error(f"--arch: trl runs one size at a time, got {' '.join(args.arch)}")
+    return {"one": one, "run": run, "trl": trl}[args.phase](args)
 
 
 if __name__ == "__main__":
