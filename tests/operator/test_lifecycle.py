@@ -314,9 +314,12 @@ def test_rollout_replicas_scale_in_place_without_restarting_the_gang(jobs: Jobs)
         )
         # No gang restart: the count, the attempt, and every pod that was there is the same pod.
         assert job["status"]["state"] == "Running"
-        # Seen once in a CI run of the whole suite (session 24), cause unknown: the Events say why.
-        events = [(e.get("reason"), e.get("message")) for e in jobs.events(JOB)]
-        assert job["status"].get("restartCount", 0) == 0, f"the gang restarted while scaling to {replicas}: {events}"
+        # Fails about 1 run in 6 (session 24, docs/development-notes.md): a scale-up's new engine
+        # judged a replaced member. The message (read only on failure) carries the Events.
+        assert job["status"].get("restartCount", 0) == 0, (
+            f"the gang restarted while scaling to {replicas}: "
+            f"{[(e.get('reason'), e.get('message')) for e in jobs.events(JOB)]}"
+        )
         assert all(attempt(p) == 0 for p in pods)
         assert job["status"]["gangRolloutReplicas"] == replicas
         return {p["metadata"]["name"]: p["metadata"]["uid"] for p in pods}
