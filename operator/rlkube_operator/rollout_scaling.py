@@ -10,7 +10,9 @@ What the status function needs to tell a scaling from a failure, as pure functio
   exit code, a Failed phase) is no failure of the gang;
 - a rollout pod that was not in the gang when it last ran is a new engine if the gang never had
   its ordinal (`new_engine`); at an ordinal the gang had, its StatefulSet replaced one that died
-  (maybe while no operator watched), and the gang restarts as for any other role;
+  (maybe while no operator watched), and the gang restarts as for any other role; the ordinals
+  the gang has are counted up to the first gap, since a scale-up's pods come in no order
+  (`gang_rollout_replicas`);
 - while new rollout pods start, the job stays Running (the gang trains meanwhile).
 """
 
@@ -55,14 +57,22 @@ def scaled_away_in_spec(spec: Mapping[str, Any], role: str, index: int | None) -
     return index >= int(rollout.get("replicas", 1))
 
 
-def gang_rollout_replicas(job: RLJob, gang: list[PodView]) -> int | None:
+def gang_rollout_replicas(job: RLJob, gang: list[PodView], recorded: int | None) -> int | None:
     """What the status records with a running gang's pods (`status.gangRolloutReplicas`): the
-    rollout ordinals it has, 0 up to the highest, bounded by the wanted replicas (a pod past them
-    is on its way out). None for a rollout that does not scale in place."""
+    rollout ordinals it has, 0 up to the first one missing, and never fewer than it had on
+    record (`recorded`), bounded by the wanted replicas (a pod past them is on its way out).
+
+    Up to the first gap, because a scale-up's pods come in no order (the StatefulSet creates
+    them in parallel): with 0 and 2 present, ordinal 1 is still to come as a new engine. Never
+    fewer than on record, because a member deleted unseen leaves a gap too: the pod its
+    StatefulSet puts there is a replacement. None for a rollout that does not scale in place."""
     if not elastic_rollout(job):
         return None
-    indexes = [pod.index for pod in gang if pod.role == ROLLOUT and pod.index is not None]
-    return min(max(indexes, default=-1) + 1, job.spec.roles.rollout.replicas)
+    present = {pod.index for pod in gang if pod.role == ROLLOUT and pod.index is not None}
+    prefix = 0
+    while prefix in present:
+        prefix += 1
+    return min(max(prefix, recorded or 0), job.spec.roles.rollout.replicas)
 
 
 def new_engine(job: RLJob, prev: RLJobStatus, pod: PodView) -> bool:

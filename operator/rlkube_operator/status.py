@@ -293,7 +293,7 @@ def _record_gang(p: _Pass) -> None:
     """The running gang, as the next passes judge pods against it: its pods, and the rollout
     ordinals it has (a rollout pod at a higher one is a scale-up's new engine)."""
     p.status.gang_pod_uids = sorted(pod.uid for pod in p.current if pod.uid)
-    p.status.gang_rollout_replicas = gang_rollout_replicas(p.job, p.current)
+    p.status.gang_rollout_replicas = gang_rollout_replicas(p.job, p.current, p.prev.gang_rollout_replicas)
 
 
 def _forget_gang(status: RLJobStatus) -> None:
