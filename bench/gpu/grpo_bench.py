@@ -850,6 +850,9 @@ def train_trl(args: argparse.Namespace, model_dir: Path, shape: dict[str, int]) 
     workdir = Path(args.workdir)
     res.put("env", environment())
     res.put("shape", shape)
+    # The report puts a run at another size (scale_bench.py trl) beside rlkube's at that size.
+    if getattr(args, "arch", None):
+        res.put("arch", args.arch)
     use_vllm = args.generation == "vllm"
     rng = random.Random(0)
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -993,6 +996,7 @@ def report(paths: list[Path]) -> int:
     ratio this run measured. Files are recognised by what they hold, not by name."""
     rlkube: dict[str, dict[str, Any]] = {}
     trl: dict[str, dict[str, Any]] = {}
+    trl_sizes: dict[str, dict[str, Any]] = {}  # TRL at scale_bench.py's sizes
     verl: dict[str, dict[str, Any]] = {}
     updates: dict[str, dict[str, Any]] = {}
     sizes: list[dict[str, Any]] = []
@@ -1005,7 +1009,7 @@ def report(paths: list[Path]) -> int:
         elif path.stem.startswith("verl"):
             verl[path.stem] = data
         elif isinstance(data.get("summary"), dict) and "generation" in data["summary"]:
-            trl[path.stem] = data
+            (trl_sizes if data.get("arch") else trl)[path.stem] = data
         elif "grpo" in data or "grpo_steps" in data:
             rlkube[path.stem] = data
         elif any(isinstance(v, dict) and ("update_s" in v or "error" in v) for v in data.values()):
@@ -1072,20 +1076,8 @@ def report(paths: list[Path]) -> int:
                 )
                 if row.get("mfu") is not None:
                     mfus.append((f"{name} {variant}", row["mfu"]))
-    if sizes:
-        lines += [
-            "",
-            "| size | tokens/s/GPU | step s | gen s | update_actor s | peak GiB | trains |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for row in sizes:
-            m = row.get("means", {})
-            lines.append(
-                f"| {row['arch']} {row.get('tag') or ''} ({row.get('model_dtype', '')} master) | "
-                f"{_cell(m.get('perf/throughput'), ',.0f')} | {_cell(m.get('timing_s/step'))} | {_cell(m.get('timing_s/gen'))} | "
-                f"{_cell(m.get('timing_s/update_actor'))} | {_cell(row.get('peak_allocated_gb'), '.1f')} | "
-                f"{row.get('trains')} {str(row.get('error', ''))[:120]} |"
-            )
+    if sizes or trl_sizes:
+        lines += _sizes_table(sizes, trl_sizes)
     lines += ["", "| goal | target | measured |", "|---|---|---|"]
     if best_grpo:
         lines.append(
@@ -1109,6 +1101,38 @@ def report(paths: list[Path]) -> int:
                 lines.append(f"\n{name} {key}: {json.dumps(run[key], default=str)[:600]}")
     print("\n".join(lines))
     return 0
+
+
+def _sizes_table(sizes: list[dict[str, Any]], trl_sizes: dict[str, dict[str, Any]]) -> list[str]:
+    """scale_bench.py's rows (rlkube at each size) and TRL's at the same sizes, then rlkube's
+    ratio to TRL for each size both ran."""
+    lines = [
+        "",
+        "| size | system | tokens/s/GPU | step s | gen s | update_actor s | peak GiB | trains |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    rlkube_at: dict[str, float] = {}
+    for row in sizes:
+        m = row.get("means", {})
+        if row.get("trains") and m.get("perf/throughput") and not row.get("tag"):
+            rlkube_at[row["arch"]] = m["perf/throughput"]
+        lines.append(
+            f"| {' '.join(filter(None, (row['arch'], row.get('tag'))))} | rlkube ({row.get('model_dtype', '')} master) | "
+            f"{_cell(m.get('perf/throughput'), ',.0f')} | {_cell(m.get('timing_s/step'))} | {_cell(m.get('timing_s/gen'))} | "
+            f"{_cell(m.get('timing_s/update_actor'))} | {_cell(row.get('peak_allocated_gb'), '.1f')} | "
+            f"{row.get('trains')} {str(row.get('error', ''))[:120]} |"
+        )
+    trl_at: dict[str, float] = {}
+    for name, run in trl_sizes.items():
+        s = run["summary"]
+        trl_at[run["arch"]] = s["throughput"]
+        lines.append(
+            f"| {run['arch']} | TRL GRPOTrainer, {s['generation']} generation, {s['dtype']} ({name}) | "
+            f"{s['throughput']:,.0f} | {s['step_s']:.2f} | | | | {s['steps_averaged']} steps averaged |"
+        )
+    for arch in sorted(rlkube_at.keys() & trl_at.keys()):
+        lines.append(f"\nrlkube / TRL at {arch}: {rlkube_at[arch] / trl_at[arch]:.2f}x")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

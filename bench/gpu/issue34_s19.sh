@@ -12,7 +12,7 @@
 #   bash bench/gpu/issue34_s19.sh grpo      # GRPO 4 steps + PPO 3 steps, plain, then model.use_liger
 #   bash bench/gpu/issue34_s19.sh trl       # TRL 1.16 GRPOTrainer, HF generation, bf16
 #   bash bench/gpu/issue34_s19.sh verl-start / verl-wait   # verl 0.9.1 with its fused kernels (issue34_s12.sh's)
-#   bash bench/gpu/issue34_s19.sh scale     # the 3B shape (scale_bench.py), if time is left
+#   bash bench/gpu/issue34_s19.sh scale     # the 3B shape (scale_bench.py; ARCHS="0.5b 3b" for more sizes)
 #   bash bench/gpu/issue34_s19.sh trl-scale # TRL at the same 3B shape (ARCH=7b for the 7B one)
 #   bash bench/gpu/issue34_s19.sh report    # grpo_bench.py report over every JSON of this machine's run
 # Session 21's phases (the settings that replaced the benchmark's patches, the colocated
@@ -150,12 +150,14 @@ case "${1:?phase}" in
     cp "$out/verl.json" "$results/verl.json" 2>/dev/null || true
     ;;
   scale)
-    elapsed "3B shape"
-    PYTHONPATH="$site" timeout "${RUN_TIMEOUT:-400}" python3 "$here/scale_bench.py" run --arch 3b --model-dtype bf16 \
-      --steps 3 --skip-checkpoint --timeout "${SCALE_TIMEOUT:-360}" --out "$out/scale-3b.json" >"$state/scale.full.log" 2>&1 ||
+    # ARCHS: the sizes, each in a process of its own (session 25: "0.5b 3b", TRL's peers in trl-scale).
+    elapsed "sizes ${ARCHS:-3b}"
+    read -r -a archs <<<"${ARCHS:-3b}"
+    PYTHONPATH="$site" timeout "${RUN_TIMEOUT:-400}" python3 "$here/scale_bench.py" run --arch "${archs[@]}" --model-dtype bf16 \
+      --steps 3 --skip-checkpoint --timeout "${SCALE_TIMEOUT:-360}" --out "$out/scale.json" >"$state/scale.full.log" 2>&1 ||
       echo "scale_bench exited with $?"
     quiet <"$state/scale.full.log" | tail -10 | tee "$out/scale.log"
-    keep scale-3b.json || true
+    keep scale.json || true
     ;;
   trl-scale)
     # TRL at the 3B shape (or ARCH), the peer of `scale`'s row: scale_bench.py trl (session 24).
@@ -163,6 +165,7 @@ case "${1:?phase}" in
     PYTHONPATH="$site" timeout "${RUN_TIMEOUT:-400}" python3 "$here/scale_bench.py" trl --arch "${ARCH:-3b}" --model-dtype bf16 \
       --steps 3 --out "$out/trl-${ARCH:-3b}.json" >"$state/trl-scale.full.log" 2>&1 || echo "scale_bench trl exited with $?"
     quiet <"$state/trl-scale.full.log" | grep -E "TRL (step|summary)" | cut -c1-300 | tee "$out/trl-scale.log"
+    keep "trl-${ARCH:-3b}.json" || true
     ;;
   stream)
     elapsed "GPU-only tests"

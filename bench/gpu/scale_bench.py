@@ -358,6 +358,7 @@ def trl(args: argparse.Namespace) -> int:
         trl_micro=shape["micro"],
         trl_dtype="bfloat16" if args.model_dtype == "bf16" else "float32",
         trl_gradient_checkpointing=shape["checkpointing"],
+        arch=arch,
     )
     log(f"TRL {arch}, shape {args.shape}: {shape}")
     return grpo_bench.train_trl(
