@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
 
 KEYS = (
     "gen",
@@ -41,7 +41,7 @@ def main() -> int:
         workdir = Path(tmp)
         config = init(workdir, args.estimator, args.steps)
         subprocess.run(
-            [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+            [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
             check=True,
             capture_output=True,
         )

@@ -106,7 +106,7 @@ ensure_job_namespace() {
 # reads its model from /rlkube/tiny/model and its data from
 # /rlkube/tiny/data/{train,val}.parquet, and writes its checkpoints there too. On kind
 # the node is the kind container, so a one-off pod with the same mount writes them
-# with the code the tests use (rlkube_trainer.tiny_task: random weights, nothing
+# with the code the tests use (rlkube_trainer.tiny.task: random weights, nothing
 # downloaded), after handing the directory to the trainer's UID. A multi-node
 # cluster needs a ReadWriteMany volume instead (see the example's comment).
 # ---------------------------------------------------------------------------------
@@ -137,7 +137,7 @@ spec:
         - -c
         - |
           from pathlib import Path
-          from rlkube_trainer.tiny_task import VAL_PROMPTS, build_model, write_dataset
+          from rlkube_trainer.tiny.task import VAL_PROMPTS, build_model, write_dataset
           build_model(Path("/rlkube/tiny/model"))
           write_dataset(Path("/rlkube/tiny/data/train.parquet"))
           write_dataset(Path("/rlkube/tiny/data/val.parquet"), count=VAL_PROMPTS, seed=1)

@@ -385,13 +385,13 @@ def summarize(history: list[dict[str, float]], shape: dict[str, int], steps: int
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from rlkube_trainer.data import PromptLoader
-    from rlkube_trainer.driver import TrainingRun, seed_everything
-    from rlkube_trainer.models import load_tokenizer
-    from rlkube_trainer.ppo import PPOTrainer, Roles
-    from rlkube_trainer.reward import build_reward_scorer
-    from rlkube_trainer.roles.actor import Actor
+    from rlkube_trainer.data.prompts import PromptLoader
+    from rlkube_trainer.loop.driver import TrainingRun, seed_everything
+    from rlkube_trainer.loop.ppo import PPOTrainer, Roles
+    from rlkube_trainer.model.models import load_tokenizer
+    from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
+    from rlkube_trainer.workers.actor import Actor
 
     res = gb.Results(args.out)
     out_dir = Path(args.out).parent

@@ -209,7 +209,7 @@ def ensure_model(path: Path, arch: dict[str, Any], seed: int = 0) -> Path:
 
 
 def make_prompts(shape: dict[str, int], vocab: int, seed: int = 0) -> list[Any]:
-    from rlkube_trainer.data import Prompt
+    from rlkube_trainer.data.prompts import Prompt
 
     rng = random.Random(seed)
     low = 256 + len(SPECIALS)
@@ -642,10 +642,10 @@ def colocated(engine: Any, actor: Any, config: Any) -> Any:
     already started `engine` (started first here, to measure it alone): `Rank.generate` and
     `Rank.sync_colocated` are the code a step runs."""
     from rlkube_api.placement import Role
-    from rlkube_trainer.dispatch import ColocatedRollout
-    from rlkube_trainer.fsdp import Rendezvous
-    from rlkube_trainer.rank import Rank, RankSpec
-    from rlkube_trainer.rank_group import LocalRankGroup
+    from rlkube_trainer.cluster.dispatch import ColocatedRollout
+    from rlkube_trainer.cluster.rank_group import LocalRankGroup
+    from rlkube_trainer.model.fsdp import Rendezvous
+    from rlkube_trainer.workers.rank import Rank, RankSpec
 
     spec = RankSpec(Role.ACTOR, 0, Rendezvous("127.0.0.1", 0, 1, 0), frozenset({Role.ACTOR, Role.ROLLOUT}), 100)
     rank = Rank(config.model_dump(mode="json"), spec)
@@ -654,14 +654,14 @@ def colocated(engine: Any, actor: Any, config: Any) -> Any:
 
 
 def phase_rlkube(args: argparse.Namespace) -> int:
-    from rlkube_trainer.driver import seed_everything
-    from rlkube_trainer.models import load_tokenizer
-    from rlkube_trainer.ppo import PPOTrainer, Roles
-    from rlkube_trainer.reward import build_reward_scorer
-    from rlkube_trainer.roles.actor import Actor
-    from rlkube_trainer.roles.critic import Critic
-    from rlkube_trainer.roles.reference import Reference
+    from rlkube_trainer.loop.driver import seed_everything
+    from rlkube_trainer.loop.ppo import PPOTrainer, Roles
+    from rlkube_trainer.model.models import load_tokenizer
+    from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
+    from rlkube_trainer.workers.actor import Actor
+    from rlkube_trainer.workers.critic import Critic
+    from rlkube_trainer.workers.reference import Reference
 
     res = Results(args.out)
     skip = set(args.skip.split(",")) if args.skip else set()

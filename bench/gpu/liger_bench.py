@@ -68,7 +68,7 @@ def run_variant(
     rate: float,
     first: torch.Tensor | None,
 ) -> dict[str, Any]:
-    from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415  (after sys.path is set)
+    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415  (after sys.path is set)
 
     overrides = [
         f"model.use_liger={str('liger' in changes).lower()}",

@@ -114,7 +114,7 @@ def pods_of(job_file: Path, out: Path, gpus: dict[str, list[str]]) -> list[tuple
             command = [*container.get("command", []), *container.get("args", [])]
             if command[:1] == ["rlkube-trainer"] and shutil.which("rlkube-trainer") is None:
                 # The project is on PYTHONPATH but not installed (no entry-point script).
-                command = [sys.executable, "-m", "rlkube_trainer.cli", *command[1:]]
+                command = [sys.executable, "-m", "rlkube_trainer.pod.cli", *command[1:]]
             if role != "controller":
                 command += ["--health-port", str(18100 + node)]
             pods.append((pod, command, env))

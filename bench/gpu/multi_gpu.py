@@ -54,7 +54,7 @@ def rljob(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 
 def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     """The tiny task's trainer config as an RLJob spec (camelCase), on 1 or 2 GPUs."""
-    from rlkube_trainer.tiny_task import init
+    from rlkube_trainer.tiny.task import init
 
     task = workdir / "tiny"
     config = yaml.safe_load(init(task, "grpo", 60).read_text())
@@ -170,7 +170,7 @@ def _broadcast_rank(rank: int, model_dir: str, port: int, repeats: int, bucket_m
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rlkube_trainer.weight_sync import BroadcastGroup, manifest_of
+    from rlkube_trainer.workers.weight_sync import BroadcastGroup, manifest_of
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)

@@ -180,7 +180,7 @@ def summarize(history: list[dict[str, Any]], shape: dict[str, Any]) -> dict[str,
 def lora_summary(args: argparse.Namespace, config: Any) -> dict[str, Any] | None:
     """The LoRA settings as the trainer parsed them, and the adapters' parameter count
     (memory.py's, from the model's config.json)."""
-    from rlkube_trainer.memory import lora_parameters
+    from rlkube_trainer.workers.memory import lora_parameters
 
     model = config.model
     if model.lora_rank <= 0:
@@ -191,7 +191,7 @@ def lora_summary(args: argparse.Namespace, config: Any) -> dict[str, Any] | None
         "alpha": model.lora_alpha,
         "target_modules": list(model.target_modules),
         "exclude_modules": list(model.exclude_modules),
-        # The trainer's only LoRA sync: the engine loads W + alpha / r * B @ A (rlkube_trainer.lora.merge).
+        # The trainer's only LoRA sync: the engine loads W + alpha / r * B @ A (rlkube_trainer.model.lora.merge).
         "sync": "merged",
         "adapter_parameters": lora_parameters(text, model.lora_rank, list(model.target_modules)),
     }
@@ -201,7 +201,7 @@ def skip_checkpoint_parts() -> None:
     """--skip-checkpoint: the run's final checkpoint holds the driver's state alone, not the
     ranks' parts (a 7B full fine-tune's weights and AdamW moments are about 45 GB of disk and a
     minute of writing after the last row; the rows are the measurement)."""
-    from rlkube_trainer.driver import GroupState
+    from rlkube_trainer.loop.driver import GroupState
 
     def save(self: GroupState, staging: Path) -> dict[str, Any]:
         del self, staging
@@ -215,7 +215,7 @@ def one(args: argparse.Namespace) -> int:
     import torch
 
     from rlkube_api.validation import parse_trainer_config
-    from rlkube_trainer.driver import run_in_process
+    from rlkube_trainer.loop.driver import run_in_process
 
     shape = SHAPES[args.shape]
     workdir = Path(args.workdir)

@@ -100,12 +100,12 @@ def _rank(rank: int, args: argparse.Namespace, port: int, model_dir: str, shape:
     import grpo_bench
 
     from rlkube_api.placement import Engines, Role
-    from rlkube_trainer.fsdp import Rendezvous
-    from rlkube_trainer.rank import Rank, RankSpec
-    from rlkube_trainer.rank_group import split
-    from rlkube_trainer.resharding import ModelShape, sync_bytes
+    from rlkube_trainer.cluster.rank_group import split
+    from rlkube_trainer.model.fsdp import Rendezvous
     from rlkube_trainer.rollout import SamplingConfig
-    from rlkube_trainer.weight_sync import load_into_engine
+    from rlkube_trainer.workers.rank import Rank, RankSpec
+    from rlkube_trainer.workers.resharding import ModelShape, sync_bytes
+    from rlkube_trainer.workers.weight_sync import load_into_engine
 
     config = _config(args, Path(model_dir), shape)
     spec = RankSpec(

@@ -66,7 +66,7 @@ def prepare(
 ) -> TinyJob:
     """The init step (model, data under workdir/tiny) and the manifest: every pod on the
     real nodes' pool, the example's hostPath replaced by workdir."""
-    from rlkube_trainer.tiny_task import VAL_PROMPTS, build_model, write_dataset  # noqa: PLC0415  (torch: only here)
+    from rlkube_trainer.tiny.task import VAL_PROMPTS, build_model, write_dataset  # noqa: PLC0415  (torch: only here)
 
     manifest: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     spec = manifest["spec"]

@@ -1,1 +1,1 @@
-../../trainer/rlkube_trainer/tiny_reward.py
+../../trainer/rlkube_trainer/tiny/reward.py

@@ -36,7 +36,7 @@ from rlkube_api.roles import ALL_ROLES
 
 Obj = dict[str, Any]
 
-# The driver's console line (rlkube_trainer/tracking.py): "... step 12 critic/score/mean=0.5 ...".
+# The driver's console line (rlkube_trainer/loop/tracking.py): "... step 12 critic/score/mean=0.5 ...".
 _STEP_LINE = re.compile(r"\bstep (\d+)((?: [\w/@.-]+=\S+)+)\s*$")
 
 
@@ -157,7 +157,7 @@ def _curves(kubectl: Kubectl, args: argparse.Namespace) -> int:
     rows = parse_step_lines(log)
     if not rows:
         raise PluginError(f"no step lines in the driver's log yet ({pod_name(args.name, CONTROLLER_ROLE, 0)})")
-    from rlkube_trainer.tracking import Tracker  # noqa: PLC0415  (matplotlib: the trainer extra)
+    from rlkube_trainer.loop.tracking import Tracker  # noqa: PLC0415  (matplotlib: the trainer extra)
 
     with tempfile.TemporaryDirectory(prefix="rlkube-curves-") as tmp:
         tracker = Tracker(Path(tmp), [], args.name)

@@ -3,7 +3,7 @@
 Patching `spec.roles.rollout.replicas` changes only the rollout StatefulSet's replicas (and a
 PodGroup's minMember); the attempt, the other roles' pods and `restartCount` stay. The
 StatefulSet adds or removes the highest ordinals; the driver finds the new engines among its
-Ray nodes and stops using the removed ones (trainer/rlkube_trainer/elastic_rollout.py).
+Ray nodes and stops using the removed ones (trainer/rlkube_trainer/cluster/elastic_rollout.py).
 
 What the status function needs to tell a scaling from a failure, as pure functions:
 - a rollout pod at or past the wanted replicas was removed on purpose: its end (a SIGTERM's

@@ -92,7 +92,7 @@ def _operator_exports() -> set[str]:
 
 
 def _driver_metrics() -> Any:
-    from rlkube_trainer.prometheus import DriverMetrics  # noqa: PLC0415
+    from rlkube_trainer.loop.prometheus import DriverMetrics  # noqa: PLC0415
 
     return DriverMetrics()
 
@@ -100,8 +100,8 @@ def _driver_metrics() -> Any:
 def _one_real_step(tmp_path: Path) -> dict[str, float]:
     """The metrics of one in-process PPO step (gae: the critic's phases too)."""
     from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
-    from rlkube_trainer.driver import run_in_process  # noqa: PLC0415
-    from rlkube_trainer.tiny_task import init  # noqa: PLC0415
+    from rlkube_trainer.loop.driver import run_in_process  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import init  # noqa: PLC0415
 
     raw = yaml.safe_load(init(tmp_path, "gae", steps=1).read_text())
     raw["rollout"]["name"] = "hf"

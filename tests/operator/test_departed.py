@@ -15,7 +15,7 @@ from rlkube_api.names import ANNOTATION_EXIT_CODE
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.observed import DISRUPTION_TARGET, departed_pod, view_pod
 from rlkube_operator.status import Observed, compute_status
-from rlkube_trainer.exit_record import exit_event
+from rlkube_trainer.pod.exit_record import exit_event
 from tests.operator.helpers import CPU, Obj, at, load_job, pod, replace_pod, set_path
 from tests.operator.test_reconcile import NAMESPACE, FakeKube, body_of, reconcile
 from tests.operator.test_status import PODS, cond, running
@@ -33,7 +33,7 @@ def replacement() -> Obj:
 
 
 def trainer_exit(code: int, message: str) -> dict[str, Any]:
-    """The Event the trainer's own code posts as it exits (trainer/rlkube_trainer/exit_record.py)."""
+    """The Event the trainer's own code posts as it exits (trainer/rlkube_trainer/pod/exit_record.py)."""
     return exit_event(code, f"exit code {code}: {message}", VICTIM, old_uid(), NAMESPACE, at(40))
 
 

@@ -21,8 +21,8 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import Env
 from rlkube_e2e.testing import ClusterInfo, wait_for
-from rlkube_trainer.exit_record import record_exit
-from rlkube_trainer.progress import kubeconfig_api
+from rlkube_trainer.loop.progress import kubeconfig_api
+from rlkube_trainer.pod.exit_record import record_exit
 from tests.operator.cluster_kit import TINY_PODS, InProcessOperator, Jobs, attempt, condition, tiny_job
 
 pytestmark = pytest.mark.cluster

@@ -78,7 +78,7 @@ def test_the_trainer_cpu_image_has_torch_vllm_and_the_trackers() -> None:
     assert oci_ref_names(trainer) == [trainer.ref]
     script = (
         'id -u && test -w "$HOME" && python -c \''
-        "import torch, vllm, wandb, mlflow, rlkube_trainer.cli; "
+        "import torch, vllm, wandb, mlflow, rlkube_trainer.pod.cli; "
         "print(torch.__version__, vllm.__version__, (torch.ones(2, 2) @ torch.ones(2, 2)).sum().item())"
         "'"
     )

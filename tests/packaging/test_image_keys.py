@@ -39,7 +39,7 @@ def test_the_keys_are_stable(repo: Path) -> None:
     ("path", "changed"),
     [
         ("operator/rlkube_operator/reconcile.py", {"operator", "trainer-cpu"}),
-        ("trainer/rlkube_trainer/cli.py", {"operator", "trainer-cpu"}),
+        ("trainer/rlkube_trainer/pod/cli.py", {"operator", "trainer-cpu"}),
         ("requirements/pip.lock", {"operator", "trainer-cpu"}),
         ("requirements/operator.lock", {"operator"}),
         ("requirements/trainer-cpu.lock", {"trainer-cpu"}),

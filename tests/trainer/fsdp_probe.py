@@ -38,11 +38,11 @@ from transformers import AutoConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state, stage_rank_state
-from rlkube_trainer.fsdp import offloads_parameters
-from rlkube_trainer.models import decoder_layers
-from rlkube_trainer.rank_group import split
-from rlkube_trainer.roles import actor as actor_module
-from rlkube_trainer.roles.actor import Actor
+from rlkube_trainer.cluster.rank_group import split
+from rlkube_trainer.model.fsdp import offloads_parameters
+from rlkube_trainer.model.models import decoder_layers
+from rlkube_trainer.workers import actor as actor_module
+from rlkube_trainer.workers.actor import Actor
 
 SAMPLES, PROMPT, RESPONSE = 16, 4, 3
 
@@ -266,7 +266,7 @@ def config_for(
     lora: bool = False,
     compile_layers: bool = False,
 ) -> dict[str, Any]:
-    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import trainer_config  # noqa: PLC0415
 
     raw = trainer_config(workdir)
     if lora:

@@ -18,8 +18,8 @@ import yaml
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.rank_group import split
-from rlkube_trainer.roles.actor import Actor
+from rlkube_trainer.cluster.rank_group import split
+from rlkube_trainer.workers.actor import Actor
 
 # (prompt, response) lengths: uneven, a one-token prompt, a one-token response, a full row.
 LENGTHS = [(6, 5), (2, 1), (4, 3), (1, 5), (6, 2), (3, 4), (5, 5)]

@@ -11,7 +11,7 @@ import torch
 from rlkube_api.config import ActorConfig
 from rlkube_trainer.algos import get_policy_loss_fn
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.roles.actor import actor_loss
+from rlkube_trainer.workers.actor import actor_loss
 
 
 def micro_batch() -> TrainBatch:

@@ -152,7 +152,7 @@ def write_config(workdir: Path, model: Path, train: list[dict[str, Any]], steps:
 
 def run(config: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=1500,

@@ -25,10 +25,10 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch, build_batch
-from rlkube_trainer.data import Prompt
-from rlkube_trainer.roles.actor import Actor
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.sampler import EpisodeSampler
+from rlkube_trainer.workers.actor import Actor
 
 pytestmark = pytest.mark.trainer
 
@@ -201,7 +201,7 @@ def test_the_trainer_runs_tool_calling_episodes(workdir: Path, tmp_path: Path) -
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,

@@ -15,10 +15,10 @@ import yaml
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.algos import advantage
-from rlkube_trainer.driver import run_in_process
+from rlkube_trainer.loop.driver import run_in_process
 from rlkube_trainer.rollout import SamplingConfig
 from rlkube_trainer.rollout.hf_engine import HFRolloutEngine
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
 
 # A score and two components; "parity" depends on the response, so groups differ.
 COMPONENT_REWARD = (

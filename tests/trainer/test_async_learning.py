@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_trainer.tiny_task import DATA_SOURCE, init
+from rlkube_trainer.tiny.task import DATA_SOURCE, init
 
 STEPS = 60  # test_learning's budget for synchronous GRPO
 THRESHOLD = 2  # span <= 2: one step off at most
@@ -29,7 +29,7 @@ SAVED_AT = 57  # a checkpoint near the end, written while the next batch generat
 
 def _run(config: Path) -> list[dict[str, float]]:
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--in-process", "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--in-process", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -132,7 +132,7 @@ def _separate_async_through_ray(
     raw["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=900,

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from rlkube_trainer.async_training.schedule import OneStepOff
-from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken, span_of
+from rlkube_trainer.loop.async_training.schedule import OneStepOff
+from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, Taken, span_of
 
 SECONDS = 0.05  # each side's work
 

@@ -252,8 +252,8 @@ def test_optimizer_state_gives_an_identical_continuation(tmp_path: Path) -> None
 
 
 def test_export_hf_round_trip(tmp_path: Path) -> None:
-    from rlkube_trainer.models import load_causal_lm, load_tokenizer  # noqa: PLC0415  (transformers is slow to import)
-    from rlkube_trainer.tiny_task import build_model  # noqa: PLC0415
+    from rlkube_trainer.model.models import load_causal_lm, load_tokenizer  # noqa: PLC0415  (transformers is slow to import)
+    from rlkube_trainer.tiny.task import build_model  # noqa: PLC0415
 
     source = build_model(tmp_path / "model")
     model = load_causal_lm(str(source))
@@ -363,7 +363,7 @@ def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tm
 
 
 def test_the_manifest_records_each_parts_ranks_and_layout() -> None:
-    from rlkube_trainer.driver import layout_of  # noqa: PLC0415
+    from rlkube_trainer.loop.driver import layout_of  # noqa: PLC0415
 
     files = ["actor/rank_0.pt", "actor/rank_1.pt", "actor/sharded/__0_0.distcp", "critic/rank_0.pt", "driver.pt"]
     assert layout_of(files) == {

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from rlkube_api.config import TrainerConfig
-from rlkube_trainer import cli
 from rlkube_trainer.checkpoint import state
 from rlkube_trainer.checkpoint.state import BackgroundSave, load_torch, stage_rank_state
 from rlkube_trainer.checkpoint.store import COMPLETE, CheckpointError, CheckpointManager
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.rank import Rank
-from rlkube_trainer.termination import Terminated
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.termination import Terminated
+from rlkube_trainer.pod import cli
+from rlkube_trainer.workers.rank import Rank
 from tests.trainer.test_termination import COMPARED, config_in, on, rows
 
 STEPS = 4
@@ -104,7 +104,7 @@ class HeldWrites:
 
         monkeypatch.setattr(state, "save_torch", save_torch)
         # rank.py imported the name: the rank's own reference is the one to wrap.
-        monkeypatch.setattr("rlkube_trainer.rank.stage_rank_state", stage)
+        monkeypatch.setattr("rlkube_trainer.workers.rank.stage_rank_state", stage)
         monkeypatch.setattr(BackgroundSave, "_run", run)
 
     def release(self, *numbers: int) -> None:

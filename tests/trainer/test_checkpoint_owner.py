@@ -19,8 +19,8 @@ from rlkube_trainer.checkpoint.owner import (
     identity_from_env,
     owner_of,
 )
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.tiny.task import init
 
 FIRST = JobIdentity("ml", "grpo", "uid-1")
 RECREATED = JobIdentity("ml", "grpo", "uid-2")  # deleted and applied again: same name, new UID

@@ -24,7 +24,7 @@ from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, lo
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, owner_of
 from rlkube_trainer.checkpoint.state import load_torch, save_torch
 from rlkube_trainer.checkpoint.store import COMPLETE, LATEST, MANIFEST, CheckpointError, CheckpointManager
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +165,7 @@ def test_a_location_is_local_unless_it_has_a_scheme(tmp_path: Path) -> None:
 
 def _run(config: Path, s3: S3Server) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--in-process", "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--in-process", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -217,7 +217,7 @@ def test_async_saves_write_to_the_s3_server_and_commit_once_written(tmp_path: Pa
     """checkpoint.async_save with checkpoint.uri: each rank uploads its part on its write
     thread, the driver writes manifest.json, COMPLETE and latest once all are there."""
     from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
-    from rlkube_trainer.driver import run_in_process  # noqa: PLC0415
+    from rlkube_trainer.loop.driver import run_in_process  # noqa: PLC0415
 
     raw = yaml.safe_load(init(tmp_path, "grpo", steps=3).read_text())
     raw["rollout"]["name"] = "hf"
@@ -241,7 +241,7 @@ def test_async_saves_write_to_the_s3_server_and_commit_once_written(tmp_path: Pa
 
 
 def test_the_preflight_writes_to_the_store_and_names_checkpoint_uri_when_it_cannot(s3: S3Server) -> None:
-    from rlkube_trainer.preflight import PreflightError, check_checkpoint_uri  # noqa: PLC0415
+    from rlkube_trainer.pod.preflight import PreflightError, check_checkpoint_uri  # noqa: PLC0415
 
     check_checkpoint_uri(f"s3://{s3.bucket}/preflight", s3.endpoint)
     assert not root_of(s3, "preflight").exists()  # its probe deleted again

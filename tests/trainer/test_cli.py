@@ -16,7 +16,7 @@ import yaml
 
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import Env
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
 
 
 def test_wrong_key_and_value_are_named(tmp_path: Path) -> None:
@@ -26,7 +26,10 @@ def test_wrong_key_and_value_are_named(tmp_path: Path) -> None:
     raw["rollout"]["temprature"] = 1.0
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config)], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert result.returncode == ExitCode.CONFIG
     assert str(config) in result.stderr
@@ -45,7 +48,7 @@ def test_a_pods_trainer_exits_on_sigterm_as_a_kubelet_expects(tmp_path: Path) ->
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `ray`, as in the image
     env = {**os.environ, "PATH": path, Env.RAY_ADDRESS: "127.0.0.1:1", Env.PET_NODE_RANK: "0"}
     env.pop(Env.CONFIG, None)
-    command = [sys.executable, "-m", "rlkube_trainer.cli", "node", "--role", "actor", "--gpus", "0"]
+    command = [sys.executable, "-m", "rlkube_trainer.pod.cli", "node", "--role", "actor", "--gpus", "0"]
     process = subprocess.Popen([*command, "--health-port", str(port)], env=env, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120

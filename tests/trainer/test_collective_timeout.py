@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkube_trainer.driver import free_port
-from rlkube_trainer.weight_sync import BroadcastGroup
+from rlkube_trainer.loop.driver import free_port
+from rlkube_trainer.workers.weight_sync import BroadcastGroup
 
 
 def test_a_collective_without_its_peer_fails_after_the_configured_timeout() -> None:
@@ -38,9 +38,9 @@ def test_a_collective_without_its_peer_fails_after_the_configured_timeout() -> N
 def test_the_rank_takes_the_timeout_from_the_config() -> None:
     from rlkube_api.config import TrainerConfig  # noqa: PLC0415
     from rlkube_api.placement import placement_of  # noqa: PLC0415
-    from rlkube_trainer.driver import rank_specs  # noqa: PLC0415
-    from rlkube_trainer.rank import Rank  # noqa: PLC0415
-    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+    from rlkube_trainer.loop.driver import rank_specs  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import trainer_config  # noqa: PLC0415
+    from rlkube_trainer.workers.rank import Rank  # noqa: PLC0415
 
     raw = trainer_config(Path("/work"))
     raw["trainer"]["nccl_timeout"] = 45

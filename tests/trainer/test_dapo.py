@@ -13,9 +13,9 @@ import torch
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.ppo import PPOTrainer, TooManyGenerations
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.ppo import PPOTrainer, TooManyGenerations
+from rlkube_trainer.tiny.task import init
 
 CONSTANT_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n    return 1.0\n"
 

@@ -7,8 +7,8 @@ import torch
 
 from rlkube_api.placement import Engines, Role
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.dispatch import DataParallelActor, generate, shard_sampling
-from rlkube_trainer.rank_group import LocalRankGroup, split
+from rlkube_trainer.cluster.dispatch import DataParallelActor, generate, shard_sampling
+from rlkube_trainer.cluster.rank_group import LocalRankGroup, split
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
 

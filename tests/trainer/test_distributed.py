@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
 
 TOPOLOGY = {
     "actor": {"replicas": 2, "gpus_per_replica": 0},
@@ -62,7 +62,7 @@ def _config(workdir: Path, steps: int, save_freq: int) -> Path:
 
 def _run(config: Path, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -133,7 +133,7 @@ def test_killed_rank_fails_fast_and_the_rerun_resumes(learning_run: Run, tmp_pat
     killed = tmp_path / "killed"
     config = _config(killed, steps, save_freq)
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from rlkube_api.placement import Role
-from rlkube_trainer.async_training.partial_rollout import push_into_generation
-from rlkube_trainer.elastic_rollout import (
+from rlkube_trainer.cluster.elastic_rollout import (
     ElasticRollout,
     Engine,
     EngineState,
@@ -27,7 +26,8 @@ from rlkube_trainer.elastic_rollout import (
     sync_members,
     wanted_ranks,
 )
-from rlkube_trainer.rank_group import Pending, RankGroup, RankLost
+from rlkube_trainer.cluster.rank_group import Pending, RankGroup, RankLost
+from rlkube_trainer.loop.async_training.partial_rollout import push_into_generation
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
 LIVE, LOADED, STARTING = EngineState.LIVE, EngineState.LOADED, EngineState.STARTING

@@ -23,8 +23,8 @@ from rlkube_e2e.testing import ClusterInfo, Kubectl
 from rlkube_operator.children.rbac import rbac_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.observed import departed_pod, view_pod
-from rlkube_trainer import cli, exit_record
-from rlkube_trainer.exit_record import exit_event, record_exit
+from rlkube_trainer.pod import cli, exit_record
+from rlkube_trainer.pod.exit_record import exit_event, record_exit
 from tests.operator.helpers import CPU, load_job
 from tests.trainer.test_reporting import create_pod, fake_service_account_dir
 

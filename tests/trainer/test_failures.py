@@ -10,15 +10,15 @@ from rlkube_api.exit_codes import EXIT_CLASSES, PERMANENT_CODES, ExitCode, exit_
 from rlkube_operator.failure_policy import DEFAULT_RULES, FailureAction
 from rlkube_trainer.checkpoint.owner import CheckpointDirTaken
 from rlkube_trainer.checkpoint.store import CheckpointError
-from rlkube_trainer.data import DataError, PromptTooLongError
-from rlkube_trainer.failures import exit_code_of
-from rlkube_trainer.memory import DoesNotFit
-from rlkube_trainer.ppo import TooManyGenerations
-from rlkube_trainer.preflight import PreflightError
-from rlkube_trainer.rank_group import RankLost
-from rlkube_trainer.ray_cluster import NodesMissing
-from rlkube_trainer.reward import RewardFunctionError
-from rlkube_trainer.tracking import TrackerMissing
+from rlkube_trainer.cluster.rank_group import RankLost
+from rlkube_trainer.data.prompts import DataError, PromptTooLongError
+from rlkube_trainer.loop.ppo import TooManyGenerations
+from rlkube_trainer.loop.tracking import TrackerMissing
+from rlkube_trainer.pod.failures import exit_code_of
+from rlkube_trainer.pod.preflight import PreflightError
+from rlkube_trainer.pod.ray_node import NodesMissing
+from rlkube_trainer.reward.scoring import RewardFunctionError
+from rlkube_trainer.workers.memory import DoesNotFit
 
 
 def _lost_of(cause: BaseException) -> RankLost:

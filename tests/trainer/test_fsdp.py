@@ -17,7 +17,7 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rlkube_trainer.tiny_task import build_model
+from rlkube_trainer.tiny.task import build_model
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 RUNS: dict[Path, dict[str, Any]] = {}

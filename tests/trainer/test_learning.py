@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rlkube_trainer.tiny_task import DATA_SOURCE, init
+from rlkube_trainer.tiny.task import DATA_SOURCE, init
 
 # DAPO as its paper runs it, less the overlong penalty (every tiny response is
 # max_response_length long, so it would only shift all rewards alike). Dynamic sampling
@@ -69,7 +69,7 @@ def test_tiny_task_is_learned(tmp_path: Path, estimator: str, steps: int, overri
         raw[section].update(values)
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=1500,

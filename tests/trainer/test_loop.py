@@ -14,9 +14,9 @@ import yaml
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.ppo import greedy_reward_baselines
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.ppo import greedy_reward_baselines
+from rlkube_trainer.tiny.task import init
 
 
 def _config(workdir: Path, estimator: str, **overrides: Any) -> Any:

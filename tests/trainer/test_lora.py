@@ -1,4 +1,4 @@
-"""LoRA (rlkube_trainer.lora): adapters injected on a frozen base, the base computed with them
+"""LoRA (rlkube_trainer.model.lora): adapters injected on a frozen base, the base computed with them
 off (the reference), the merged weights the engine loads, the adapter as PEFT writes it, and a
 run in one process whose checkpoints and export hold the adapter and resume from it."""
 
@@ -15,11 +15,11 @@ from safetensors.torch import load_file
 from rlkube_api.config import ModelConfig
 from rlkube_api.validation import InvalidSpec, parse_trainer_config
 from rlkube_trainer.checkpoint.state import load_torch
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.lora import LoraSettings, adapters_disabled, apply_lora, merged_names, merged_weights
-from rlkube_trainer.lora.export import ADAPTER_DIR, WEIGHTS_FILE, peft_adapter_state, write_adapter
-from rlkube_trainer.models import load_causal_lm
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.model.lora import LoraSettings, adapters_disabled, apply_lora, merged_names, merged_weights
+from rlkube_trainer.model.lora.export import ADAPTER_DIR, WEIGHTS_FILE, peft_adapter_state, write_adapter
+from rlkube_trainer.model.models import load_causal_lm
+from rlkube_trainer.tiny.task import init
 from tests.trainer.tiny_model import build_tiny_model
 
 SETTINGS = LoraSettings(rank=4, alpha=8)
@@ -192,7 +192,7 @@ def test_a_lora_run_trains_the_adapters_only_and_resumes_from_them(
             assert torch.equal(tensor, initial[name]), name
 
     # Resume: a third step starts from step 2's adapters and optimizer state.
-    from rlkube_trainer.roles.training import Trainable  # noqa: PLC0415
+    from rlkube_trainer.workers.training import Trainable  # noqa: PLC0415
 
     loaded: list[dict[str, torch.Tensor]] = []
     load = Trainable.load_state_dict
@@ -212,7 +212,7 @@ def test_a_lora_run_trains_the_adapters_only_and_resumes_from_them(
 
 
 def test_use_shm_copies_the_model_once_per_host(tiny: Path, tmp_path: Path) -> None:
-    from rlkube_trainer.models import shm_copy  # noqa: PLC0415
+    from rlkube_trainer.model.models import shm_copy  # noqa: PLC0415
 
     first = Path(shm_copy(str(tiny), root=tmp_path))
     assert first.parent == tmp_path and (first / "config.json").is_file()
@@ -222,7 +222,7 @@ def test_use_shm_copies_the_model_once_per_host(tiny: Path, tmp_path: Path) -> N
 
 
 def test_layered_summon_caps_the_sync_bucket_at_one_decoder_layer(tiny: Path) -> None:
-    from rlkube_trainer.roles.actor import decoder_layer_bytes  # noqa: PLC0415
+    from rlkube_trainer.workers.actor import decoder_layer_bytes  # noqa: PLC0415
 
     model = load_causal_lm(str(tiny))
     layer = model.model.layers[0]

@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from rlkube_api.placement import Role
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.memory import GIB, DoesNotFit, ModelShape, check_fit, rank_memory
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.tiny.task import init
+from rlkube_trainer.workers.memory import GIB, DoesNotFit, ModelShape, check_fit, rank_memory
 
 H200 = int(139.8 * GIB)
 HOST = 128 * GIB
@@ -33,7 +33,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(workdir: Path, **actor_fsdp: Any) -> Any:
-    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import trainer_config  # noqa: PLC0415
 
     raw = trainer_config(workdir)
     raw["actor"]["fsdp_config"] = actor_fsdp
@@ -130,7 +130,7 @@ QWEN_7B_TEXT = {
 
 
 def test_lora_adapter_count_is_pefts() -> None:
-    from rlkube_trainer.memory import lora_parameters  # noqa: PLC0415
+    from rlkube_trainer.workers.memory import lora_parameters  # noqa: PLC0415
 
     # PEFT's print_trainable_parameters for Qwen2.5-7B, r=64, all-linear: 161,480,704.
     assert lora_parameters(QWEN_7B_TEXT, 64, ["all-linear"]) == 161_480_704
@@ -143,7 +143,7 @@ def test_7b_with_lora_fits_with_fp32_master_weights(workdir: Path) -> None:
     temporaries are the adapters' (161 M parameters), and the reference holds nothing of its own."""
     from dataclasses import replace  # noqa: PLC0415
 
-    from rlkube_trainer.memory import lora_parameters  # noqa: PLC0415
+    from rlkube_trainer.workers.memory import lora_parameters  # noqa: PLC0415
 
     adapters = lora_parameters(QWEN_7B_TEXT, 64, ["all-linear"])
     shape = replace(QWEN_7B, parameters=QWEN_7B.parameters + adapters, adapter_parameters=adapters)

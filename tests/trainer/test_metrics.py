@@ -1,4 +1,4 @@
-"""verl's data metrics (rlkube_trainer.metrics) on a hand-built batch."""
+"""verl's data metrics (rlkube_trainer.loop.metrics) on a hand-built batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.metrics import compute_data_metrics, compute_variance_proxy_metrics
+from rlkube_trainer.loop.metrics import compute_data_metrics, compute_variance_proxy_metrics
 
 
 def batch_of(response_mask: list[list[float]], prompt_lengths: list[int]) -> TrainBatch:

@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlkube_trainer import models
-from rlkube_trainer.models import (
+from rlkube_trainer.model import models
+from rlkube_trainer.model.models import (
     CriticModel,
     load_causal_lm,
     position_ids_from_mask,
@@ -24,8 +24,8 @@ from rlkube_trainer.models import (
     sum_pi_squared_from_logits,
     token_log_probs,
 )
-from rlkube_trainer.packing import enable_packed_attention
-from rlkube_trainer.tiny_task import build_model
+from rlkube_trainer.model.packing import enable_packed_attention
+from rlkube_trainer.tiny.task import build_model
 
 
 def test_log_probs_do_not_depend_on_the_padding_side(tmp_path: Path) -> None:
@@ -422,7 +422,7 @@ def test_kept_logits_run_the_head_once_and_give_the_recomputed_gradients(
 
 def role_config(tmp_path: Path, actor: dict[str, Any], critic: dict[str, Any] | None = None) -> Any:
     from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
-    from rlkube_trainer.tiny_task import trainer_config  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import trainer_config  # noqa: PLC0415
 
     if not (tmp_path / "model").exists():
         build_model(tmp_path / "model", layers=1)
@@ -441,7 +441,7 @@ def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from fsdp_probe import global_batch  # noqa: PLC0415
 
-    from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415
+    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415
 
     chunk_scores = models._chunk_scores
     results = {}
@@ -475,8 +475,8 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
 
     from torch._dynamo.utils import counters  # noqa: PLC0415
 
-    from rlkube_trainer.roles.critic import Critic  # noqa: PLC0415
-    from rlkube_trainer.roles.reference import Reference  # noqa: PLC0415
+    from rlkube_trainer.workers.critic import Critic  # noqa: PLC0415
+    from rlkube_trainer.workers.reference import Reference  # noqa: PLC0415
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from fsdp_probe import global_batch  # noqa: PLC0415

@@ -14,10 +14,10 @@ import torch
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.ppo import on_policy
-from rlkube_trainer.roles.actor import Actor
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.ppo import on_policy
+from rlkube_trainer.tiny.task import init
+from rlkube_trainer.workers.actor import Actor
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_probe import SAMPLES, global_batch

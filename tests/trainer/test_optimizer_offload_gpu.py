@@ -38,7 +38,7 @@ def nccl() -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from rlkube_trainer.tiny_task import build_model  # noqa: PLC0415
+    from rlkube_trainer.tiny.task import build_model  # noqa: PLC0415
 
     path = tmp_path_factory.mktemp("offload-gpu")
     build_model(path / "model")
@@ -52,7 +52,7 @@ def actor_for(workdir: Path, offload: bool) -> Any:
     from fsdp_probe import config_for  # noqa: PLC0415
 
     from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
-    from rlkube_trainer.roles.actor import Actor  # noqa: PLC0415
+    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415
 
     raw = config_for(workdir, 1, "fsdp2", None, "fp32", optimizer_offload=offload)
     return Actor(parse_trainer_config(raw), torch.device("cuda"), total_steps=10)

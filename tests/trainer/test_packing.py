@@ -21,18 +21,18 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from rlkube_api.config import RewardConfig
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer import models, packing
 from rlkube_trainer.algos import LOSS_AGG_MODES, agg_loss
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.models import CriticModel, load_causal_lm, response_log_probs, response_values
-from rlkube_trainer.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
-from rlkube_trainer.reward import ModelRewardScorer, RewardInput, build_reward_scorer
-from rlkube_trainer.roles.actor import Actor
-from rlkube_trainer.roles.critic import Critic
-from rlkube_trainer.roles.reference import Reference
-from rlkube_trainer.roles.training import MicroBatching
-from rlkube_trainer.tiny_task import init, trainer_config
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.model import models, packing
+from rlkube_trainer.model.models import CriticModel, load_causal_lm, response_log_probs, response_values
+from rlkube_trainer.model.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
+from rlkube_trainer.reward.scoring import ModelRewardScorer, RewardInput, build_reward_scorer
+from rlkube_trainer.tiny.task import init, trainer_config
+from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.critic import Critic
+from rlkube_trainer.workers.reference import Reference
+from rlkube_trainer.workers.training import MicroBatching
 
 TOL = {"atol": 2e-5, "rtol": 2e-5}
 PROBE = Path(__file__).with_name("packing_probe.py")

@@ -35,19 +35,17 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rlkube_api.placement import Role
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout as rollout_module
-from rlkube_trainer import tiny_task
-from rlkube_trainer.async_training.partial_rollout import (
+from rlkube_trainer.batch import build_batch
+from rlkube_trainer.cluster.ray_group import concurrency_of
+from rlkube_trainer.data.prompts import Prompt
+from rlkube_trainer.loop.async_training.partial_rollout import (
     interruptible_rollout,
     push_into_generation,
     token_version_metrics,
 )
-from rlkube_trainer.async_training.schedule import OneStepOff
-from rlkube_trainer.async_training.staleness import OffPolicyBuffer, Taken, span_of
-from rlkube_trainer.batch import build_batch
-from rlkube_trainer.data import Prompt
-from rlkube_trainer.fsdp import Rendezvous
-from rlkube_trainer.rank import RankSpec
-from rlkube_trainer.ray_group import concurrency_of
+from rlkube_trainer.loop.async_training.schedule import OneStepOff
+from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, Taken, span_of
+from rlkube_trainer.model.fsdp import Rendezvous
 from rlkube_trainer.rollout import (
     RolloutBatch,
     RolloutEngine,
@@ -56,6 +54,8 @@ from rlkube_trainer.rollout import (
     build_rollout_engine,
     partial,
 )
+from rlkube_trainer.tiny import task as tiny_task
+from rlkube_trainer.workers.rank import RankSpec
 
 # --- the splice (rollout/partial.py) ----------------------------------------------------------------
 

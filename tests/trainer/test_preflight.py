@@ -1,5 +1,5 @@
 """Pre-flight: each file a run needs is checked before anyone waits, and a failure names the
-trainer key, the RLJob field and the path (rlkube_trainer.preflight, the CLI's exit code)."""
+trainer key, the RLJob field and the path (rlkube_trainer.pod.preflight, the CLI's exit code)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import yaml
 from rlkube_api.config import TrainerConfig
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.validation import load_trainer_config
-from rlkube_trainer.preflight import PreflightError, check_driver, check_group, write_termination_message
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.pod.preflight import PreflightError, check_driver, check_group, write_termination_message
+from rlkube_trainer.tiny.task import init
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +129,7 @@ def test_the_cli_exits_with_the_config_code_before_starting_ray(task: Path, tmp_
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config)],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config)],
         capture_output=True,
         text=True,
         check=False,

@@ -21,15 +21,15 @@ from rlkube_api.names import ANNOTATION_PROGRESS, Env
 from rlkube_api.rljob import Progress
 from rlkube_e2e.pki import ensure_pki
 from rlkube_e2e.testing import ClusterInfo, Kubectl
-from rlkube_trainer.health import HealthServer
-from rlkube_trainer.progress import (
+from rlkube_trainer.loop.progress import (
     NullReporter,
     PodAnnotationReporter,
     kubeconfig_api,
     progress_payload,
     reporter_from_env,
 )
-from rlkube_trainer.prometheus import DriverMetrics, metrics_port_from_env, prometheus_name
+from rlkube_trainer.loop.prometheus import DriverMetrics, metrics_port_from_env, prometheus_name
+from rlkube_trainer.pod.health import HealthServer
 
 LOGGER = "rlkube.trainer.progress"
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rlkube_trainer.resharding import (
+from rlkube_trainer.workers.resharding import (
     ModelShape,
     Slice,
     SyncBytes,
@@ -178,7 +178,7 @@ def _gather(rank: int, world: int, port: int, tp: int, out: str) -> None:
 def _gather_slices(rank: int, world: int, tp: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    from rlkube_trainer.fsdp import shard_with_fsdp2  # noqa: PLC0415
+    from rlkube_trainer.model.fsdp import shard_with_fsdp2  # noqa: PLC0415
 
     torch.manual_seed(0)
     # A vocabulary of 100 pads to 128: the ranges [0, 64) and [64, 100) cut across the FSDP
@@ -237,7 +237,7 @@ def _gather_full(rank: int, world: int, out: str) -> None:
     """Full tensors from FSDP2 shards, per tensor (DTensor.full_tensor) and in buckets."""
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
-    from rlkube_trainer.fsdp import shard_with_fsdp2  # noqa: PLC0415
+    from rlkube_trainer.model.fsdp import shard_with_fsdp2  # noqa: PLC0415
 
     torch.manual_seed(0)
     # Uneven shards: 101 words (51 + 50 rows), 3 rows of `odd` (2 + 1), and 1 row of `single`
@@ -278,7 +278,7 @@ def test_bucketed_gathers_give_every_full_tensor_bit_for_bit_with_one_collective
 
 
 def test_a_rank_removes_only_its_own_stale_cpu_shm_segment(tmp_path: Path) -> None:
-    from rlkube_trainer.rank import clear_stale_cpu_shm  # noqa: PLC0415
+    from rlkube_trainer.workers.rank import clear_stale_cpu_shm  # noqa: PLC0415
 
     names = ["-tp:0-[2-3]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "other"]
     for name in names:

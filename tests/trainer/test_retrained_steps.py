@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlkube_trainer.tracking import Tracker
+from rlkube_trainer.loop.tracking import Tracker
 
 KEY = "critic/score/mean"
 

@@ -15,8 +15,8 @@ import yaml
 from tiny_model import save_reward_model
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.tiny.task import init
 
 
 def _raw_config(tmp_path: Path) -> dict[str, object]:
@@ -48,7 +48,7 @@ def test_beside_the_actor_on_ray_ranks(tmp_path: Path) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_raw_config(tmp_path)))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
         capture_output=True,
         text=True,
         timeout=900,

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from rlkube_api.config import RolloutCorrectionConfig
 from rlkube_trainer.algos import compute_policy_loss
-from rlkube_trainer.rollout_correction import (
+from rlkube_trainer.algos.rollout_correction import (
     bypass_policy_loss,
     compute_offpolicy_metrics,
     compute_rollout_correction_and_rejection_mask,

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from rlkube_trainer.async_training.staleness import OffPolicyBuffer, span_of
+from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, span_of
 
 
 def test_span_is_verls_global_steps_minus_prompt_steps_plus_one() -> None:

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer import cli
 from rlkube_trainer.checkpoint.store import CheckpointManager
-from rlkube_trainer.driver import GroupState, run_in_process
-from rlkube_trainer.rank import Rank
-from rlkube_trainer.termination import TERMINATION, Terminated, Termination
-from rlkube_trainer.tiny_task import init
+from rlkube_trainer.loop.driver import GroupState, run_in_process
+from rlkube_trainer.loop.termination import TERMINATION, Terminated, Termination
+from rlkube_trainer.pod import cli
+from rlkube_trainer.tiny.task import init
+from rlkube_trainer.workers.rank import Rank
 
 STEPS = 4
 # The phases of a step on the actor's rank a SIGTERM can land in.
@@ -175,21 +175,21 @@ def test_a_role_pod_told_to_stop_ends_once_its_head_has_gone(monkeypatch: pytest
     import time  # noqa: PLC0415
 
     from rlkube_api.names import Env  # noqa: PLC0415
-    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+    from rlkube_trainer.pod import ray_node  # noqa: PLC0415
 
     listener = socket.create_server(("127.0.0.1", 0))
     monkeypatch.setenv(Env.RAY_ADDRESS, f"127.0.0.1:{listener.getsockname()[1]}")
-    with TERMINATION.arm(ray_cluster.head_reachable):
+    with TERMINATION.arm(ray_node.head_reachable):
         assert TERMINATION.take(signal.SIGTERM)  # the head answers: the pod stays for its driver
         started = time.monotonic()
         listener.close()  # the driver saved and ended
-        code = ray_cluster._serve(["sleep", "60"])
+        code = ray_node._serve(["sleep", "60"])
     assert code == 128 + signal.SIGTERM
     assert time.monotonic() - started < 10
 
 
 def test_a_node_not_told_to_stop_serves_until_its_command_ends() -> None:
-    from rlkube_trainer import ray_cluster  # noqa: PLC0415
+    from rlkube_trainer.pod import ray_node  # noqa: PLC0415
 
     with TERMINATION.arm():  # armed, with no signal taken
-        assert ray_cluster._serve(["sh", "-c", "sleep 1.5; exit 3"]) == 3
+        assert ray_node._serve(["sh", "-c", "sleep 1.5; exit 3"]) == 3

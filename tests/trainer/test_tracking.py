@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlkube_trainer.tracking import RUN_IDS_FILE, Tracker, TrackerMissing, WandbTracker, mlflow_tracking_uri
+from rlkube_trainer.loop.tracking import RUN_IDS_FILE, Tracker, TrackerMissing, WandbTracker, mlflow_tracking_uri
 from tests.trainer.wandb_records import history, run_info
 
 MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient

@@ -16,13 +16,12 @@ from prometheus_client import generate_latest
 
 from rlkube_api.rljob import Progress
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer import dispatch
-from rlkube_trainer.driver import run_in_process
-from rlkube_trainer.ppo import Scored
-from rlkube_trainer.progress import progress_payload
-from rlkube_trainer.prometheus import DriverMetrics
-from rlkube_trainer.tiny_task import DATA_SOURCE, VAL_PROMPTS, init
-from rlkube_trainer.validation import (
+from rlkube_trainer.cluster import dispatch
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.ppo import Scored
+from rlkube_trainer.loop.progress import progress_payload
+from rlkube_trainer.loop.prometheus import DriverMetrics
+from rlkube_trainer.loop.validation import (
     GENERATIONS_FILE,
     VALIDATION_SEED_OFFSET,
     Validation,
@@ -33,6 +32,7 @@ from rlkube_trainer.validation import (
     process_validation_metrics,
     sample_sizes,
 )
+from rlkube_trainer.tiny.task import DATA_SOURCE, VAL_PROMPTS, init
 
 CORE = f"val-core/{DATA_SOURCE}/reward/mean@1"
 

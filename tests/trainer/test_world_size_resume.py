@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.tiny_task import build_model
+from rlkube_trainer.tiny.task import build_model
 
 PROBE = Path(__file__).with_name("fsdp_probe.py")
 sys.path.insert(0, str(PROBE.parent))

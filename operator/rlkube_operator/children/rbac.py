@@ -2,7 +2,7 @@
 ServiceAccount: the driver patches the `rlkube.dev/progress` annotation of its own pod
 (the controller pod; that one pod only), which the operator already watches; and every
 trainer container records its non-zero exit as an Event about its pod (which outlives the
-pod: trainer/rlkube_trainer/exit_record.py)."""
+pod: trainer/rlkube_trainer/pod/exit_record.py)."""
 
 from __future__ import annotations
 

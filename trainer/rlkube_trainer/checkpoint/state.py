@@ -1,6 +1,6 @@
 """Checkpoint state I/O: torch objects written atomically, sharded (FSDP2) state through
 torch.distributed.checkpoint, and the process RNG states. Which rank writes which file is
-the rank's business (rlkube_trainer.rank); the folder protocol is store.py's."""
+the rank's business (rlkube_trainer.workers.rank); the folder protocol is store.py's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -21,8 +21,21 @@ import torch
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, relative
 from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, check_checksum, written
 
-if TYPE_CHECKING:
-    from rlkube_trainer.roles.training import Trainable
+
+class Checkpointable(Protocol):
+    """What a checkpoint needs of a role with an optimizer (workers/training.py's `Trainable`):
+    its state whole, or as this rank's shards plus what every rank keeps for itself."""
+
+    @property
+    def sharded(self) -> bool: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def sharded_state_dict(self) -> dict[str, Any]: ...
+    def load_sharded_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_full_state_dict(self, state: dict[str, Any]) -> None: ...
+    def local_state_dict(self) -> dict[str, Any]: ...
+    def load_local_state_dict(self, state: dict[str, Any]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +158,7 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 # --- a rank's trainable roles -------------------------------------------------------------------
 
 
-def save_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> dict[str, Written]:
+def save_rank_state(staging: CheckpointPath, trainables: Mapping[str, Checkpointable], rank: int) -> dict[str, Written]:
     """Each trainable role of a rank into `staging/<role>/`: a sharded model's parameters and
     optimizer state through torch.distributed.checkpoint (a collective over the role's group),
     the rest (or all of it, unsharded) in `rank_<rank>.pt` with this process's RNG states.
@@ -268,7 +281,7 @@ class BackgroundSave:
         return WrittenInBackground(self._files, self._seconds)
 
 
-def stage_rank_state(staging: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> BackgroundSave:
+def stage_rank_state(staging: CheckpointPath, trainables: Mapping[str, Checkpointable], rank: int) -> BackgroundSave:
     """`save_rank_state`, in two halves: the state copied into host memory now (returns once
     it is, before the caller's next optimizer step can change it), the files written by a
     thread. A sharded model's copy and write are torch.distributed.checkpoint's `async_save`
@@ -329,7 +342,7 @@ def rank_file(checkpoint: CheckpointPath, part: str, rank: int) -> CheckpointPat
     return checkpoint / part / "rank_0.pt"
 
 
-def load_rank_state(checkpoint: CheckpointPath, trainables: Mapping[str, Trainable], rank: int) -> None:
+def load_rank_state(checkpoint: CheckpointPath, trainables: Mapping[str, Checkpointable], rank: int) -> None:
     """What `save_rank_state` wrote, back into the same roles, on any number of ranks and either
     layout: a sharded checkpoint is resharded by torch.distributed.checkpoint (into shards or a
     whole model), full replicas are loaded whole or cut into this run's shards. A rank the saving

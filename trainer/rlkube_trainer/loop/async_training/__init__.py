@@ -1,0 +1,1 @@
+"""Asynchronous training: generation overlapping the update, within a bounded staleness."""
