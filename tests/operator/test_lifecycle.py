@@ -81,7 +81,7 @@ def test_a_new_job_gets_its_children_and_runs(jobs: Jobs) -> None:
 
 
 def test_a_missing_config_map_holds_the_pods_back_until_it_exists(jobs: Jobs) -> None:
-    """Issue 32 item 9: the reward ConfigMap the job names does not exist. No pod is created
+    """The reward ConfigMap the job names does not exist. No pod is created
     (none sits scheduled holding GPUs); the job says which object is missing within seconds,
     and starts by itself once it is created."""
     body = tiny_job(JOB, jobs.namespace)
