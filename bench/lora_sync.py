@@ -1,4 +1,4 @@
-"""LoRA weight sync, the two ways an engine can get a trained adapter (issue 33): merged
+"""LoRA weight sync, the two ways an engine can get a trained adapter: merged
 weights loaded as the plain sync loads them (what the trainer does), or the adapter written in
 PEFT's format and added to an engine started with LoRA enabled. Prints seconds per sync and per
 generation batch for each. A benchmark, not a test: timings decide nothing.
@@ -8,8 +8,8 @@ On vLLM CPU, the tests' tiny Qwen2:
     .venv/bin/python bench/lora_sync.py --hidden 64 --layers 2 --mode merged
     .venv/bin/python bench/lora_sync.py --hidden 64 --layers 2 --mode adapter
 
-On a GPU, a saved model at a real shape (bench/gpu/issue33.sh's `syncs` phase: the Qwen2.5-7B
-shape, rank 64, issue 14's generation shape):
+On a GPU, a saved model at a real shape (bench/gpu/run.sh's `lora-sync` phase: the Qwen2.5-7B
+shape, rank 64, the model sizes' generation shape):
 
     python3 bench/lora_sync.py --model DIR --device cuda --dtype bfloat16 --rank 64 \\
         --prompts 32 --samples 8 --prompt-len 256 --tokens 512 --gpu-util 0.3 --mode merged

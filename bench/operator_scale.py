@@ -1,4 +1,4 @@
-"""Operator benchmark (issue 3, item 8): apply-to-running latency against the floor,
+"""Operator benchmark: apply-to-running latency against the floor,
 and 500 RLJobs at once. A benchmark, not a test: it prints numbers and asserts none.
 
     .venv/bin/python bench/operator_scale.py                      # the full run
@@ -33,8 +33,8 @@ exactly as a user would. Every RLJob is examples/tiny-cpu.yaml (controller + 2 a
       rate; lag = from just before the patch is sent until status.progress.step shows
       the new step;
     - idle cost: operator CPU (cores) and reconcile passes started per second over a
-      window (default 35 s; the operator's idle requeue was 30 s until session 3, about
-      300 s since, so the window now shows the cost of nothing happening) that begins
+      window (default 35 s; the operator's idle requeue was once 30 s, about
+      300 s now, so the window now shows the cost of nothing happening) that begins
       `--settle` seconds (default 30) after every job is Running, nothing changing;
       and CPU, reconcile passes and status writes (RLJob MODIFIED events) of the burst;
     - floor (`--no-scale-floor` skips it): after the operator's run, the same children

@@ -4,8 +4,8 @@ and a small synthetic GRPO batch, counts the aten operators one update dispatche
 torch.profiler, for micro-batch sizes, gradient checkpointing and compiled decoder layers.
 
 The count does not depend on the widths, and on a GPU each operator costs host time to launch
-whatever its size: it is what bounds an update whose micro-batches are small (issue 34, the
-sizes at micro-batch 4 with gradient checkpointing). The fixed part of an update (the optimizer
+whatever its size: it is what bounds an update whose micro-batches are small (the
+model sizes' runs, at micro-batch 4 with gradient checkpointing). The fixed part of an update (the optimizer
 step, the gradient clip) is split from the part per micro-batch by two micro-batch sizes.
 
     .venv/bin/python bench/update_ops.py

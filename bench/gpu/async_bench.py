@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Issue 29: asynchronous GRPO (`trainer.v1.trainer_mode: colocate_async`) against synchronous
-GRPO, back to back in one process, at issue 8's shape on one GPU.
+"""Asynchronous GRPO (`trainer.v1.trainer_mode: colocate_async`) against synchronous
+GRPO, back to back in one process, at grpo_bench.py's shape on one GPU.
 
 Every run is `TrainingRun.fit`, the driver's own loop: `sync` runs `_sync_steps`
 (PPOTrainer.step), `colocate_async` runs `_async_steps` (OneStepOff: batch k+1 generates on the
@@ -29,9 +29,9 @@ Runs (--runs, comma-separated, in order; a name may repeat):
                               which the asynchronous modes always ask for
   colocate_async              one step off, generation on the rollout thread, its kernels on a
                               CUDA stream of its own (the trainer's rollout/stream.py, as its
-                              colocated ranks run it since session 21)
-  colocate_async_one_stream   the same with every kernel on the default stream (the trainer up to
-                              session 20; issue 29's measurement)
+                              colocated ranks run it)
+  colocate_async_one_stream   the same with every kernel on the default stream (what the stream
+                              of its own is measured against)
 """
 
 # ruff: noqa: PLC0415
@@ -385,11 +385,11 @@ def summarize(history: list[dict[str, float]], shape: dict[str, int], steps: int
 
 
 def main_run(args: argparse.Namespace) -> int:
-    from rlkube_trainer.data.prompts import PromptLoader
+    from rlkube_trainer.data.prompts.prompts import PromptLoader
     from rlkube_trainer.loop.driver import TrainingRun, seed_everything
     from rlkube_trainer.loop.ppo import PPOTrainer, Roles
     from rlkube_trainer.model.models import load_tokenizer
-    from rlkube_trainer.reward.scoring import build_reward_scorer
+    from rlkube_trainer.reward.scoring.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers.actor import Actor
 

@@ -7,8 +7,9 @@
 #
 #   bench/gpu/fetch_verl_wheels.sh
 #
-# Then carry each of bench/gpu/carry/verl/bN to the GPU host and run bench/gpu/install-verl.sh there (after
-# install.sh: verl runs on rlkube's site, /tmp/rlkube-site, with /tmp/verl-site in front).
+# Then carry each of bench/gpu/carry/verl/bN to the GPU host, `bash bench/gpu/run.sh stage` after each,
+# and `run.sh install` (install-verl.sh after install.sh: verl runs on rlkube's site,
+# /tmp/rlkube-site, with /tmp/verl-site in front).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 carry="${CARRY:-$here/carry/verl}"

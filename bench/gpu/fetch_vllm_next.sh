@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Another vLLM release than requirements-gpu.txt's, for a comparison in the trainer (issue 15 and
-# 34 compared 0.26.0 with 0.24.0 this way before 0.26.0 became the pin): VLLM_NEXT names it. Only
+# Another vLLM release than requirements-gpu.txt's, for a comparison in the trainer (0.26.0 was
+# compared with 0.24.0 this way before it became the pin): VLLM_NEXT names it. Only
 # the vLLM wheel travels, slimmed, into bench/gpu/carry-vllm-next/b1, b2, ..., so the release's
 # requirements must be met by requirements-gpu.txt's wheels and the host's (check its METADATA).
-# Run on a machine with a package index; on the GPU host:
-#   bash bench/gpu/install_vllm_next.sh     (after every batch has been carried there)
-# then put /tmp/vllm-next-site before /tmp/rlkube-site on PYTHONPATH (rollout_bench.py --site).
+# Run on a machine with a package index; on the GPU host, after each batch has been carried:
+#   bash bench/gpu/run.sh vllm-next     (installs it into /tmp/vllm-next-site once all came)
+# then `NEXT=1 bash bench/gpu/run.sh throughput` (or `vllm-pair`, `rollout`) runs on it.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 version="${VLLM_NEXT:?set VLLM_NEXT to the vLLM release to compare, e.g. VLLM_NEXT=0.24.0}"

@@ -10,7 +10,7 @@
 #                                        # the in-process trainer alone (no TRL, no Ray): fewer batches
 #
 # Then carry bench/gpu/carry/b1, b2, ... to the GPU host (one batch per transfer where transfers
-# are limited) and run bench/gpu/stage.sh there after each, and bench/gpu/install.sh at the end.
+# are limited) and run `bash bench/gpu/run.sh stage` there after each, `run.sh install` at the end.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 carry="${CARRY:-$here/carry}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """GRPO and PPO-with-critic steps of rlkube on one GPU, and TRL's GRPOTrainer on the same shape.
 
-Issue 8. Everything is made locally, nothing is downloaded: a random-initialised model with
+Everything is made locally, nothing is downloaded: a random-initialised model with
 Qwen2.5-0.5B's architecture (config in code), a byte-level tokenizer padded to the model's
 vocabulary, synthetic prompts. Shape: 64 prompts x n=8 per step, prompts of 256 tokens, responses
 of exactly 512 tokens (EOS ignored), colocated placement (vLLM in the trainer's process), bf16.
@@ -209,7 +209,7 @@ def ensure_model(path: Path, arch: dict[str, Any], seed: int = 0) -> Path:
 
 
 def make_prompts(shape: dict[str, int], vocab: int, seed: int = 0) -> list[Any]:
-    from rlkube_trainer.data.prompts import Prompt
+    from rlkube_trainer.data.prompts.prompts import Prompt
 
     rng = random.Random(seed)
     low = 256 + len(SPECIALS)
@@ -393,8 +393,8 @@ def weight_sync_paths(res: Results, engine: Any, actor: Any, arch: dict[str, Any
     and checks that the engine then holds exactly the actor's weights (cast to bf16)."""
     state = list(actor.named_weights())
     fp32_bytes = sum(t.numel() * t.element_size() for _, t in state)
-    # bf16_bytes counts every state-dict entry (the tied LM head twice, as the issue's reference
-    # figure did); unique_bf16_bytes counts each storage once (what the engine actually writes).
+    # bf16_bytes counts every state-dict entry (the tied LM head twice, as the 100 GB/s goal's
+    # reference figure did); unique_bf16_bytes counts each storage once (what the engine actually writes).
     bf16_bytes = sum(t.numel() * 2 for _, t in state)
     unique = {(t.data_ptr(), t.numel()): t for _, t in state}
     out: dict[str, Any] = {
@@ -587,7 +587,7 @@ def actor_update_variants(
     res: Results, actor: Any, batch: Any, n_matmul: int, arch: dict[str, Any], matmul_rate: float, seq: int
 ) -> None:
     """The same update (one batch, one optimizer step) three ways: rlkube's as is (LM head on the
-    response positions only, no entropy when entropy_coeff = 0: session 1's variants, now the
+    response positions only, no entropy when entropy_coeff = 0: first measured as variants, now the
     trainer's behaviour); with the entropy computed anyway (what entropy_coeff > 0 costs); and with
     gradient checkpointing."""
     flops = train_flops(n_matmul, arch, len(batch), seq)
@@ -657,7 +657,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.loop.driver import seed_everything
     from rlkube_trainer.loop.ppo import PPOTrainer, Roles
     from rlkube_trainer.model.models import load_tokenizer
-    from rlkube_trainer.reward.scoring import build_reward_scorer
+    from rlkube_trainer.reward.scoring.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers.actor import Actor
     from rlkube_trainer.workers.critic import Critic
@@ -823,7 +823,7 @@ def environment() -> dict[str, Any]:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = f"{props.name}, {props.total_memory / 2**30:.0f} GiB, {props.multi_processor_count} SMs"
-    # The device copy of the tree has no git history: run_all.sh passes the commit in.
+    # The device copy of the tree may have no git history: run.sh passes the commit in.
     info["commit"] = os.environ.get("RLKUBE_COMMIT") or "unknown"
     return info
 
@@ -972,7 +972,7 @@ def phase_mp_engine(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- report
 
 
-# Issue 34's goals, printed beside what one run measured.
+# The throughput goals, printed beside what one run measured.
 GOALS = {"tokens_per_s": 60_000.0, "vs_trl": 2.5, "vs_verl": 1.3, "ppo_vs_grpo": 0.75, "update_mfu": 0.40}
 STEP_PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights")
 
@@ -992,7 +992,7 @@ def _step_row(label: str, s: dict[str, Any], mfu: float | None) -> str:
 def report(paths: list[Path]) -> int:
     """One table from the JSON files of one machine's run: every rlkube run (grpo_bench.py rlkube:
     its GRPO and PPO rows), TRL, verl (verl_bench.py), the actor update's variants
-    (liger_bench.py) and the model sizes (scale_bench.py), then each goal of issue 34 with the
+    (liger_bench.py) and the model sizes (scale_bench.py), then each throughput goal with the
     ratio this run measured. Files are recognised by what they hold, not by name."""
     rlkube: dict[str, dict[str, Any]] = {}
     trl: dict[str, dict[str, Any]] = {}

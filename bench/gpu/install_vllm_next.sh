@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU host, once bench/gpu/carry-vllm-next/b* have all arrived (fetch_vllm_next.sh):
+# On the GPU host, once bench/gpu/carry-vllm-next/b* have all arrived (fetch_vllm_next.sh; run.sh's
+# vllm-next phase does the same from the staged parts):
 # verifies and re-joins the wheel and installs it alone into SITE (default /tmp/vllm-next-site);
 # its requirements come from /tmp/rlkube-site (install.sh), which goes after it on PYTHONPATH.
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The actor update's kernels (issue 34): the trainer's own Actor at grpo_bench's shape (random
+"""The actor update's kernels: the trainer's own Actor at grpo_bench's shape (random
 Qwen2.5-0.5B, 512 samples of 256 + 512 tokens, one mini-batch, micro-batch 16, bf16 under FSDP2
 on one GPU), on a synthetic GRPO batch, with each variant's changes:
 

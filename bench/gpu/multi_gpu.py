@@ -1,9 +1,9 @@
-"""Issue 9 on a 2-GPU host: FSDP across GPUs with NCCL, separate-rollout weight broadcast, and
+"""Several GPUs of one host: FSDP across GPUs with NCCL, separate-rollout weight broadcast, and
 colocated vs separate placement, all through the pods' entry points (bench/gpu/local_pods.py
 runs an RLJob's pods as processes with the operator's env).
 
     python bench/gpu/multi_gpu.py prepare --workdir W     # models, data, the RLJobs
-    python bench/gpu/local_pods.py W/jobs/<name>.yaml ...  # see run_multi_gpu.sh
+    python bench/gpu/local_pods.py W/jobs/<name>.yaml ...  # see run.sh's multi-gpu phase
     python bench/gpu/multi_gpu.py broadcast --workdir W --out R/broadcast.json
     python bench/gpu/multi_gpu.py report --workdir W --runs R
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The rollout options of issue 15, each measured alone on the GRPO benchmark's rollout.
+"""The rollout engine's options, each measured alone on the GRPO benchmark's rollout.
 
 The rollout of `grpo_bench.py`'s shape: 64 prompts x n=8 of 256 tokens, 512 new tokens each
 (EOS ignored), no log-probs, one seed per batch (what `rollout.build_engine` asks for), a

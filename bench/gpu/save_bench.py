@@ -1,4 +1,4 @@
-"""Issue 34 item 4: what checkpoint.asyncSave takes off the step at the 7B shape, with torch
+"""What checkpoint.asyncSave takes off the step at the 7B shape, with torch
 alone (the device image has torch, not the trainer's other dependencies). A state the size of
 Qwen2.5-7B's trainable state with bf16 master weights (7.6 B parameters and two AdamW moments,
 bf16, on the GPU, split in tensors of the model's largest size) is saved with torch distributed

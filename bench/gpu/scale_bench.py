@@ -1,4 +1,4 @@
-"""Issue 14's benchmark: does a GRPO step train at each Qwen2.5 size on one GPU, and how fast,
+"""Model sizes: does a GRPO step train at each Qwen2.5 size on one GPU, and how fast,
 through the trainer's own path (`driver.run_in_process`: one rank with an NCCL group of one,
 FSDP2 with bf16 compute over fp32 master weights, the colocated vLLM engine sleeping while
 the actor trains, chunked LM-head log-probs).
@@ -7,7 +7,7 @@ the actor trains, chunked LM-head log-probs).
     python3 bench/gpu/scale_bench.py run --arch 7b --lora-rank 64 --lora-alpha 128 --tag lora64 --out $OUT/scale.json
     python3 bench/gpu/scale_bench.py trl --arch 3b --model-dtype bf16 --out $OUT/trl-3b.json   # TRL, same size and shape
 
-LoRA (issue 33) goes through the trainer's own keys (model.lora_rank, lora_alpha,
+LoRA goes through the trainer's own keys (model.lora_rank, lora_alpha,
 target_modules, exclude_modules; rollout.layered_summon, model.use_shm): the actor trains
 adapters on its frozen base, the reference is that base, and the engine gets the merged
 weights (the trainer's only LoRA sync; `timing_s/update_weights` is its time).
@@ -64,7 +64,7 @@ ARCHS: dict[str, dict[str, Any]] = {
     "tiny": {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
              "num_attention_heads": 2, "num_key_value_heads": 1, "tie_word_embeddings": True},
 }  # fmt: skip
-# The issue's shape: 32 prompts x 8 samples, 256 + 512 tokens, gradient checkpointing, micro-batch 4.
+# The sizes' shape: 32 prompts x 8 samples, 256 + 512 tokens, gradient checkpointing, micro-batch 4.
 SHAPES = {
     "scale": {"prompts": 32, "n": 8, "prompt_len": 256, "response_len": 512, "micro": 4, "checkpointing": True},
     "bench": {"prompts": 64, "n": 8, "prompt_len": 256, "response_len": 512, "micro": 16, "checkpointing": False},

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rollout tensor parallelism (issue 16) on one host: the actor sharded with FSDP2 over N
+"""Rollout tensor parallelism on one host: the actor sharded with FSDP2 over N
 GPUs, vLLM engines of --tp GPUs each over the same ranks (colocated, vLLM's external
 launcher), through the trainer's own `Rank` (`setup`, `sync_colocated`, `generate`).
 

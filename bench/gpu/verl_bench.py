@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""verl 0.9.1 (PyPI) as a peer of rlkube's GRPO benchmark (issue 15), at grpo_bench.py's shape.
+"""verl 0.9.1 (PyPI) as a peer of rlkube's GRPO benchmark, at grpo_bench.py's shape.
 
 `python -m verl.trainer.main_ppo` with GRPO, FSDP and vLLM rollout (colocated, sleep mode) on one
 GPU: the model grpo_bench.ensure_model saves (Qwen2.5-0.5B architecture, random, byte-level

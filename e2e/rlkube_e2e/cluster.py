@@ -1,11 +1,14 @@
-"""A local Kubernetes control plane with fake GPU node pools, and its CLI.
+"""A local Kubernetes cluster: the control plane, fake GPU node pools, real nodes; its CLI.
 
-    python -m rlkube_e2e.cluster up|down|status [--state-dir DIR]
+    python -m rlkube_e2e.cluster up|down|status [--state-dir DIR] [--real-nodes N]
 
-etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok run as
-plain local processes (no containers). kwok simulates the nodes listed in
-`e2e/pools.yaml` and moves pods through their lifecycle according to the stages
-in `e2e/stages/`, so the real scheduler and controllers see a GPU cluster.
+etcd, kube-apiserver, kube-controller-manager and kube-scheduler run as plain local
+processes (no containers). kwok simulates the nodes listed in the pools file
+(`e2e/pools.yaml` by default) and moves pods through their lifecycle according to the
+stages in `e2e/stages/`, so the real scheduler and controllers see a GPU cluster; a
+pools file without nodes starts no kwok. With real nodes (`real_nodes`, `rlkube_e2e.node`)
+the cluster gets a host bridge of its own, on whose address the apiserver and CoreDNS
+listen, and each node runs pods from the images imported into it.
 """
 
 from __future__ import annotations
@@ -601,7 +604,8 @@ def _lease_renewed_since(api: KubeApi, node: str, since: datetime.datetime) -> b
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="e2e/cluster", description="Local Kubernetes control plane with fake GPU node pools (kwok)."
+        prog="e2e/cluster",
+        description="Local Kubernetes cluster: control plane, fake GPU node pools (kwok), real nodes.",
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(

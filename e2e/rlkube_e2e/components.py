@@ -1,9 +1,11 @@
-"""Command lines of the five control-plane processes.
+"""Command lines of the control-plane processes (and CoreDNS for clusters with real nodes).
 
 kwokctl's binary runtime (sigs.k8s.io/kwok pkg/kwokctl/components) is the
 reference; the differences are noted where they are made. Everything listens on
 127.0.0.1 only, on ports chosen free at start, so several clusters (a developer's
-and a test session's) can run side by side.
+and a test session's) can run side by side; a cluster with real nodes binds the
+apiserver and CoreDNS to its host bridge's address instead, which the nodes'
+network namespaces reach.
 """
 
 from __future__ import annotations

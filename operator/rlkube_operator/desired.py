@@ -1,7 +1,7 @@
 """Pure builders: an RLJob in, the manifests of its children out.
 
-One module per child kind (statefulset, service, configmap, rbac, networkpolicy; PodGroups come
-from the gang plugins). Nothing here talks to the API server.
+One module per child kind in `children/` (statefulset, service, configmap, secret, rbac,
+networkpolicy; PodGroups come from the gang plugins). Nothing here talks to the API server.
 """
 
 from __future__ import annotations

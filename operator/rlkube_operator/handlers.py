@@ -40,8 +40,8 @@ IDLE_JITTER = 0.1
 MIN_WAIT_SECONDS = 0.2
 RECONCILE_THREADS = 16
 # A first pass is a dozen API round trips; at 500 new jobs their latency, not CPU, sets the pace
-# (8 threads here took twice as long as 16 to reconcile them all, docs/benchmarks.md runs 8
-# and 10; 32 in run 11).
+# (in bench/operator_scale.py on 2 cores, 8 threads took twice as long as 16 to reconcile them
+# all; 32 reconciled them in under a minute, docs/benchmarks.md).
 NEW_SPEC_THREADS = 32
 
 

@@ -1,4 +1,4 @@
-"""Elastic rollout capacity (issue 29): separate rollout pods scale while the job runs.
+"""Elastic rollout capacity: separate rollout pods scale while the job runs.
 
 Patching `spec.roles.rollout.replicas` changes only the rollout StatefulSet's replicas (and a
 PodGroup's minMember); the attempt, the other roles' pods and `restartCount` stay. The

@@ -814,7 +814,7 @@ IMMUTABLE = [
 ]
 
 
-# Elastic rollout capacity (issue 29): rollout replicas change in place only with one-process
+# Elastic rollout capacity: rollout replicas change in place only with one-process
 # engines, never under Kueue; tensorParallelSize never changes. (id, old, new, fields): no
 # fields, the update is accepted.
 @dataclass(frozen=True)

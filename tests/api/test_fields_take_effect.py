@@ -1,4 +1,4 @@
-"""Issue 32 item 2: every accepted spec field takes effect. For each leaf field of
+"""Every accepted spec field takes effect. For each leaf field of
 RLJobSpec (walked from the pydantic model, the CRD's source), a non-default value is
 set on the GPU example; the field passes if the operator's children (StatefulSets,
 Services, the trainer ConfigMap, ...) change, or if validation refuses the value with
@@ -34,7 +34,7 @@ ELSEWHERE: dict[str, str] = {
     "runPolicy.pendingTimeoutSeconds": "job_state.py",
 }
 
-# Found ignored by this test; each is a bug to fix (issue 32 item 2), not an allowance.
+# Found ignored by this test; each is a bug to fix, not an allowance.
 KNOWN_IGNORED: set[str] = {
     # Only read when networkPolicy.enabled is true (the example leaves it false); setting
     # it on a disabled policy should be refused by name, or the field documented as such.
@@ -330,7 +330,7 @@ def test_multi_turn_config_map_and_sandbox_take_effect_or_are_refused_by_name() 
 
 
 def test_compile_and_recompute_settings_take_effect_and_lora_refuses_another_reference_compile() -> None:
-    """Issue 34's update settings: every value reaches the trainer config (the walk above tries one
+    """The actor update's speed settings: every value reaches the trainer config (the walk above tries one
     value per field; recomputeLogits has three, ref.compileDecoderLayers false differs from unset);
     with LoRA the reference is the actor's model, so only the actor's value is accepted for it."""
     base_obj = example(GPU)

@@ -1,4 +1,4 @@
-"""A private control plane with two real nodes, for the real-node tests (issue 28)."""
+"""A private control plane with two real nodes, for the real-node tests."""
 
 from __future__ import annotations
 

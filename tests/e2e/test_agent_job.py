@@ -1,4 +1,4 @@
-"""An e2e RLJob with a tool from a ConfigMap on the local cluster (issue 30): a multi-turn,
+"""An e2e RLJob with a tool from a ConfigMap on the local cluster: a multi-turn,
 tool-calling job from the trainer image on the real nodes, its rollout in a pod of its own.
 
 The tool is a class in a module (`lookup_agent.LookupTool`) named by verl's tool config

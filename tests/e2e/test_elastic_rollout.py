@@ -1,4 +1,4 @@
-"""Elastic rollout capacity on real nodes (issue 29 item 4): the tiny CPU job (its rollout a
+"""Elastic rollout capacity on real nodes: the tiny CPU job (its rollout a
 separate pod of one vLLM engine) from the trainer image, with the operator as its own process,
 trained asynchronously as such jobs are meant to run (`separate_async`, partial rollouts: each
 weight push goes into the generation in flight; rollout correction on by default).

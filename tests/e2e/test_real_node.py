@@ -1,4 +1,4 @@
-"""A real node (issue 28): kubelet + containerd + runc + CNI joined to a control plane of its
+"""A real node: kubelet + containerd + runc + CNI joined to a control plane of its
 own, running a pod from an image built here, and leaving nothing on the host once stopped.
 The two-node cluster is the package's (`tests/e2e/conftest.py`)."""
 

@@ -1,4 +1,4 @@
-"""The real node's config (issue 28): pure functions, plus containerd parsing what we write."""
+"""The real node's config: pure functions, plus containerd parsing what we write."""
 
 from __future__ import annotations
 

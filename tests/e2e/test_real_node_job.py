@@ -1,4 +1,4 @@
-"""The tiny RLJob on real nodes from the trainer image built here (issue 28): the chart's
+"""The tiny RLJob on real nodes from the trainer image built here: the chart's
 operator, the restricted Pod Security Standard, and its pods split across two nodes. The
 two-node cluster with the imported images is the package's (`tests/e2e/conftest.py`)."""
 

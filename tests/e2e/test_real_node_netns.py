@@ -1,4 +1,4 @@
-"""The real node's network (issue 28): created for real, reachable, removed without a trace."""
+"""The real node's network: created for real, reachable, removed without a trace."""
 
 from __future__ import annotations
 

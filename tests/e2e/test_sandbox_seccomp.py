@@ -1,4 +1,4 @@
-"""The code interpreter's sandbox in a pod as the multi-turn example runs it (issue 30): the
+"""The code interpreter's sandbox in a pod as the multi-turn example runs it: the
 trainer image as its non-root user, in a namespace that enforces the restricted Pod Security
 Standard, with the Localhost seccomp profile `examples/seccomp/rlkube-sandbox.json` that the
 README asks users to put on their nodes (the real nodes here hold it, as a node image would:

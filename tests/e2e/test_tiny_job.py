@@ -8,7 +8,7 @@ separate vLLM rollout pod) trains the tiny task:
   server (gofakes3 where the pods reach this machine), loses its driver pod and resumes from
   the object store;
 - a job that cannot run (a wrong model path, a volume that cannot be mounted) fails fast,
-  naming its cause (the wrong model path within issue 23's one minute).
+  naming its cause (a wrong model path from the pods' pre-flight, with no restart).
 
 Role pods killed mid-training (gang restart, resume, no step trained twice beyond saveFreq)
 are tests/e2e/test_faults.py. The operator runs as its own process (`python -m
@@ -287,10 +287,10 @@ def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
     seconds = time.monotonic() - started
     print(f"time to Failed for a wrong model.path: {seconds:.1f} s")
     assert final["state"] == "Failed"
-    # Issue 23's bound was a minute (15.7 s measured in session 7 on 2 loaded cores); in
-    # session 11 it took 42 s from container start to exit on a quiet machine and 77 s beside
-    # other work, the cause not found yet (docs/development-notes.md). Still the pods' pre-flight,
-    # never a restart: a restart takes at least a backoff and a second gang.
+    # The fail-fast goal is a minute (15.7 s was measured on 2 loaded cores); from container start to
+    # exit it has also taken 42 s on a quiet machine and 77 s beside other work, the cause not
+    # found. Still the pods' pre-flight, never a restart: a restart takes at least a backoff and
+    # a second gang.
     assert seconds < 150, f"took {seconds:.0f} s"
     assert final.get("restartCount", 0) == 0
     failed = next(c for c in final["conditions"] if c["type"] == "Failed")

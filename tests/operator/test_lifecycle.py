@@ -81,7 +81,7 @@ def test_a_new_job_gets_its_children_and_runs(jobs: Jobs) -> None:
 
 
 def test_a_missing_config_map_holds_the_pods_back_until_it_exists(jobs: Jobs) -> None:
-    """Issue 32 item 9: the reward ConfigMap the job names does not exist. No pod is created
+    """The reward ConfigMap the job names does not exist. No pod is created
     (none sits scheduled holding GPUs); the job says which object is missing within seconds,
     and starts by itself once it is created."""
     body = tiny_job(JOB, jobs.namespace)
@@ -314,9 +314,9 @@ def test_rollout_replicas_scale_in_place_without_restarting_the_gang(jobs: Jobs)
         )
         # No gang restart: the count, the attempt, and every pod that was there is the same pod.
         assert job["status"]["state"] == "Running"
-        # Failed about 1 run in 6 until session 25 (docs/development-notes.md): a scale-up's pods
-        # come in no order, and ordinal 1 after ordinal 2 was judged a replaced member
-        # (test_rollout_scaling.py pins the fix). The message (read only on failure) carries the Events.
+        # A scale-up's pods come in no order (the StatefulSet is Parallel): ordinal 1 seen after
+        # ordinal 2 must not be judged a replaced member (test_rollout_scaling.py pins the rule).
+        # The message (read only on failure) carries the Events.
         assert job["status"].get("restartCount", 0) == 0, (
             f"the gang restarted while scaling to {replicas}: "
             f"{[(e.get('reason'), e.get('message')) for e in jobs.events(JOB)]}"

@@ -1,6 +1,7 @@
 """bench/gpu/grpo_bench.py's `report`: the one table from the JSON files of one machine's run,
-read from session 24's real results (rlkube GRPO and PPO, TRL at 0.5B, verl, rlkube at 3B) plus a
-TRL run at 3B, which the report must put beside rlkube's 3B row, not beside the 0.5B runs."""
+read from real results of one H100 run kept in data/grpo-report/ (rlkube GRPO and PPO, TRL at
+0.5B, verl, rlkube at 3B) plus a TRL run at 3B, which the report must put beside rlkube's 3B row,
+not beside the 0.5B runs."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging.test_verl_bench import ROOT, _load
+from tests.packaging.test_verl_bench import DATA, _load
 
-RESULTS = ROOT / "bench" / "gpu" / "results" / "h100-2026-12-06-issue34-s24"
+RESULTS = DATA / "grpo-report"
 
 
 def _report(paths: list[Path], capsys: pytest.CaptureFixture[str]) -> str:

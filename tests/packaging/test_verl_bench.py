@@ -72,7 +72,7 @@ def test_report_has_verl_row_and_ratio(vb: ModuleType, tmp_path: Path, capsys: p
     assert gb.report([tmp_path / "rlkube.json", tmp_path / "verl.json"]) == 0
     out = capsys.readouterr().out
     assert f"| verl 0.9.1 GRPO (verl) | {verl_tps:,.0f} | 23.50 | 11.00 |" in out
-    # The goals table: issue 34's target beside the ratio measured.
+    # The goals table: the throughput goal beside the ratio measured.
     assert "| rlkube GRPO / verl (verl) | 1.3x | 2.00x |" in out
 
 

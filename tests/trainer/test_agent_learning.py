@@ -1,4 +1,4 @@
-"""Issue 30's learning test: the answer is only reachable through a lookup tool, and RL on
+"""Multi-turn learning: the answer is only reachable through a lookup tool, and RL on
 multi-turn episodes raises the reward and the rate of correct tool calls.
 
 The prompt names a key ("key c"); the answer is the key's value in a table that only the tool

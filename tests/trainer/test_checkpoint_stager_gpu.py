@@ -1,5 +1,5 @@
 """checkpoint.asyncSave on a GPU (skipped without one; CI has none: run it on a GPU host, as
-bench/gpu/issue34_s19.sh's `stream` phase does): one FSDP2 rank over NCCL. A rank's background
+bench/gpu/run.sh's `gpu-tests` phase does): one FSDP2 rank over NCCL. A rank's background
 saves stage its sharded state into pinned host buffers made at the first save and reused by the
 next (checkpoint/state.py: _stager), and what a save writes is the state of its step even though
 the next update runs while the write goes on."""

@@ -1,5 +1,5 @@
 """The start-time fit check (memory.py), against what one H200 showed (docs/benchmarks.md,
-"GPU: model size on one H200"): a 7B actor with fp32 master weights ran out of GPU memory in
+"GPU: what fits at the 7B shape"): a 7B actor with fp32 master weights ran out of GPU memory in
 its first step, with paramOffload its host (128 GiB) ran out, and with bf16 master weights it
 trained. The check must refuse the first two at start, naming what to change, and let the
 third and the 0.5B benchmark through."""

@@ -340,7 +340,7 @@ def test_response_sum_pi_squared_is_the_tempered_distributions(tmp_path: Path, k
 
 # --- actor.recompute_logits -------------------------------------------------------------------
 
-# Issue 34's benchmark shape: micro-batch 16 × (512 response + 1) scored positions, Qwen2.5's vocabulary.
+# The GPU benchmark shape (bench/gpu/grpo_bench.py): micro-batch 16 × (512 response + 1) scored positions, Qwen2.5's vocabulary.
 BENCH_TOKENS, BENCH_VOCAB = 16 * 513, 151_936
 
 

@@ -1,10 +1,12 @@
-"""A real Kubernetes node for the local cluster: containerd + runc + CNI + kubelet.
+"""A real Kubernetes node for the local cluster: containerd + runc + CNI + kubelet + kube-proxy.
 
-Work in progress (issue 28). One module per job: `network` (the node's addresses and its
-pods' CNI config), `netns` (its network namespace, veth and host bridge), `mountns` (its
-mount namespace: the kubelet's sysctls as files, private /run and /var/log), `containerd`
-(the runtime's config), `kubelet` (the kubelet's config and flags). Starting containerd and
-the kubelet through `mountns.wrap`, and the `RealNode` object with start()/stop(), are not
-written yet: see
-docs/development-notes.md, "Session 9: issue 28".
+`node.RealNode` starts and stops one node (`start_nodes` starts several side by side); the
+end-to-end tests and `make demo` run their pods on such nodes. One module per job: `network`
+(the cluster's and nodes' addresses, the pods' CNI config), `netns` (the host bridge, each
+node's network namespace and veth, and their removal), `mountns` (the node's mount
+namespace: the kubelet's sysctls as files, private /run and /var/log, /var/lib as an
+overlay), `containerd`, `kubelet` and `kube_proxy` (each one's config and flags), `dns`
+(CoreDNS for the cluster), `image_store` (images imported once and shared by every node).
+Nothing on the host changes while a node runs, and `stop()` leaves nothing behind
+(`RealNode.leftovers`, `netns.leftovers`).
 """

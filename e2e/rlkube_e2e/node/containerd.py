@@ -46,7 +46,7 @@ def containerd_config(paths: ContainerdPaths, sandbox_image: str, cni_bin_dir: P
     """The config.toml text.
 
     restrict_oom_score_adj: these VMs lack CAP_SYS_RESOURCE in the bounding set, so runc
-    fails every sandbox when asked to lower oom_score_adj (real-node.md quirk 1).
+    fails every sandbox when asked to lower oom_score_adj.
     The CRI's own image GC does not exist in 1.6; the kubelet's is turned off in its config.
     """
     cri = 'plugins."io.containerd.grpc.v1.cri"'

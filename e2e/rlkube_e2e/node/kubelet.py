@@ -1,7 +1,8 @@
 """The kubelet's config and flags for one real node.
 
-Every setting that differs from a stock node answers one of the quirks in
-`/work/shared/notes/real-node.md`; the comments say which.
+Every setting that differs from a stock node answers something about running a node inside
+a shared host (its kernel settings, cgroups and addresses must stay untouched); the comments
+say what.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 # The three sysctls kubelet would write host-wide at start. With protectKernelDefaults it
 # only checks them; the node's mount namespace bind-mounts files holding these values
-# over /proc/sys (quirk 2), so the host's kernel settings never change.
+# over /proc/sys, so the host's kernel settings never change.
 KERNEL_DEFAULTS: dict[str, str] = {
     "vm/overcommit_memory": "1",
     "kernel/panic": "10",
@@ -45,7 +46,7 @@ SECCOMP_DIR_IN_NODE = f"{ROOT_DIR_IN_NODE}/seccomp"
 
 
 def cgroup_root(cgroup_id: str) -> str:
-    """A cgroup tree of the node's own (quirk 3), so stop() can remove it whole."""
+    """A cgroup tree of the node's own, apart from the host's, so stop() can remove it whole."""
     return f"/rlkube/{cgroup_id}"
 
 
@@ -111,7 +112,8 @@ def kubelet_args(kubelet: Path, config: Path, inputs: KubeletInputs) -> list[str
         # (device plugins, pod resources) under the 108-byte limit a temporary dir can exceed.
         f"--root-dir={ROOT_DIR_IN_NODE}",
         f"--hostname-override={inputs.node_name}",
-        # A real (non-loopback) address on the node's veth (quirk 4).
+        # A real (non-loopback) address on the node's veth: pods on other nodes and the
+        # apiserver (which reaches the kubelet there for logs and exec) must reach it.
         f"--node-ip={inputs.node_ip}",
         # v=2 logs each pod's sync, which is what tells why a pod sits Pending on a node.
         "--v=2",

@@ -4,7 +4,7 @@ and /var/lib as an overlay whose writes stay in the node's state dir.
 `wrap(...)` prefixes a command so it runs inside the node's network namespace and a fresh
 private mount namespace set up first (the host's /sys, and so its cgroup mounts, stay visible). The netns is entered before the mounts, because a
 private /run hides /run/netns. The host's kernel settings and directories never change
-(real-node.md quirk 2): kubelet with protectKernelDefaults only reads the three files, and
+(kubelet would otherwise write three sysctls host-wide): kubelet with protectKernelDefaults only reads the three files, and
 what CNI keeps under /var/lib/cni (address leases, results) lands in the overlay's upper
 directory. Every mount lives only in the namespace and goes when its last process exits.
 """
