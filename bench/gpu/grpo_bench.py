@@ -209,7 +209,7 @@ def ensure_model(path: Path, arch: dict[str, Any], seed: int = 0) -> Path:
 
 
 def make_prompts(shape: dict[str, int], vocab: int, seed: int = 0) -> list[Any]:
-    from rlkube_trainer.data.prompts.prompts import Prompt
+    from rlkube_trainer.data.prompts import Prompt
 
     rng = random.Random(seed)
     low = 256 + len(SPECIALS)
@@ -657,7 +657,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.loop.driver import seed_everything
     from rlkube_trainer.loop.ppo import PPOTrainer, Roles
     from rlkube_trainer.model.models import load_tokenizer
-    from rlkube_trainer.reward.scoring.scoring import build_reward_scorer
+    from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers.actor import Actor
     from rlkube_trainer.workers.critic import Critic

@@ -15,12 +15,12 @@ import ray
 from rlkube_api.placement import placement_of
 from rlkube_api.validation import load_trainer_config
 from rlkube_trainer.cluster.ray_group import launch_ray_group
-from rlkube_trainer.data.prompts.prompts import PromptDataset, PromptLoader
+from rlkube_trainer.data.prompts import PromptDataset, PromptLoader
 from rlkube_trainer.loop.driver import build_roles, close, seed_everything, start_groups, total_steps_of
 from rlkube_trainer.loop.ppo import PPOTrainer
 from rlkube_trainer.model.models import load_tokenizer
 from rlkube_trainer.pod.ray_node import start_local_ray
-from rlkube_trainer.reward.scoring.scoring import build_reward_scorer
+from rlkube_trainer.reward.scoring import build_reward_scorer
 from rlkube_trainer.rollout import SamplingConfig
 
 

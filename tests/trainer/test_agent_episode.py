@@ -23,7 +23,7 @@ from rlkube_trainer.algos import (
     compute_reinforce_plus_plus_outcome_advantage,
 )
 from rlkube_trainer.batch import build_batch, token_level_scores
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator

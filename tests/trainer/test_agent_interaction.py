@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from rlkube_api.config import SandboxConfig
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout.agent.code_interpreter import CodeInterpreterTool, sandbox_overrides
 from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools
 from rlkube_trainer.rollout.agent.episode import Generation, Message, MultiTurnSettings, Trajectory, run_episode

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch, build_batch
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.sampler import EpisodeSampler
 from rlkube_trainer.workers.actor import Actor

@@ -1,4 +1,4 @@
-"""rlkube_trainer.data.prompts.prompts: reading verl-format rows, tokenizing prompts, the length policy and the resumable loader.
+"""rlkube_trainer.data.prompts: reading verl-format rows, tokenizing prompts, the length policy and the resumable loader.
 
 The tokenizer is a word-level one built here (nothing is downloaded), so every expected token id below
 is read straight off VOCAB rather than recomputed by the code under test.
@@ -19,7 +19,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rlkube_api.config import DataConfig
-from rlkube_trainer.data.prompts.prompts import (
+from rlkube_trainer.data.prompts import (
     DataError,
     Prompt,
     PromptDataset,
@@ -279,7 +279,7 @@ def test_filter_overlong_drops_and_reports(
     tmp_path: Path, tokenizer: PreTrainedTokenizerFast, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_parquet(tmp_path / "train.parquet", LENGTH_ROWS)
-    with caplog.at_level(logging.WARNING, logger="rlkube_trainer.data.prompts.prompts"):
+    with caplog.at_level(logging.WARNING, logger="rlkube_trainer.data.prompts"):
         # The filter wins over truncation="error": overlong rows are dropped, not fatal.
         data = dataset(path, tokenizer, max_prompt_length=4, filter_overlong_prompts=True, truncation="error")
     assert data.num_filtered == 2

@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rlkube_trainer.data.prompts.prepare import GSM8K_INSTRUCTION, MATH_INSTRUCTION, split_of
+from rlkube_trainer.data.prepare import GSM8K_INSTRUCTION, MATH_INSTRUCTION, split_of
 from rlkube_trainer.pod.cli import main
 from rlkube_trainer.scorers import default_compute_score
 

@@ -11,13 +11,13 @@ from rlkube_operator.failure_policy import DEFAULT_RULES, FailureAction
 from rlkube_trainer.checkpoint.owner import CheckpointDirTaken
 from rlkube_trainer.checkpoint.store import CheckpointError
 from rlkube_trainer.cluster.rank_group import RankLost
-from rlkube_trainer.data.prompts.prompts import DataError, PromptTooLongError
+from rlkube_trainer.data.prompts import DataError, PromptTooLongError
 from rlkube_trainer.loop.ppo import TooManyGenerations
 from rlkube_trainer.loop.tracking import TrackerMissing
 from rlkube_trainer.pod.failures import exit_code_of
 from rlkube_trainer.pod.preflight import PreflightError
 from rlkube_trainer.pod.ray_node import NodesMissing
-from rlkube_trainer.reward.scoring.scoring import RewardFunctionError
+from rlkube_trainer.reward.scoring import RewardFunctionError
 from rlkube_trainer.workers.memory import DoesNotFit
 
 

@@ -27,7 +27,7 @@ from rlkube_trainer.loop.driver import run_in_process
 from rlkube_trainer.model import models, packing
 from rlkube_trainer.model.models import CriticModel, load_causal_lm, response_log_probs, response_values
 from rlkube_trainer.model.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
-from rlkube_trainer.reward.scoring.scoring import ModelRewardScorer, RewardInput, build_reward_scorer
+from rlkube_trainer.reward.scoring import ModelRewardScorer, RewardInput, build_reward_scorer
 from rlkube_trainer.tiny.task import init, trainer_config
 from rlkube_trainer.workers.actor import Actor
 from rlkube_trainer.workers.critic import Critic

@@ -37,7 +37,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout as rollout_module
 from rlkube_trainer.batch import build_batch
 from rlkube_trainer.cluster.ray_group import concurrency_of
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.loop.async_training.partial_rollout import (
     interruptible_rollout,
     push_into_generation,

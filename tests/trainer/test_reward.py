@@ -1,4 +1,4 @@
-"""rlkube_trainer.reward.scoring.scoring: loading reward functions from files, scoring with them, and reward models.
+"""rlkube_trainer.reward.scoring: loading reward functions from files, scoring with them, and reward models.
 
 The reward model is a random-initialised one-layer Qwen2 classifier with a byte-level tokenizer,
 both built in tmp_path: nothing is downloaded.
@@ -14,7 +14,7 @@ import torch
 from tiny_model import save_reward_model
 
 from rlkube_api.config import RewardConfig
-from rlkube_trainer.reward.scoring.scoring import (
+from rlkube_trainer.reward.scoring import (
     FunctionRewardScorer,
     ModelRewardScorer,
     RewardConfigError,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlkube_api.config import RewardConfig
-from rlkube_trainer.reward.scoring.scoring import (
+from rlkube_trainer.reward.scoring import (
     FunctionRewardScorer,
     RewardInput,
     build_reward_scorer,

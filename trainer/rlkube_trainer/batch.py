@@ -14,7 +14,7 @@ from typing import Any, Self
 
 import torch
 
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch
 
 

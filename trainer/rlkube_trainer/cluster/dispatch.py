@@ -14,7 +14,7 @@ import torch
 from rlkube_api.placement import Engines
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.cluster.rank_group import RankGroup, split
-from rlkube_trainer.reward.scoring.scoring import RewardInput, RewardScores
+from rlkube_trainer.reward.scoring import RewardInput, RewardScores
 from rlkube_trainer.rollout import RolloutBatch, SamplingConfig
 from rlkube_trainer.workers.weight_sync import Manifest
 

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rlkube_trainer.data.prompts.prompts import DataError
+from rlkube_trainer.data.prompts import DataError
 from rlkube_trainer.scorers.boxed import last_boxed
 
 Row = dict[str, Any]

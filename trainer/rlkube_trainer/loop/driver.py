@@ -45,7 +45,7 @@ from rlkube_trainer.cluster.dispatch import (
 )
 from rlkube_trainer.cluster.elastic_rollout import ElasticRollout, Fleet
 from rlkube_trainer.cluster.rank_group import LocalRankGroup, RankGroup
-from rlkube_trainer.data.prompts.prompts import LoaderState, Prompt, PromptDataset, PromptLoader
+from rlkube_trainer.data.prompts import LoaderState, Prompt, PromptDataset, PromptLoader
 from rlkube_trainer.loop.async_training.partial_rollout import (
     interruptible_rollout,
     push_into_generation,
@@ -61,7 +61,7 @@ from rlkube_trainer.loop.tracking import Tracker
 from rlkube_trainer.loop.validation import Validation, headline_score, validation_prompts
 from rlkube_trainer.model.fsdp import Rendezvous
 from rlkube_trainer.model.models import load_tokenizer
-from rlkube_trainer.reward.scoring.scoring import RewardScorer, build_reward_scorer
+from rlkube_trainer.reward.scoring import RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout.agent.sampler import episode_sampler
 from rlkube_trainer.workers.rank import Rank, RankSpec
 

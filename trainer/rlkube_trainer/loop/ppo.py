@@ -32,9 +32,9 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.algos.rollout_correction import compute_rollout_correction_and_rejection_mask
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
-from rlkube_trainer.data.prompts.prompts import Prompt
+from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.loop.metrics import compute_data_metrics, compute_throughput_metrics, compute_variance_proxy_metrics
-from rlkube_trainer.reward.scoring.scoring import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
+from rlkube_trainer.reward.scoring import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
 Metrics = dict[str, float]

@@ -233,8 +233,8 @@ def _tiny_task(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from rlkube_trainer.data.prompts.prepare import prepare  # noqa: PLC0415
-    from rlkube_trainer.data.prompts.prompts import DataError  # noqa: PLC0415
+    from rlkube_trainer.data.prepare import prepare  # noqa: PLC0415
+    from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
 
     try:
         written = prepare(args.dataset, args.src, args.dest)

@@ -18,11 +18,11 @@ def exit_code_of(exc: BaseException) -> ExitCode:
     from rlkube_trainer.checkpoint.store import CheckpointError  # noqa: PLC0415
     from rlkube_trainer.cluster.rank_group import RankLost  # noqa: PLC0415
     from rlkube_trainer.config_errors import PreflightError  # noqa: PLC0415
-    from rlkube_trainer.data.prompts.prompts import DataError  # noqa: PLC0415
+    from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
     from rlkube_trainer.loop.ppo import TooManyGenerations  # noqa: PLC0415
     from rlkube_trainer.loop.tracking import TrackerMissing  # noqa: PLC0415
     from rlkube_trainer.pod.ray_node import NodesMissing  # noqa: PLC0415
-    from rlkube_trainer.reward.scoring.scoring import RewardConfigError, RewardFunctionError  # noqa: PLC0415
+    from rlkube_trainer.reward.scoring import RewardConfigError, RewardFunctionError  # noqa: PLC0415
     from rlkube_trainer.workers.memory import DoesNotFit  # noqa: PLC0415
 
     # Most specific first: a rank that died of an out-of-memory error is OUT_OF_MEMORY.

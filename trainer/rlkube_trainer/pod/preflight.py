@@ -87,7 +87,7 @@ def check_data_file(key: str, path: str, config: TrainerConfig) -> None:
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from rlkube_trainer.data.prompts.prompts import (  # noqa: PLC0415
+    from rlkube_trainer.data.prompts import (  # noqa: PLC0415
         ARROW_SUFFIXES,
         JSON_LINES_SUFFIXES,
         PARQUET_SUFFIXES,
@@ -129,7 +129,7 @@ def check_data_file(key: str, path: str, config: TrainerConfig) -> None:
 
 
 def check_reward_function(config: TrainerConfig) -> None:
-    from rlkube_trainer.reward.scoring.scoring import RewardFunctionError, load_reward_function  # noqa: PLC0415
+    from rlkube_trainer.reward.scoring import RewardFunctionError, load_reward_function  # noqa: PLC0415
 
     function = config.reward.function
     if function is None or function.path is None:

@@ -21,7 +21,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlkube_api.config import RewardConfig
-from rlkube_trainer.data.prompts.prompts import Message, RawPrompt, as_chat_messages, join_message_contents
+from rlkube_trainer.data.prompts import Message, RawPrompt, as_chat_messages, join_message_contents
 from rlkube_trainer.model.packing import enable_packed_attention, packed_rows, token_bins
 
 RewardFunction = Callable[..., Any]

@@ -35,7 +35,7 @@ from rlkube_trainer.checkpoint.state import (
 )
 from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.model.fsdp import Rendezvous, init_role_group
-from rlkube_trainer.reward.scoring.scoring import RewardInput, RewardScorer, build_reward_scorer
+from rlkube_trainer.reward.scoring import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from rlkube_trainer.rollout.stream import GenerationStream
 from rlkube_trainer.workers.actor import Actor

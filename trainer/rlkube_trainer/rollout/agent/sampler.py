@@ -18,7 +18,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
-from rlkube_trainer.data.prompts.prompts import Prompt, RawPrompt
+from rlkube_trainer.data.prompts import Prompt, RawPrompt
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools, settings_from_multi_turn
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator, Engine
