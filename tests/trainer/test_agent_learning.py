@@ -1,4 +1,4 @@
-"""Issue 30's learning test: the answer is only reachable through a lookup tool, and RL on
+"""The multi-turn learning test: the answer is only reachable through a lookup tool, and RL on
 multi-turn episodes raises the reward and the rate of correct tool calls.
 
 The prompt names a key ("key c"); the answer is the key's value in a table that only the tool
@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 KEYS = "abcdefgh"
 TABLE = dict(zip(KEYS, "31750264", strict=True))
 TOOL_FILE = f'''
-from rlkube_trainer.rollout.agent.tools import function_tool
+from rlkube_trainer.tools import function_tool
 
 TABLE = {TABLE!r}
 
