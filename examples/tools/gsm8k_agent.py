@@ -14,9 +14,7 @@ import operator
 import re
 from typing import Any
 
-from rlkube_trainer.rollout.agent.interaction import BaseInteraction
-from rlkube_trainer.rollout.agent.schemas import ToolResponse
-from rlkube_trainer.rollout.agent.tools import BaseTool, ToolResult
+from rlkube_trainer.tools import BaseInteraction, BaseTool, InteractionReply, ToolResponse, ToolResult
 
 _OPS: dict[type, Any] = {
     ast.Add: operator.add,
@@ -55,7 +53,7 @@ class CalculatorTool(BaseTool):
 class Gsm8kInteraction(BaseInteraction):
     async def generate_response(
         self, instance_id: str, messages: list[dict[str, Any]], **kwargs: Any
-    ) -> tuple[bool, str, float | None, dict[str, Any]]:
+    ) -> InteractionReply:
         numbers = re.findall(r"-?\d+(?:\.\d+)?", str(messages[-1].get("content", "")).replace(",", ""))
         right = bool(numbers) and numbers[-1] == str(kwargs.get("ground_truth"))
         if right:

@@ -17,6 +17,7 @@ import torch
 from tiny_model import build_tiny_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from rlkube_api.config import MultiTurnConfig
 from rlkube_trainer.algos import (
     compute_gae_advantage_return,
     compute_policy_loss,
@@ -27,7 +28,7 @@ from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator
-from rlkube_trainer.rollout.agent.episode import Generation, MultiTurnSettings, Trajectory, run_episode
+from rlkube_trainer.rollout.agent.episode import Generation, Trajectory, run_episode
 from rlkube_trainer.rollout.agent.sampler import to_sample
 from rlkube_trainer.rollout.agent.tools import FunctionTool, Tool, function_tool
 
@@ -75,20 +76,22 @@ def scripted(tokenizer: PreTrainedTokenizerBase, turns: list[str], delay: float 
     return generate
 
 
-def episode(tokenizer: PreTrainedTokenizerBase, settings: MultiTurnSettings) -> Trajectory:
+def episode(tokenizer: PreTrainedTokenizerBase, response_length: int, **limits: int) -> Trajectory:
+    """The moon lookup episode under rollout.multi_turn limits `limits` (MultiTurnConfig's fields)."""
     return asyncio.run(
         run_episode(
             [{"role": "user", "content": "What is the moon's number?"}],
             scripted(tokenizer, [CALL, ANSWER]),
             TemplateChatFormat(tokenizer),
             tools(),
-            settings,
+            MultiTurnConfig.model_validate(limits),
+            response_length,
         )
     )
 
 
 def test_trajectory_masks_exactly_the_tool_turn(tokenizer: PreTrainedTokenizerBase) -> None:
-    traj = episode(tokenizer, MultiTurnSettings(response_length=200))
+    traj = episode(tokenizer, 200)
     ids = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     tool_turn = ids("<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n")
     assert traj.response_ids == ids(CALL) + tool_turn + ids(ANSWER)
@@ -100,20 +103,20 @@ def test_trajectory_masks_exactly_the_tool_turn(tokenizer: PreTrainedTokenizerBa
 
 
 def test_turn_and_length_limits_end_the_episode(tokenizer: PreTrainedTokenizerBase) -> None:
-    one_turn = episode(tokenizer, MultiTurnSettings(response_length=200, max_assistant_turns=1))
+    one_turn = episode(tokenizer, 200, max_assistant_turns=1)
     assert one_turn.assistant_turns == 1 and one_turn.tool_calls == 0 and set(one_turn.response_mask) == {1}
     n_call = len(tokenizer(CALL, add_special_tokens=False)["input_ids"])
     # Room for the call but not the tool turn: verl ends the episode without appending it.
-    short = episode(tokenizer, MultiTurnSettings(response_length=n_call + 5))
+    short = episode(tokenizer, n_call + 5)
     assert len(short.response_ids) == n_call and short.tool_calls == 1 and short.user_turns == 0
-    truncated = episode(tokenizer, MultiTurnSettings(response_length=10))
+    truncated = episode(tokenizer, 10)
     assert len(truncated.response_ids) == 10 and truncated.assistant_turns == 1
 
 
 def test_masked_tool_span_gets_no_gradient_advantage_or_value_influence(
     tokenizer: PreTrainedTokenizerBase, model_path: Path
 ) -> None:
-    traj = episode(tokenizer, MultiTurnSettings(response_length=200))
+    traj = episode(tokenizer, 200)
     mask = torch.tensor([traj.response_mask], dtype=torch.float32)
     n_resp, n_prompt = mask.shape[1], len(traj.prompt_ids)
     reward = torch.zeros_like(mask)
@@ -164,7 +167,7 @@ def test_a_slow_tool_does_not_serialise_the_episodes(tokenizer: PreTrainedTokeni
 
     slow_tools: dict[str, Tool] = {"lookup": function_tool(name="lookup")(slow).__rlkube_function_tool__}
     chat = TemplateChatFormat(tokenizer)
-    settings = MultiTurnSettings(response_length=200)
+    section = MultiTurnConfig()
 
     async def main() -> list[Trajectory]:
         return await asyncio.gather(
@@ -174,7 +177,8 @@ def test_a_slow_tool_does_not_serialise_the_episodes(tokenizer: PreTrainedTokeni
                     scripted(tokenizer, [CALL, ANSWER], 0.01),
                     chat,
                     slow_tools,
-                    settings,
+                    section,
+                    200,
                 )
                 for i in range(n)
             )
@@ -228,13 +232,13 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
 
         return generate
 
-    settings = MultiTurnSettings(response_length=120, max_assistant_turns=2)
+    section = MultiTurnConfig(max_assistant_turns=2)
     chat = TemplateChatFormat(tokenizer)
 
     async def main() -> list[Trajectory]:
         return await asyncio.gather(
             *(
-                run_episode([{"role": "user", "content": c * 8}], first_turn_scripted(), chat, tools(), settings)
+                run_episode([{"role": "user", "content": c * 8}], first_turn_scripted(), chat, tools(), section, 120)
                 for c in "abcd"
             )
         )
@@ -253,8 +257,8 @@ def test_episodes_against_the_vllm_engine(engine: RolloutEngine, tokenizer: PreT
 
 
 def test_agent_batch_attends_everything_but_trains_only_model_tokens(tokenizer: PreTrainedTokenizerBase) -> None:
-    full = episode(tokenizer, MultiTurnSettings(response_length=200))
-    one = episode(tokenizer, MultiTurnSettings(response_length=200, max_assistant_turns=1))
+    full = episode(tokenizer, 200)
+    one = episode(tokenizer, 200, max_assistant_turns=1)
     # The step's batch: each episode becomes a RolloutSample (sampler.to_sample) with its own
     # rendered prompt and mask, padded into a TrainBatch by build_batch.
     rollout = RolloutBatch([to_sample(0, full, 200, True), to_sample(0, one, 200, True)], n=2)
@@ -290,19 +294,17 @@ def test_parallel_call_cap_truncation_and_a_tool_ending_the_episode(tokenizer: P
     chat = TemplateChatFormat(tokenizer)
     user = [{"role": "user", "content": "q"}]
 
-    def run(turns: list[str], settings: MultiTurnSettings) -> Trajectory:
-        return asyncio.run(run_episode(user, scripted(tokenizer, turns), chat, both, settings))
+    def run(turns: list[str], section: MultiTurnConfig) -> Trajectory:
+        return asyncio.run(run_episode(user, scripted(tokenizer, turns), chat, both, section, 300))
 
-    capped = run([two, ANSWER], MultiTurnSettings(response_length=300, max_parallel_calls=1))
+    capped = run([two, ANSWER], MultiTurnConfig(max_parallel_calls=1))
     assert capped.tool_calls == 1 and capped.tool_rewards == [0.0]
     parallel = run(
         [two, ANSWER],
-        MultiTurnSettings(
-            response_length=300, max_parallel_calls=2, max_tool_response_length=8, tool_response_truncate_side="right"
-        ),
+        MultiTurnConfig(max_parallel_calls=2, max_tool_response_length=8, tool_response_truncate_side="right"),
     )
     assert parallel.tool_calls == 2 and parallel.tool_rewards == [0.0, 1.0]
     assert parallel.messages[-2]["content"] == "xxxxxxxx...(truncated)"
     ending = '<tool_call>{"name": "finish", "arguments": {"answer": "42"}}</tool_call>'
-    ended = run([ending, ANSWER], MultiTurnSettings(response_length=300))
+    ended = run([ending, ANSWER], MultiTurnConfig())
     assert ended.assistant_turns == 1 and ended.tool_rewards == [1.0] and set(ended.response_mask) == {1}

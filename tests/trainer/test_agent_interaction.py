@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from char_chat import CharChat, scripted
+from pydantic import ValidationError
 
-from rlkube_api.config import SandboxConfig
+from rlkube_api.config import MultiTurnConfig, SandboxConfig
 from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout.agent.code_interpreter import CodeInterpreterTool, sandbox_overrides
 from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools
-from rlkube_trainer.rollout.agent.episode import Generation, Message, MultiTurnSettings, Trajectory, run_episode
+from rlkube_trainer.rollout.agent.episode import Trajectory, run_episode
 from rlkube_trainer.rollout.agent.interaction import BaseInteraction, load_interactions
 from rlkube_trainer.rollout.agent.modules import import_class
 from rlkube_trainer.rollout.agent.sampler import episode_numbers, interaction_of, to_sample
@@ -26,33 +28,12 @@ from rlkube_trainer.rollout.agent.tools import BaseTool
 
 pytestmark = pytest.mark.trainer
 
-CODE_INTERPRETER = "rlkube_trainer.rollout.agent.code_interpreter.CodeInterpreterTool"
+CODE_INTERPRETER = "rlkube_trainer.tools.CodeInterpreterTool"
 
 
-class CharChat:
-    """One token per character: `role: content;` per message, so every span is countable."""
-
-    def render(self, messages: list[Message]) -> str:
-        return "".join(f"{m['role']}: {m['content']};" for m in messages)
-
-    def initial(self, messages: list[Message], tools: list[dict[str, Any]]) -> list[int]:
-        return [ord(c) for c in self.render(messages)]
-
-    def decode(self, token_ids: list[int]) -> str:
-        return "".join(chr(t) for t in token_ids)
-
-    def continuation(self, before: list[Message], after: list[Message], tools: list[dict[str, Any]]) -> list[int]:
-        return [ord(c) for c in self.render(after[len(before) :])]
-
-
-def scripted(turns: list[str]):  # type: ignore[no-untyped-def]
-    queue = list(turns)
-
-    async def generate(context: list[int], max_tokens: int) -> Generation:
-        ids = [ord(c) for c in queue.pop(0)][:max_tokens]
-        return Generation(ids, [-0.5] * len(ids))
-
-    return generate
+def multi_turn(**keys: Any) -> MultiTurnConfig:
+    """An enabled rollout.multi_turn section with `keys` (the API's validation included)."""
+    return MultiTurnConfig.model_validate({"enable": True, **keys})
 
 
 class Grader(BaseInteraction):
@@ -77,14 +58,17 @@ class Grader(BaseInteraction):
         self.finalized.append(instance_id)
 
 
-def play(turns: list[str], interaction: BaseInteraction | None, settings: MultiTurnSettings) -> Trajectory:
+def play(
+    turns: list[str], interaction: BaseInteraction | None, response_length: int, section: MultiTurnConfig | None = None
+) -> Trajectory:
     return asyncio.run(
         run_episode(
             [{"role": "user", "content": "q"}],
             scripted(turns),
             CharChat(),
             {},
-            settings,
+            section or MultiTurnConfig(),
+            response_length,
             interaction=interaction,
             interaction_kwargs={"name": "grader", "answer": "7"},
         )
@@ -93,7 +77,7 @@ def play(turns: list[str], interaction: BaseInteraction | None, settings: MultiT
 
 def test_an_interaction_answers_turns_scores_them_and_ends_the_episode() -> None:
     grader = Grader({"name": "grader"})
-    traj = play(["5", "6", "7"], grader, MultiTurnSettings(response_length=200))
+    traj = play(["5", "6", "7"], grader, 200)
     assert (traj.assistant_turns, traj.user_turns, traj.turn_scores) == (3, 3, [0.0, 0.0, 1.0])
     # Each reply is a user turn out of the mask; the model's answers are in it. As verl, the
     # reply that ends the episode is appended too.
@@ -102,22 +86,22 @@ def test_an_interaction_answers_turns_scores_them_and_ends_the_episode() -> None
     assert traj.response_mask == [1] + [0] * len(again) + [1] + [0] * len(again) + [1] + [0] * len(correct)
     assert grader.started == [{"name": "grader", "answer": "7"}] and len(grader.finalized) == 1
     # Without an interaction, the first turn without a call ends the episode.
-    alone = play(["5", "6"], None, MultiTurnSettings(response_length=200))
+    alone = play(["5", "6"], None, 200)
     assert (alone.assistant_turns, alone.user_turns, alone.turn_scores) == (1, 0, [])
 
 
 def test_turn_limits_end_an_interaction_and_it_is_finalized() -> None:
     grader = Grader({"name": "grader"})
-    capped = play(["1", "2", "3", "4"], grader, MultiTurnSettings(response_length=200, max_user_turns=2))
+    capped = play(["1", "2", "3", "4"], grader, 200, MultiTurnConfig(max_user_turns=2))
     assert (capped.assistant_turns, capped.user_turns, capped.turn_scores) == (3, 2, [0.0, 0.0])
     # A reply that would overflow the response budget ends the episode unappended.
-    short = play(["1", "2"], grader, MultiTurnSettings(response_length=5))
+    short = play(["1", "2"], grader, 5)
     assert short.response_ids == [ord("1")] and short.turn_scores == [0.0]
     assert len(grader.finalized) == 2
 
 
 def test_turn_scores_reach_the_reward_function_and_the_metrics() -> None:
-    traj = play(["5", "7"], Grader({"name": "grader"}), MultiTurnSettings(response_length=200))
+    traj = play(["5", "7"], Grader({"name": "grader"}), 200)
     sample = to_sample(3, traj, 200, with_logprobs=True, interaction=True)
     assert sample.reward_info == {
         "num_turns": traj.num_turns,
@@ -131,7 +115,7 @@ def test_turn_scores_reach_the_reward_function_and_the_metrics() -> None:
 def beside(tmp_path: Path) -> Iterator[Path]:
     """A folder as multiTurn.configMap mounts it: a config and the module it names, side by side."""
     (tmp_path / "my_env.py").write_text(
-        "from rlkube_trainer.rollout.agent.interaction import BaseInteraction\n"
+        "from rlkube_trainer.tools import BaseInteraction\n"
         "class EchoInteraction(BaseInteraction):\n"
         "    async def generate_response(self, instance_id, messages, **kwargs):\n"
         "        return True, 'echo ' + messages[-1]['content'], 0.5, {}\n"
@@ -151,16 +135,16 @@ def test_an_interaction_class_beside_its_config_is_imported_and_picked_by_name(b
         "  - {name: greeter, class_name: my_env.EchoInteraction, config: {tone: flat}}\n"
         "  - {class_name: my_env.EchoInteraction}\n"
     )
-    interactions = load_interaction_config({"interaction_config_path": str(config)})
+    interactions = load_interaction_config(multi_turn(interaction_config_path=str(config)))
     # verl's naming: the entry's name, else the class name without "Interaction", lower-cased.
     assert sorted(interactions) == ["echo", "greeter"]
     config.write_text("interaction:\n  - {name: echo, class_name: my_env.EchoInteraction, config: {tone: flat}}\n")
-    interactions = load_interaction_config({"interaction_config_path": str(config)})
+    interactions = load_interaction_config(multi_turn(interaction_config_path=str(config)))
     echo = interactions["echo"]
     assert type(echo).__name__ == "EchoInteraction" and echo.config == {"tone": "flat", "name": "echo"}
     row = Prompt(0, "train#0", [1], "q", [{"role": "user", "content": "q"}], "t", "7", {})
     assert interaction_of(row, interactions) == (echo, {})  # the only one: no name needed
-    assert load_interaction_config({}) == {}
+    assert load_interaction_config(MultiTurnConfig()) == {}
     assert interaction_of(row, {}) is None
 
 
@@ -263,27 +247,27 @@ def test_sandbox_overrides_are_the_limits_set_under_sandbox_limits_names() -> No
 
 def test_the_sandbox_section_sets_the_code_interpreters_limits_under_its_own_keys(tmp_path: Path) -> None:
     path = _tool_config(tmp_path, "{type: native, cpu_seconds: 1}")
-    tool = load_tools({"tool_config_path": path, "sandbox": {"cpu_seconds": 3, "memory_bytes": 2**28}})["python"]
+    tool = load_tools(multi_turn(tool_config_path=path, sandbox={"cpu_seconds": 3, "memory_bytes": 2**28}))["python"]
     assert isinstance(tool, CodeInterpreterTool)
     # The section is the default; the tool config's own key wins; the rest keep the sandbox's.
     assert (tool.limits.cpu_seconds, tool.limits.memory_bytes, tool.limits.wall_seconds) == (1, 2**28, 10.0)
-    plain = load_tools({"tool_config_path": path})["python"]
+    plain = load_tools(multi_turn(tool_config_path=path))["python"]
     assert isinstance(plain, CodeInterpreterTool) and plain.limits.memory_bytes == 512 * 1024 * 1024
 
 
 def test_a_sandbox_section_without_a_code_interpreter_is_refused(tmp_path: Path) -> None:
     functions = tmp_path / "lookup.py"
     functions.write_text(
-        "from rlkube_trainer.rollout.agent.tools import function_tool\n"
+        "from rlkube_trainer.tools import function_tool\n"
         "@function_tool\n"
         "def lookup(key: str) -> str:\n"
         '    """Look up.\n\n    Args:\n        key: The key.\n    """\n'
         "    return key\n"
     )
     with pytest.raises(ValueError, match=r"rollout\.multi_turn\.sandbox is set, but no tool .* is a code interpreter"):
-        load_tools({"function_tool_path": str(functions), "sandbox": {"cpu_seconds": 2}})
-    with pytest.raises(ValueError, match=r"memory_bytes"):  # the section's bounds, as the API's
-        load_tools({"tool_config_path": _tool_config(tmp_path), "sandbox": {"memory_bytes": 1}})
+        load_tools(multi_turn(function_tool_path=str(functions), sandbox={"cpu_seconds": 2}))
+    with pytest.raises(ValidationError, match=r"memory_bytes"):  # the section's bounds are the API's
+        multi_turn(tool_config_path=_tool_config(tmp_path), sandbox={"memory_bytes": 1})
 
 
 # --- the example's files (examples/multi-turn-tools.yaml) ----------------------------------------
@@ -295,11 +279,11 @@ def test_the_examples_tools_and_interaction_load_and_answer(tmp_path: Path) -> N
     # As the ConfigMap mounts them: the files side by side in one folder.
     for file in EXAMPLE_TOOLS.iterdir():
         (tmp_path / file.name).write_text(file.read_text())
-    section = {
-        "tool_config_path": str(tmp_path / "tools.yaml"),
-        "interaction_config_path": str(tmp_path / "interaction.yaml"),
-        "sandbox": {"cpu_seconds": 2, "wall_seconds": 4.0},
-    }
+    section = multi_turn(
+        tool_config_path=str(tmp_path / "tools.yaml"),
+        interaction_config_path=str(tmp_path / "interaction.yaml"),
+        sandbox={"cpu_seconds": 2, "wall_seconds": 4.0},
+    )
     try:
         tools = load_tools(section)
         interactions = load_interaction_config(section)

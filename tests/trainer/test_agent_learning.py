@@ -26,7 +26,7 @@ from transformers import AutoTokenizer
 KEYS = "abcdefgh"
 TABLE = dict(zip(KEYS, "31750264", strict=True))
 TOOL_FILE = f'''
-from rlkube_trainer.rollout.agent.tools import function_tool
+from rlkube_trainer.tools import function_tool
 
 TABLE = {TABLE!r}
 

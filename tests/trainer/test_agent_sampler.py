@@ -37,7 +37,7 @@ CALL = '<tool_call>{"name": "lookup", "arguments": {"key": "moon"}}</tool_call><
 TOOL_TURN = "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n"
 ANSWER = "42<|im_end|>"
 TOOL_FILE = '''
-from rlkube_trainer.rollout.agent.tools import function_tool
+from rlkube_trainer.tools import function_tool
 
 TABLE = {"moon": "42"}
 

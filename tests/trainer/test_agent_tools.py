@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
+from rlkube_api.config import MultiTurnConfig, SandboxConfig
 from rlkube_trainer.rollout.agent.code_interpreter import CodeInterpreterTool
-from rlkube_trainer.rollout.agent.config import load_tools, settings_from_multi_turn
+from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools
 from rlkube_trainer.rollout.agent.parser import get_parser, parse_hermes
 from rlkube_trainer.rollout.agent.sandbox import SandboxLimits
 from rlkube_trainer.rollout.agent.schemas import FunctionCall, FunctionSchema, FunctionToolSchema, ToolResponse
@@ -89,7 +91,7 @@ def test_variadic_function_is_refused() -> None:
 def test_function_tool_path_loads_decorated_functions(tmp_path: Path) -> None:
     path = tmp_path / "tools.py"
     path.write_text(
-        "from rlkube_trainer.rollout.agent.tools import function_tool\n\n"
+        "from rlkube_trainer.tools import function_tool\n\n"
         "@function_tool\n"
         "def double(x: int) -> int:\n"
         '    """Double a number.\n\n    Args:\n        x: The number.\n    """\n'
@@ -130,7 +132,7 @@ def test_truncate_sides() -> None:
 
 
 class Counter(BaseTool):
-    """A stateful tool: state per instance, released after each call, with a per-call reward."""
+    """A stateful tool: state per instance (one instance per call), with a per-call reward."""
 
     def __init__(self) -> None:
         super().__init__({}, FunctionToolSchema(function=FunctionSchema(name="counter", description="Count.")))
@@ -185,29 +187,42 @@ def test_code_interpreter_returns_output_and_clear_errors() -> None:
     assert isinstance(tool, BaseTool) and not isinstance(tool, FunctionTool)
 
 
-def test_multi_turn_section_maps_or_refuses_each_key(tmp_path: Path) -> None:
-    settings = settings_from_multi_turn(
-        {"enable": True, "max_assistant_turns": 3, "max_parallel_calls": 2, "tool_response_truncate_side": "left"}, 64
-    )
-    assert (settings.max_assistant_turns, settings.max_parallel_calls, settings.response_length) == (3, 2, 64)
-    assert settings.tool_response_truncate_side == "left"
-    # Loaded by load_interaction_config (test_agent_interaction.py); an RLJob's ConfigMap is the operator's.
-    settings_from_multi_turn({"interaction_config_path": "x.yaml", "sandbox": {"cpu_seconds": 1}}, 64)
+def test_the_api_refuses_the_multi_turn_input_the_loop_cannot_run() -> None:
+    """The loop reads the API's validated section as it is: keys verl has and rlkube does not run,
+    unknown keys and out-of-range limits are refused by MultiTurnConfig, naming the field."""
+    for keys, field in (
+        ({"use_inference_chat_template": True}, "use_inference_chat_template"),
+        ({"num_repeat_rollouts": 2}, "num_repeat_rollouts"),
+        ({"tokenization_sanity_check_mode": "disable"}, "tokenization_sanity_check_mode"),
+        ({"bogus": 1}, "bogus"),
+        ({"tool_response_truncate_side": "top"}, "tool_response_truncate_side"),
+        ({"format": "gpt-oss"}, "format"),
+        ({"max_parallel_calls": 0}, "max_parallel_calls"),
+        ({"max_tool_response_length": 0}, "max_tool_response_length"),
+    ):
+        with pytest.raises(ValidationError, match=rf"(?m)^{field}$"):
+            MultiTurnConfig.model_validate(keys)
+
+
+def test_a_config_map_outside_an_rljob_is_refused_by_the_trainer() -> None:
+    # Valid for the API (an RLJob's spec); only the trainer knows the operator did not resolve it.
+    section = MultiTurnConfig(enable=True, config_map={"name": "tools"}, tool_config_path="tools.yaml")
     with pytest.raises(ValueError, match=r"rollout\.multi_turn\.config_map is resolved to file paths by the operator"):
-        settings_from_multi_turn({"config_map": {"name": "tools"}}, 64)
-    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.use_inference_chat_template=True"):
-        settings_from_multi_turn({"use_inference_chat_template": True}, 64)
-    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.bogus is not"):
-        settings_from_multi_turn({"bogus": 1}, 64)
-    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.tool_response_truncate_side"):
-        settings_from_multi_turn({"tool_response_truncate_side": "top"}, 64)
+        load_tools(section)
+    with pytest.raises(ValueError, match=r"rollout\.multi_turn\.config_map is resolved"):
+        load_interaction_config(section)
+
+
+def test_the_sandbox_section_names_only_sandbox_limits() -> None:
+    """sandbox_overrides passes the API's sandbox fields through by name: each must be a limit."""
+    assert set(SandboxConfig.model_fields) <= set(SandboxLimits.__dataclass_fields__)
 
 
 def test_tool_config_path_builds_stateful_tools(tmp_path: Path) -> None:
     path = tmp_path / "tools.yaml"
     path.write_text(
         "tools:\n"
-        "  - class_name: rlkube_trainer.rollout.agent.code_interpreter.CodeInterpreterTool\n"
+        "  - class_name: rlkube_trainer.tools.CodeInterpreterTool\n"
         "    config: {type: native, cpu_seconds: 1, wall_seconds: 2.0}\n"
         "    tool_schema:\n"
         "      type: function\n"
@@ -216,9 +231,10 @@ def test_tool_config_path_builds_stateful_tools(tmp_path: Path) -> None:
         "        description: Run Python.\n"
         "        parameters: {type: object, properties: {code: {type: string}}, required: [code]}\n"
     )
-    tools = load_tools({"tool_config_path": str(path)})
+    section = MultiTurnConfig(enable=True, tool_config_path=str(path))
+    tools = load_tools(section)
     tool = tools["python"]
     assert isinstance(tool, CodeInterpreterTool) and tool.limits.cpu_seconds == 1 and tool.limits.wall_seconds == 2.0
     path.write_text(path.read_text().replace("cpu_seconds: 1", "cpu_second: 1"))
     with pytest.raises(ValueError, match="unknown keys \\['cpu_second'\\]"):
-        load_tools({"tool_config_path": str(path)})
+        load_tools(section)

@@ -143,18 +143,13 @@ def check_reward_function(config: TrainerConfig) -> None:
 def check_multi_turn(config: TrainerConfig) -> None:
     """The tool and interaction files load (a key missing from the job's ConfigMap, a module that
     does not import, a sandbox section without a code interpreter) before any model is loaded."""
-    from rlkube_trainer.rollout.agent.config import (  # noqa: PLC0415
-        load_interaction_config,
-        load_tools,
-        settings_from_multi_turn,
-    )
+    from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools  # noqa: PLC0415
 
     section = config.rollout.multi_turn
     if not section.enable:
         return
-    verl_section = section.model_dump()
     for key in ("tool_config_path", "function_tool_path", "interaction_config_path"):
-        path = verl_section[key]
+        path = getattr(section, key)
         if path is not None and not Path(path).is_file():
             raise PreflightError(
                 f"rollout.multi_turn.{key}",
@@ -162,9 +157,8 @@ def check_multi_turn(config: TrainerConfig) -> None:
                 "is not a file (in an RLJob with multiTurn.configMap: a key the ConfigMap lacks)",
             )
     try:
-        settings_from_multi_turn(verl_section, config.data.max_response_length)
-        load_tools(verl_section)
-        load_interaction_config(verl_section)
+        load_tools(section)
+        load_interaction_config(section)
     except (ValueError, TypeError, OSError) as exc:
         raise PreflightError("rollout.multi_turn", None, str(exc)) from None
 

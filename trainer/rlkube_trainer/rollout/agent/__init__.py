@@ -1,1 +1,1 @@
-"""Agentic multi-turn rollouts (issue 30): tools, sandbox, trajectories."""
+"""Agentic multi-turn rollouts: tools, sandbox, trajectories. User code imports `rlkube_trainer.tools`."""

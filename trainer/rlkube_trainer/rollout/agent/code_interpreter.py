@@ -29,17 +29,10 @@ CODE_INTERPRETER_SCHEMA = FunctionToolSchema(
 
 
 def sandbox_overrides(sandbox: SandboxConfig) -> dict[str, Any]:
-    """rollout.multi_turn.sandbox's limits that are set, under SandboxLimits' names (the keys a
-    tool config's `config` uses too)."""
-    given = {
-        "cpu_seconds": sandbox.cpu_seconds,
-        "wall_seconds": sandbox.wall_seconds,
-        "memory_bytes": sandbox.memory_bytes,
-        "max_processes": sandbox.max_processes,
-        "max_output_bytes": sandbox.max_output_bytes,
-        "max_file_bytes": sandbox.max_file_bytes,
-    }
-    return {key: value for key, value in given.items() if value is not None}
+    """rollout.multi_turn.sandbox's limits that are set. Its fields are named as SandboxLimits'
+    (the keys a tool config's `config` uses too), so they pass through as they are; a field the
+    API adds without a SandboxLimits twin is refused by the tool's unknown-key check."""
+    return sandbox.model_dump(exclude_none=True)
 
 
 def render_result(result: SandboxResult) -> str:
@@ -52,8 +45,8 @@ def render_result(result: SandboxResult) -> str:
 
 
 class CodeInterpreterTool(BaseTool):
-    """Usable from a tool config (`class_name: rlkube_trainer.rollout.agent.code_interpreter.
-    CodeInterpreterTool`): `config` keys named like `SandboxLimits` fields set the limits."""
+    """Usable from a tool config (`class_name: rlkube_trainer.tools.CodeInterpreterTool`): `config`
+    keys named like `SandboxLimits` fields set the limits."""
 
     def __init__(
         self,

@@ -1,8 +1,11 @@
-"""verl 0.9.1's `rollout.multi_turn` section to the loop's settings, tools and interactions.
+"""The tools and interactions that verl 0.9.1's `rollout.multi_turn` section names.
 
-Each key is used or refused by name. `interaction_config_path` is verl 0.5-0.8's (0.9.1 dropped
-it; rlkube keeps its file format, see interaction.py); `sandbox` is rlkube's: the code
-interpreter's limits, defaults under each tool config's own keys.
+The section arrives validated by the API (`MultiTurnConfig`: its keys, bounds and allowed values);
+what is refused here is what only the trainer can tell: a file that does not load, a class of
+the wrong kind, a `configMap` outside an RLJob's pods, a `sandbox` with no code interpreter.
+`interaction_config_path` is verl 0.5-0.8's (0.9.1 dropped it; rlkube keeps its file format, see
+interaction.py); `sandbox` is rlkube's: the code interpreter's limits, defaults under each tool
+config's own keys.
 """
 
 from __future__ import annotations
@@ -12,46 +15,22 @@ from typing import Any
 
 import yaml
 
-from rlkube_api.config import SandboxConfig
+from rlkube_api.config import MultiTurnConfig
 from rlkube_trainer.rollout.agent.code_interpreter import CodeInterpreterTool, sandbox_overrides
-from rlkube_trainer.rollout.agent.episode import MultiTurnSettings
 from rlkube_trainer.rollout.agent.interaction import BaseInteraction, load_interactions
 from rlkube_trainer.rollout.agent.modules import import_class
 from rlkube_trainer.rollout.agent.schemas import FunctionToolSchema
 from rlkube_trainer.rollout.agent.tools import BaseTool, Tool, load_function_tools
 
-_SETTINGS_KEYS = (
-    "max_assistant_turns",
-    "max_user_turns",
-    "max_parallel_calls",
-    "max_tool_response_length",
-    "tool_response_truncate_side",
-    "format",
-)
-_LOADED_KEYS = ("enable", "tool_config_path", "function_tool_path", "interaction_config_path", "sandbox")
-# Keys whose only accepted value is verl's default, because rlkube behaves that way.
-_DEFAULT_ONLY: dict[str, Any] = {
-    "use_inference_chat_template": False,  # past turns are never re-rendered
-    "tokenization_sanity_check_mode": "strict",  # TemplateChatFormat refuses a rewriting template
-    "num_repeat_rollouts": None,
-}
 
-
-def settings_from_multi_turn(section: dict[str, Any], response_length: int) -> MultiTurnSettings:
-    for key, value in section.items():
-        where = f"rollout.multi_turn.{key}"
-        if key in _DEFAULT_ONLY:
-            if value != _DEFAULT_ONLY[key]:
-                raise ValueError(f"{where}={value!r} is not supported (only {_DEFAULT_ONLY[key]!r})")
-        elif key == "config_map":
-            if value:
-                raise ValueError(
-                    f"{where} is resolved to file paths by the operator inside RLJob pods; "
-                    "outside one, set tool_config_path / function_tool_path / interaction_config_path to files"
-                )
-        elif key not in _SETTINGS_KEYS and key not in _LOADED_KEYS:
-            raise ValueError(f"{where} is not a verl 0.9.1 multi_turn key")
-    return MultiTurnSettings(response_length=response_length, **{k: section[k] for k in _SETTINGS_KEYS if k in section})
+def _refuse_config_map(section: MultiTurnConfig) -> None:
+    # The API allows configMap (an RLJob's spec); the operator turns it into file paths inside the
+    # pods, so a trainer that still sees it was started outside one and its paths name no files.
+    if section.config_map is not None:
+        raise ValueError(
+            "rollout.multi_turn.config_map is resolved to file paths by the operator inside RLJob pods; "
+            "outside one, set tool_config_path / function_tool_path / interaction_config_path to files"
+        )
 
 
 def load_tool_config(path: str | Path, sandbox: dict[str, Any] | None = None) -> list[BaseTool]:
@@ -80,20 +59,20 @@ def load_tool_config(path: str | Path, sandbox: dict[str, Any] | None = None) ->
     return tools
 
 
-def load_tools(section: dict[str, Any]) -> dict[str, Tool]:
+def load_tools(section: MultiTurnConfig) -> dict[str, Tool]:
     """All tools of the section by name; a name defined twice is refused."""
+    _refuse_config_map(section)
     loaded: list[Tool] = []
-    raw_sandbox = section.get("sandbox")
-    sandbox = sandbox_overrides(SandboxConfig.model_validate(raw_sandbox)) if raw_sandbox is not None else {}
-    if section.get("tool_config_path"):
-        loaded += load_tool_config(section["tool_config_path"], sandbox)
-    if raw_sandbox is not None and not any(isinstance(t, CodeInterpreterTool) for t in loaded):
+    sandbox = sandbox_overrides(section.sandbox) if section.sandbox is not None else {}
+    if section.tool_config_path:
+        loaded += load_tool_config(section.tool_config_path, sandbox)
+    if section.sandbox is not None and not any(isinstance(t, CodeInterpreterTool) for t in loaded):
         raise ValueError(
             "rollout.multi_turn.sandbox is set, but no tool of tool_config_path is a code interpreter "
-            "(class_name: rlkube_trainer.rollout.agent.code_interpreter.CodeInterpreterTool)"
+            "(class_name: rlkube_trainer.tools.CodeInterpreterTool)"
         )
-    if section.get("function_tool_path"):
-        loaded += load_function_tools(section["function_tool_path"])
+    if section.function_tool_path:
+        loaded += load_function_tools(section.function_tool_path)
     tools: dict[str, Tool] = {}
     for tool in loaded:
         if tool.name in tools:
@@ -102,7 +81,8 @@ def load_tools(section: dict[str, Any]) -> dict[str, Tool]:
     return tools
 
 
-def load_interaction_config(section: dict[str, Any]) -> dict[str, BaseInteraction]:
+def load_interaction_config(section: MultiTurnConfig) -> dict[str, BaseInteraction]:
     """The section's interactions by name (none without interaction_config_path)."""
-    path = section.get("interaction_config_path")
+    _refuse_config_map(section)
+    path = section.interaction_config_path
     return load_interactions(path) if path else {}

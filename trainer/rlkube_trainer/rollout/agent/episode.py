@@ -17,41 +17,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rlkube_api.config import MultiTurnConfig
 from rlkube_trainer.rollout.agent.interaction import BaseInteraction
 from rlkube_trainer.rollout.agent.parser import get_parser
 from rlkube_trainer.rollout.agent.schemas import FunctionCall
-from rlkube_trainer.rollout.agent.tools import Tool, TruncateSide, call_tool, truncate
+from rlkube_trainer.rollout.agent.tools import Tool, call_tool, truncate
 
 Message = dict[str, Any]
-
-
-@dataclass(frozen=True)
-class MultiTurnSettings:
-    """verl's `rollout.multi_turn` knobs the loop obeys, plus the response length budget."""
-
-    response_length: int
-    max_assistant_turns: int | None = None
-    max_user_turns: int | None = None
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 256
-    tool_response_truncate_side: TruncateSide = "middle"
-    format: str = "hermes"
-
-    def __post_init__(self) -> None:
-        if self.response_length < 1:
-            raise ValueError(f"response_length must be >= 1, got {self.response_length}")
-        if self.max_parallel_calls < 1:
-            raise ValueError(f"rollout.multi_turn.max_parallel_calls must be >= 1, got {self.max_parallel_calls}")
-        if self.max_tool_response_length < 1:
-            raise ValueError(
-                f"rollout.multi_turn.max_tool_response_length must be >= 1, got {self.max_tool_response_length}"
-            )
-        if self.tool_response_truncate_side not in ("left", "right", "middle"):
-            raise ValueError(
-                "rollout.multi_turn.tool_response_truncate_side must be left, right or middle, "
-                f"got {self.tool_response_truncate_side!r}"
-            )
-        get_parser(self.format)
 
 
 @dataclass(frozen=True)
@@ -117,18 +89,19 @@ async def run_episode(
     generate: Generate,
     chat: ChatFormat,
     tools: dict[str, Tool],
-    settings: MultiTurnSettings,
+    section: MultiTurnConfig,
+    response_length: int,
     tools_kwargs: dict[str, Any] | None = None,
     interaction: BaseInteraction | None = None,
     interaction_kwargs: dict[str, Any] | None = None,
 ) -> Trajectory:
     if interaction is None:
-        return await _run_episode(messages, generate, chat, tools, settings, tools_kwargs, None, {})
+        return await _run_episode(messages, generate, chat, tools, section, response_length, tools_kwargs, None, {})
     kwargs = interaction_kwargs or {}
     instance_id = await interaction.start_interaction(None, **kwargs)
     try:
         return await _run_episode(
-            messages, generate, chat, tools, settings, tools_kwargs, (interaction, instance_id), kwargs
+            messages, generate, chat, tools, section, response_length, tools_kwargs, (interaction, instance_id), kwargs
         )
     finally:
         await interaction.finalize_interaction(instance_id)
@@ -139,29 +112,30 @@ async def _run_episode(
     generate: Generate,
     chat: ChatFormat,
     tools: dict[str, Tool],
-    settings: MultiTurnSettings,
+    section: MultiTurnConfig,
+    response_length: int,
     tools_kwargs: dict[str, Any] | None,
     interaction: tuple[BaseInteraction, str] | None,
     interaction_kwargs: dict[str, Any],
 ) -> Trajectory:
-    parse = get_parser(settings.format)
+    parse = get_parser(section.format)
     schemas = [t.tool_schema.model_dump(exclude_none=True) for t in tools.values()]
     history = list(messages)
     traj = Trajectory(prompt_ids=chat.initial(history, schemas))
     while True:
-        budget = settings.response_length - len(traj.response_ids)
+        budget = response_length - len(traj.response_ids)
         gen = await generate(traj.prompt_ids + traj.response_ids, budget)
         traj.extend(gen.token_ids[:budget], model=True, logprobs=gen.logprobs[:budget])
         traj.assistant_turns += 1
-        if len(traj.response_ids) >= settings.response_length:
+        if len(traj.response_ids) >= response_length:
             break
-        if settings.max_assistant_turns and traj.assistant_turns >= settings.max_assistant_turns:
+        if section.max_assistant_turns and traj.assistant_turns >= section.max_assistant_turns:
             break
-        if settings.max_user_turns and traj.user_turns >= settings.max_user_turns:
+        if section.max_user_turns and traj.user_turns >= section.max_user_turns:
             break
         content, calls, malformed = parse(chat.decode(gen.token_ids))
         traj.malformed_calls += malformed
-        calls = calls[: settings.max_parallel_calls]
+        calls = calls[: section.max_parallel_calls]
         history.append(_assistant_message(content, calls))
         if not calls:
             if interaction is None:
@@ -174,7 +148,7 @@ async def _run_episode(
                 traj.turn_scores.append(float(score))
             history.append({"role": "user", "content": reply})
             delta = chat.continuation(before, history, schemas)
-            if len(traj.response_ids) + len(delta) >= settings.response_length:
+            if len(traj.response_ids) + len(delta) >= response_length:
                 break
             # As verl: the reply is appended (out of the mask) even when it ends the episode.
             traj.extend(delta, model=False)
@@ -191,15 +165,13 @@ async def _run_episode(
             traj.tool_errors += 0 if ok else 1
             traj.tool_rewards.append(reward)
             end = end or bool(metrics.get("end_episode"))
-            text = truncate(
-                response.text or "", settings.max_tool_response_length, settings.tool_response_truncate_side
-            )
+            text = truncate(response.text or "", section.max_tool_response_length, section.tool_response_truncate_side)
             history.append({"role": "tool", "content": text})
         if end:
             break
         delta = chat.continuation(before, history, schemas)
         # As verl: a tool turn that would overflow the budget ends the episode unappended.
-        if len(traj.response_ids) + len(delta) >= settings.response_length:
+        if len(traj.response_ids) + len(delta) >= response_length:
             break
         traj.extend(delta, model=False)
         traj.user_turns += 1
@@ -212,7 +184,8 @@ async def run_episodes(
     generate: Generate,
     chat: ChatFormat,
     tools: dict[str, Tool],
-    settings: MultiTurnSettings,
+    section: MultiTurnConfig,
+    response_length: int,
     tools_kwargs: Sequence[dict[str, Any] | None] | None = None,
     interactions: Sequence[tuple[BaseInteraction, dict[str, Any]] | None] | None = None,
 ) -> list[Trajectory]:
@@ -223,7 +196,7 @@ async def run_episodes(
     return list(
         await asyncio.gather(
             *(
-                run_episode(p, generate, chat, tools, settings, k, *(u or (None, None)))
+                run_episode(p, generate, chat, tools, section, response_length, k, *(u or (None, None)))
                 for p, k, u in zip(prompts, kwargs, users, strict=True)
             )
         )

@@ -1,11 +1,11 @@
 """The built-in HTTP tool: the model's arguments go to a user's service (retrieval, search, a
 calculator behind an API) and the response body comes back as the tool's message.
 
-Usable from a tool config (`class_name: rlkube_trainer.rollout.agent.http_tool.HttpTool`) with
-the tool's own schema (the arguments the service takes). Each call has a timeout; connection
-errors, timeouts and the retryable statuses are retried with a growing pause; every failure
-becomes a clear message to the model, never an exception in the rollout. Secrets (an API key)
-come from the pod's environment (`headers_from_env`), so they stay in a Kubernetes Secret.
+Usable from a tool config (`class_name: rlkube_trainer.tools.HttpTool`) with the tool's own
+schema (the arguments the service takes). Each call has a timeout; connection errors, timeouts
+and the retryable statuses are retried with a growing pause; every failure becomes a clear
+message to the model, never an exception in the rollout. Secrets (an API key) come from the
+pod's environment (`headers_from_env`), so they stay in a Kubernetes Secret.
 """
 
 from __future__ import annotations

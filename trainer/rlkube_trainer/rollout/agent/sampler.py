@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_trainer.data.prompts import Prompt, RawPrompt
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
-from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools, settings_from_multi_turn
+from rlkube_trainer.rollout.agent.config import load_interaction_config, load_tools
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator, Engine
 from rlkube_trainer.rollout.agent.episode import Message, Trajectory, run_episodes
 from rlkube_trainer.rollout.agent.interaction import BaseInteraction, pick_interaction
@@ -94,7 +94,8 @@ def to_sample(
 
 
 class EpisodeSampler:
-    """The tools, settings and chat format of a run, loaded once; `generate` per step."""
+    """The tools, interactions and chat format of a run, loaded once; `generate` per step. The
+    episodes' limits are read from `section` itself, the API's validated rollout.multi_turn."""
 
     def __init__(
         self,
@@ -104,12 +105,12 @@ class EpisodeSampler:
         response_length: int,
         max_prompt_length: int | None = None,
     ) -> None:
-        verl_section = section.model_dump()
         self.engine = engine
+        self.section = section
+        self.response_length = response_length
         self.max_prompt_length = max_prompt_length
-        self.settings = settings_from_multi_turn(verl_section, response_length)
-        self.tools = load_tools(verl_section)
-        self.interactions = load_interaction_config(verl_section)
+        self.tools = load_tools(section)
+        self.interactions = load_interaction_config(section)
         self.chat = TemplateChatFormat(tokenizer)
 
     def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch:
@@ -125,13 +126,14 @@ class EpisodeSampler:
                 generate,
                 self.chat,
                 self.tools,
-                self.settings,
+                self.section,
+                self.response_length,
                 [tools_kwargs_of(prompts[i]) for i in order],
                 [interaction_of(prompts[i], self.interactions) for i in order],
             )
         )
         samples = [
-            to_sample(i, t, self.settings.response_length, sampling.logprobs, bool(self.interactions))
+            to_sample(i, t, self.response_length, sampling.logprobs, bool(self.interactions))
             for i, t in zip(order, trajs, strict=True)
         ]
         return RolloutBatch(samples, sampling.n)

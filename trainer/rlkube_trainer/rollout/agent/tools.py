@@ -1,10 +1,13 @@
-"""Tools the model can call: verl 0.9.1's two contracts and their loaders.
+"""Tools the model can call: verl 0.9.1's two contracts and their loaders. Users import these
+names from `rlkube_trainer.tools`, the public path; this module is the implementation.
 
 - Stateless functions (`function_tool_path`): a file whose functions carry `@function_tool`; the
   OpenAI schema is inferred from the signature and Google-style docstring (transformers'
   `get_json_schema`, as verl does).
-- Stateful classes (`tool_config_path`): `BaseTool` subclasses with create / execute /
-  calc_reward / release per trajectory; `execute` may return a per-call reward.
+- Classes (`tool_config_path`): `BaseTool` subclasses. One object per tool serves every episode;
+  each call of the model is its own instance: create, execute, release (`call_tool`), as verl
+  0.9.1's ToolAgentLoop does. `execute` may return a per-call reward; `calc_reward` is part of the
+  class for verl compatibility and is never called by the loop (verl 0.9.1 never calls it either).
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ ToolResult = tuple[ToolResponse, float, dict[str, Any]]
 
 
 class BaseTool:
-    """verl's `BaseTool`: one instance serves every trajectory; state lives per `instance_id`."""
+    """verl's `BaseTool`. The object is built once from the tool config and shared by every episode
+    (concurrently); state lives per `instance_id`, and an instance lasts one call (see `call_tool`)."""
 
     def __init__(self, config: dict[str, Any], tool_schema: FunctionToolSchema) -> None:
         self.config = config
@@ -140,7 +144,12 @@ def truncate(text: str, max_length: int, side: TruncateSide) -> str:
 async def call_tool(
     call: FunctionCall, tools: dict[str, Tool], tools_kwargs: dict[str, Any]
 ) -> tuple[ToolResult, bool]:
-    """Run one call; every fault becomes a tool message to the model. Returns (result, ok)."""
+    """Run one call; every fault becomes a tool message to the model. Returns (result, ok).
+
+    A class tool gets an instance of its own for this call alone: create (with the row's
+    `tools_kwargs[name]["create_kwargs"]` as the keyword `create_kwargs`), execute, and release
+    once create has returned, even when execute raised. That is verl 0.9.1's ToolAgentLoop, so a
+    verl tool behaves the same here; a function tool has no instance and ignores tools_kwargs."""
     tool = tools.get(call.name)
     if tool is None:
         return (ToolResponse(text=f"Unknown function '{call.name}'. Available tools: {sorted(tools)}"), 0.0, {}), False
