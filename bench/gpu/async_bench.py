@@ -386,8 +386,10 @@ def summarize(history: list[dict[str, float]], shape: dict[str, int], steps: int
 
 def main_run(args: argparse.Namespace) -> int:
     from rlkube_trainer.data.prompts import PromptLoader
-    from rlkube_trainer.loop.driver import TrainingRun, seed_everything
-    from rlkube_trainer.loop.ppo import PPOTrainer, Roles
+    from rlkube_trainer.loop.driver import seed_everything
+    from rlkube_trainer.loop.ppo import PPOTrainer
+    from rlkube_trainer.loop.roles import Roles
+    from rlkube_trainer.loop.training_run import TrainingRun
     from rlkube_trainer.model.models import load_tokenizer
     from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine

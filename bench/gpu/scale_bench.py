@@ -201,7 +201,7 @@ def skip_checkpoint_parts() -> None:
     """--skip-checkpoint: the run's final checkpoint holds the driver's state alone, not the
     ranks' parts (a 7B full fine-tune's weights and AdamW moments are about 45 GB of disk and a
     minute of writing after the last row; the rows are the measurement)."""
-    from rlkube_trainer.loop.driver import GroupState
+    from rlkube_trainer.loop.saves import GroupState
 
     def save(self: GroupState, staging: Path) -> dict[str, Any]:
         del self, staging

@@ -16,8 +16,10 @@ from rlkube_api.placement import placement_of
 from rlkube_api.validation import load_trainer_config
 from rlkube_trainer.cluster.ray_group import launch_ray_group
 from rlkube_trainer.data.prompts import PromptDataset, PromptLoader
-from rlkube_trainer.loop.driver import build_roles, close, seed_everything, start_groups, total_steps_of
+from rlkube_trainer.loop.assembly import build_roles, close, start_groups
+from rlkube_trainer.loop.driver import seed_everything
 from rlkube_trainer.loop.ppo import PPOTrainer
+from rlkube_trainer.loop.training_run import total_steps_of
 from rlkube_trainer.model.models import load_tokenizer
 from rlkube_trainer.pod.ray_node import start_local_ray
 from rlkube_trainer.reward.scoring import build_reward_scorer

@@ -363,7 +363,7 @@ def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tm
 
 
 def test_the_manifest_records_each_parts_ranks_and_layout() -> None:
-    from rlkube_trainer.loop.driver import layout_of  # noqa: PLC0415
+    from rlkube_trainer.loop.saves import layout_of  # noqa: PLC0415
 
     files = ["actor/rank_0.pt", "actor/rank_1.pt", "actor/sharded/__0_0.distcp", "critic/rank_0.pt", "driver.pt"]
     assert layout_of(files) == {

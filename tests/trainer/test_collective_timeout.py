@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlkube_trainer.loop.driver import free_port
+from rlkube_trainer.loop.assembly import free_port
 from rlkube_trainer.workers.weight_sync import BroadcastGroup
 
 
@@ -38,7 +38,7 @@ def test_a_collective_without_its_peer_fails_after_the_configured_timeout() -> N
 def test_the_rank_takes_the_timeout_from_the_config() -> None:
     from rlkube_api.config import TrainerConfig  # noqa: PLC0415
     from rlkube_api.placement import placement_of  # noqa: PLC0415
-    from rlkube_trainer.loop.driver import rank_specs  # noqa: PLC0415
+    from rlkube_trainer.loop.assembly import rank_specs  # noqa: PLC0415
     from rlkube_trainer.tiny.task import trainer_config  # noqa: PLC0415
     from rlkube_trainer.workers.rank import Rank  # noqa: PLC0415
 

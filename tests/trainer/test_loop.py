@@ -15,7 +15,7 @@ import yaml
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer import rollout
 from rlkube_trainer.loop.driver import run_in_process
-from rlkube_trainer.loop.ppo import greedy_reward_baselines
+from rlkube_trainer.loop.scored import greedy_reward_baselines
 from rlkube_trainer.tiny.task import init
 
 

@@ -18,7 +18,8 @@ import yaml
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.checkpoint.store import CheckpointManager
-from rlkube_trainer.loop.driver import GroupState, run_in_process
+from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.loop.saves import GroupState
 from rlkube_trainer.loop.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.pod import cli
 from rlkube_trainer.tiny.task import init

@@ -18,9 +18,9 @@ from rlkube_api.rljob import Progress
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.cluster import dispatch
 from rlkube_trainer.loop.driver import run_in_process
-from rlkube_trainer.loop.ppo import Scored
 from rlkube_trainer.loop.progress import progress_payload
 from rlkube_trainer.loop.prometheus import DriverMetrics
+from rlkube_trainer.loop.scored import Scored
 from rlkube_trainer.loop.validation import (
     GENERATIONS_FILE,
     VALIDATION_SEED_OFFSET,

@@ -3,8 +3,8 @@
     generate → score (→ keep informative groups, DAPO) → old and reference log-probs
     → values → advantages → update critic → update actor → sync weights → metrics
 
-The roles are objects with a few methods (workers.py, rollout/); where they run
-(one process, or Ray worker groups across pods) is not this module's business.
+The roles are objects with a few methods (roles.py); where they run (one process, or Ray
+rank groups across pods) is not this module's business.
 Estimators and losses are looked up by their registered names, so the loop never
 branches on an algorithm's name.
 """
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -34,34 +33,10 @@ from rlkube_trainer.algos.rollout_correction import compute_rollout_correction_a
 from rlkube_trainer.batch import TrainBatch, build_batch, token_level_scores
 from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.loop.metrics import compute_data_metrics, compute_throughput_metrics, compute_variance_proxy_metrics
-from rlkube_trainer.reward.scoring import Labels, RewardInput, RewardScorer, overlong_reward, score_with_labels
+from rlkube_trainer.loop.roles import Episodes, Metrics, Roles
+from rlkube_trainer.loop.scored import Scored, greedy_reward_baselines, reward_components
+from rlkube_trainer.reward.scoring import RewardInput, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
-
-Metrics = dict[str, float]
-
-
-class Actor(Protocol):
-    def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor: ...
-    def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def update(self, batch: TrainBatch) -> Metrics: ...
-
-
-class Reference(Protocol):
-    def compute_ref_log_prob(self, batch: TrainBatch) -> torch.Tensor: ...
-
-
-class Critic(Protocol):
-    def compute_values(self, batch: TrainBatch) -> torch.Tensor: ...
-    def update(self, batch: TrainBatch) -> Metrics: ...
-
-
-class Rollout(Protocol):
-    def generate(self, prompt_token_ids: list[list[int]], sampling: SamplingConfig) -> RolloutBatch: ...
-
-    def sync_weights(self) -> int:
-        """Moves the actor's new weights into the engine; returns the bytes moved."""
-        ...
-
 
 # tokenizer.decode: token ids -> text (the response the reward function reads).
 Detokenize = Callable[..., Any]
@@ -73,63 +48,6 @@ ROUND_SEED_STRIDE = 2**32
 
 class TooManyGenerations(RuntimeError):
     """algorithm.filter_groups: max_num_gen_batches rounds left too few informative groups."""
-
-
-@dataclass
-class Scored:
-    """The scores of a rollout's samples, in sample order."""
-
-    responses: list[str]  # decoded, as the scorer read them
-    scores: list[float]  # the rewards: the scorer's, plus the overlong penalty when enabled
-    raw_scores: list[float]  # the scorer's alone
-    extra: dict[str, list[float]]  # per-sample numbers a reward function returned (acc, ...)
-    labels: Labels  # per-sample text a reward function returned (pred, ...)
-
-    def metric(self, name: str) -> list[float]:
-        """A per-sample metric by verl's filter_groups names: score (the scorer's),
-        seq_reward (the reward, shaping included), or a reward function's own key."""
-        if name == "score":
-            return self.raw_scores
-        if name == "seq_reward":
-            return self.scores
-        if name in self.extra:
-            return self.extra[name]
-        known = ", ".join(["score", "seq_reward", *self.extra])
-        raise ValueError(f"algorithm.filter_groups.metric {name!r} is not among this batch's metrics: {known}")
-
-    def select(self, keep: list[bool]) -> Scored:
-        def pick(values: list[Any]) -> list[Any]:
-            return [v for v, k in zip(values, keep, strict=True) if k]
-
-        return Scored(
-            pick(self.responses),
-            pick(self.scores),
-            pick(self.raw_scores),
-            {k: pick(v) for k, v in self.extra.items()},
-            {k: pick(v) for k, v in self.labels.items()},
-        )
-
-    @staticmethod
-    def concat(parts: list[Scored]) -> Scored:
-        def join(key: str, field: str) -> list[Any]:
-            return [v for p in parts for v in getattr(p, field).get(key, [])]
-
-        return Scored(
-            [r for p in parts for r in p.responses],
-            [s for p in parts for s in p.scores],
-            [s for p in parts for s in p.raw_scores],
-            {k: join(k, "extra") for k in dict.fromkeys(k for p in parts for k in p.extra)},
-            {k: join(k, "labels") for k in dict.fromkeys(k for p in parts for k in p.labels)},
-        )
-
-
-@dataclass
-class Roles:
-    actor: Actor
-    rollout: Rollout
-    reward: RewardScorer
-    reference: Reference | None = None
-    critic: Critic | None = None
 
 
 class Timer:
@@ -157,36 +75,6 @@ def rollout_probs_diff(batch: TrainBatch) -> Metrics:
         "training/rollout_probs_diff_mean": masked_mean(diff, batch.response_mask).item(),
         "training/rollout_probs_diff_max": picked.max().item() if picked.numel() else 0.0,
     }
-
-
-def reward_components(batch: TrainBatch, keys: list[str]) -> list[torch.Tensor]:
-    """The per-sample reward components named by algorithm.gdpo_reward_keys (GDPO), from the
-    numbers the reward function returned beside its score."""
-    missing = [k for k in keys if k not in batch.reward_extra]
-    if missing:
-        known = ", ".join(sorted(batch.reward_extra)) or "none"
-        raise ValueError(
-            f"algorithm.gdpo_reward_keys {missing} are not among the reward function's per-sample "
-            f"numbers ({known}); its compute_score must return a dict with these keys"
-        )
-    return [batch.reward_extra[k] for k in keys]
-
-
-def greedy_reward_baselines(
-    sample_prompts: Sequence[Hashable], greedy_prompts: Sequence[Hashable], greedy_scores: Sequence[float]
-) -> torch.Tensor:
-    """ReMax's reward_baselines, [samples]: for each sample, the reward of the greedy response to
-    its prompt (`sample_prompts` and `greedy_prompts` name the prompts alike; each prompt has one
-    greedy response, however many samples it has)."""
-    baseline: dict[Hashable, float] = {}
-    for prompt, score in zip(greedy_prompts, greedy_scores, strict=True):
-        if prompt in baseline:
-            raise ValueError(f"prompt {prompt!r} has more than one greedy response")
-        baseline[prompt] = score
-    missing = [p for p in dict.fromkeys(sample_prompts) if p not in baseline]
-    if missing:
-        raise ValueError(f"prompts {missing} have samples but no greedy response")
-    return torch.tensor([baseline[p] for p in sample_prompts], dtype=torch.float32)
 
 
 def on_policy(config: TrainerConfig, samples: int) -> bool:
@@ -218,12 +106,6 @@ def engine_log_probs_needed(config: TrainerConfig) -> bool:
         or config.rollout_correction.enabled
         or config.trainer.v1.trainer_mode != "sync"
     )
-
-
-class Episodes(Protocol):
-    """rollout.multi_turn's sampler (rollout/agent/sampler.py): whole tool-calling episodes."""
-
-    def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch: ...
 
 
 class PPOTrainer:

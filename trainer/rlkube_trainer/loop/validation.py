@@ -25,7 +25,8 @@ from transformers import PreTrainedTokenizerBase
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.data.prompts import Prompt, PromptDataset
-from rlkube_trainer.loop.ppo import PPOTrainer, Scored
+from rlkube_trainer.loop.ppo import PPOTrainer
+from rlkube_trainer.loop.scored import Scored
 from rlkube_trainer.loop.tracking import keep_rows_through
 from rlkube_trainer.rollout import SamplingConfig
 

@@ -111,7 +111,7 @@ def _classified(exc: Exception) -> int:
 
 
 def _finish(result: object) -> int:
-    from rlkube_trainer.loop.driver import RunResult  # noqa: PLC0415
+    from rlkube_trainer.loop.training_run import RunResult  # noqa: PLC0415
 
     assert isinstance(result, RunResult)
     last = result.history[-1] if result.history else {}
