@@ -21,10 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,11 +31,9 @@ from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import PLURAL
 from rlkube_api.roles import ALL_ROLES
+from rlkube_api.step_rows import parse_step_lines, plot_curves
 
 Obj = dict[str, Any]
-
-# The driver's console line (rlkube_trainer/loop/tracking.py): "... step 12 critic/score/mean=0.5 ...".
-_STEP_LINE = re.compile(r"\bstep (\d+)((?: [\w/@.-]+=\S+)+)\s*$")
 
 
 class PluginError(Exception):
@@ -81,25 +77,6 @@ def format_status(job: Obj) -> str:
             message = f": {c['message']}" if c.get("message") else ""
             lines.append(f"    {c['type']:<{width}}  {c['status']:<5}  {c.get('reason', '')}{message}")
     return "\n".join(lines)
-
-
-def parse_step_lines(log: str) -> list[dict[str, float]]:
-    """The driver's step lines as rows like metrics.jsonl's ({"step": n, name: value});
-    a restarted driver's repeated steps keep the latest value."""
-    rows: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        match = _STEP_LINE.search(line)
-        if not match:
-            continue
-        row: dict[str, float] = {"step": int(match.group(1))}
-        for pair in match.group(2).split():
-            key, _, value = pair.partition("=")
-            try:
-                row[key] = float(value)
-            except ValueError:
-                continue
-        rows[int(row["step"])] = row
-    return [rows[step] for step in sorted(rows)]
 
 
 def pod_name(job: str, role: str, rank: int) -> str:
@@ -157,15 +134,8 @@ def _curves(kubectl: Kubectl, args: argparse.Namespace) -> int:
     rows = parse_step_lines(log)
     if not rows:
         raise PluginError(f"no step lines in the driver's log yet ({pod_name(args.name, CONTROLLER_ROLE, 0)})")
-    from rlkube_trainer.loop.tracking import Tracker  # noqa: PLC0415  (matplotlib: the trainer extra)
-
-    with tempfile.TemporaryDirectory(prefix="rlkube-curves-") as tmp:
-        tracker = Tracker(Path(tmp), [], args.name)
-        tracker.jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        png = tracker.plot()
-        if png is None:
-            raise PluginError("matplotlib is not installed (pip install 'rlkube[trainer]')")
-        args.output.write_bytes(png.read_bytes())
+    if not plot_curves(rows, args.output):
+        raise PluginError("matplotlib is not installed (pip install 'rlkube[trainer]')")
     print(f"{args.output}: {len(rows)} steps, {rows[0]['step']:.0f} to {rows[-1]['step']:.0f}")
     return 0
 

@@ -5,6 +5,7 @@ printer columns `kubectl get` rounds."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from rlkube_operator.kubectl_plugin import format_status, parse_step_lines, pod_name
+from rlkube_api.step_rows import parse_step_lines, plot_curves, step_line
+from rlkube_operator.kubectl_plugin import format_status, pod_name
 from tests.operator.cluster_kit import TINY_PODS, Jobs, tiny_job
 
 JOB = "plug"
@@ -36,6 +38,31 @@ def test_step_lines_become_metric_rows_the_latest_run_winning() -> None:
     }
     assert rows[1]["critic/score/mean"] == 0.625, "a restarted driver's repeated step replaces the earlier one"
     assert parse_step_lines("no steps here\nstep nothing") == []
+
+
+def test_the_drivers_console_line_reads_back_as_its_row() -> None:
+    metrics = {"critic/score/mean": 0.625, "actor/ppo_kl": 0.0015, "val-core/tiny/acc/mean@1": 0.75, "other": 3.0}
+    (row,) = parse_step_lines("INFO rlkube.trainer: " + step_line(7, metrics))
+    assert row == {"step": 7, "critic/score/mean": 0.625, "actor/ppo_kl": 0.0015, "val-core/tiny/acc/mean@1": 0.75}
+
+
+def test_the_curves_are_drawn_from_log_rows(tmp_path: Path) -> None:
+    png = tmp_path / "curves"
+    assert plot_curves(parse_step_lines(LOG), png)
+    assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_plugin_runs_without_the_trainer_package() -> None:
+    """kubectl plugins run on a user's machine, where the trainer (torch, vLLM) is not installed:
+    no module of the operator's package imports the trainer's, not even inside a function."""
+    package = Path(__file__).parents[2] / "operator" / "rlkube_operator"
+    importers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            importers += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "rlkube_trainer"]
+    assert importers == []
 
 
 def test_status_is_rounded_with_percent_done() -> None:

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args
 
+from rlkube_api.step_rows import plot_curves, step_line
+
 log = logging.getLogger("rlkube.trainer")
 
 MLFLOW_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -37,22 +39,6 @@ WANDB_MODE_ENV = "WANDB_MODE"
 # Run ids of the trackers, so that a restarted driver continues the same runs.
 RUN_IDS_FILE = "trackers.json"
 WandbMode = Literal["online", "offline", "disabled", "shared"]
-
-CONSOLE_KEYS = (
-    "critic/score/mean",
-    "actor/pg_loss",
-    "actor/ppo_kl",
-    "critic/vf_loss",
-    "response_length/mean",
-    "timing_s/step",
-    "perf/throughput",
-)
-# (title, metric names tried in order)
-CURVES = (
-    ("reward (critic/score/mean)", ("critic/score/mean",)),
-    ("KL", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
-    ("response length (mean)", ("response_length/mean",)),
-)
 
 
 class TrackerMissing(RuntimeError):
@@ -218,9 +204,7 @@ class Tracker:
         with self.jsonl.open("a") as out:
             out.write(json.dumps({"step": step, **metrics}) + "\n")
         if self.console:
-            keys = [*CONSOLE_KEYS, *(k for k in metrics if k.startswith("val-core/"))]
-            shown = " ".join(f"{k}={metrics[k]:.4g}" for k in keys if k in metrics)
-            log.info("step %d %s", step, shown)
+            log.info("%s", step_line(step, metrics))
         if self.tensorboard is not None:
             for key, value in metrics.items():
                 self.tensorboard.add_scalar(key, value, step)
@@ -236,44 +220,11 @@ class Tracker:
         return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
 
     def plot(self) -> Path | None:
-        """Writes curves.png from metrics.jsonl; returns its path, or None without matplotlib
-        (a picture is not worth failing a finished run for: metrics.jsonl has the numbers)."""
-        try:
-            import matplotlib  # noqa: PLC0415
-        except ImportError:
+        """Writes curves.png from metrics.jsonl; returns its path, or None without matplotlib."""
+        path = self.output_dir / "curves.png"
+        if not plot_curves(self.history(), path):
             log.warning("matplotlib is not installed: no curves.png (the numbers are in %s)", self.jsonl)
             return None
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-
-        rows = self.history()
-        # Validation: the core mean@N of each data source, when the run validated.
-        validation = sorted({k for r in rows for k in r if k.startswith("val-core/") and "/mean@" in k})
-        panels = len(CURVES) + bool(validation)
-        fig, axes = plt.subplots(1, panels, figsize=(4 * panels, 3.2))
-        if validation:
-            ax = axes[-1]
-            for name in validation:
-                points = [(r["step"], r[name]) for r in rows if name in r]
-                ax.plot(
-                    [p[0] for p in points], [p[1] for p in points], marker="o", label=name.removeprefix("val-core/")
-                )
-            ax.set_title("validation (val-core)")
-            ax.set_xlabel("step")
-            ax.legend(fontsize="small")
-        for ax, (title, keys) in zip(axes, CURVES, strict=False):
-            key = next((k for k in keys if any(k in r for r in rows)), None)
-            if key is not None:
-                points = [(r["step"], r[key]) for r in rows if key in r]
-                ax.plot([p[0] for p in points], [p[1] for p in points])
-                ax.set_ylabel(key)
-            ax.set_title(title)
-            ax.set_xlabel("step")
-        fig.tight_layout()
-        path = self.output_dir / "curves.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
         return path
 
     def close(self) -> None:
