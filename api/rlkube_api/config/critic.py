@@ -11,11 +11,18 @@ from rlkube_api.config.model import MAX_LORA_RANK, LoraModules, lora_module_name
 from rlkube_api.config.optim import OptimConfig
 
 
+class CriticOptimConfig(OptimConfig):
+    """The critic's optimizer: verl's critic learns at 1e-5, ten times its actor's rate. The
+    default sits on the field, so it holds whatever other optimizer keys a job sets."""
+
+    lr: float = Field(1e-5, gt=0, description="Peak learning rate.")
+
+
 class CriticConfig(ApiModel):
     """The value model for gae: a causal-LM backbone with a scalar head."""
 
     model_path: str | None = Field(None, max_length=4096, description="Backbone (defaults to model.path).")
-    optim: OptimConfig = Field(default_factory=lambda: OptimConfig(lr=1e-5), description="Optimizer of the critic.")
+    optim: CriticOptimConfig = Field(default_factory=CriticOptimConfig, description="Optimizer of the critic.")
     ppo_mini_batch_size: int | None = Field(None, ge=1, le=MAX_BATCH, description="Defaults to the actor's.")
     ppo_micro_batch_size_per_gpu: int = Field(
         8, ge=1, le=MAX_BATCH, description="Samples per forward/backward on each rank (as the actor's)."
