@@ -12,6 +12,7 @@ that span sections in `rules`. This face re-exports their public names.
 
 from rlkube_api.config.actor import ActorConfig, PolicyLoss, RecomputeLogits
 from rlkube_api.config.algorithm import (
+    ADV_ESTIMATORS,
     GROUP_ESTIMATORS,
     SUM_PI_SQUARED_ESTIMATORS,
     AdvEstimator,
@@ -56,6 +57,7 @@ from rlkube_api.config.trainer_config import TrainerConfig
 from rlkube_api.config.trainer_section import Logger, TrainerSection
 
 __all__ = [
+    "ADV_ESTIMATORS",
     "ASYNC_RULES",
     "BATCH_SPLIT_RULES",
     "COMPILE_DECODER_LAYERS",

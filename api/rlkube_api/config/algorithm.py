@@ -3,7 +3,8 @@ and the estimator names every other part of rlkube reads."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import itertools
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field
 
@@ -11,7 +12,8 @@ from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config.common import KLPenalty
 from rlkube_api.config.rollout_correction import RolloutCorrectionConfig
 
-# verl 0.9.1's registered estimators.
+# verl 0.9.1's registered advantage estimators: the one list of their names. The trainer
+# registers a function under each of them (rlkube_trainer.algos.advantage; a test ties the two).
 AdvEstimator = Literal[
     "gae",
     "grpo",
@@ -28,12 +30,14 @@ AdvEstimator = Literal[
     "grpo_vectorized",
     "rloo_vectorized",
 ]
+ADV_ESTIMATORS: tuple[AdvEstimator, ...] = get_args(AdvEstimator)
+
 # Estimators that read the actor's sum over the vocabulary of pi^2 (verl's sum_pi_squared), which
 # the trainer computes in the old log-prob pass.
-SUM_PI_SQUARED_ESTIMATORS = ("optimal_token_baseline", "tir_optimal_token_baseline")
+SUM_PI_SQUARED_ESTIMATORS: tuple[AdvEstimator, ...] = ("optimal_token_baseline", "tir_optimal_token_baseline")
 
 # Estimators that compare samples of the same prompt need more than one sample each.
-GROUP_ESTIMATORS = (
+GROUP_ESTIMATORS: tuple[AdvEstimator, ...] = (
     "grpo",
     "grpo_vectorized",
     "rloo",
@@ -45,6 +49,26 @@ GROUP_ESTIMATORS = (
     "gdpo",
     *SUM_PI_SQUARED_ESTIMATORS,
 )
+
+# What algorithm.advEstimator's description adds to a name; neighbours in ADV_ESTIMATORS with
+# the same note share it ("a and b (note)").
+_ESTIMATOR_NOTES: dict[AdvEstimator, str] = {
+    "gae": "PPO with critic",
+    "remax": "a greedy response per prompt is generated and scored as its baseline",
+    "gdpo": "gdpoRewardKeys",
+    **dict.fromkeys(SUM_PI_SQUARED_ESTIMATORS, "the actor's old log-prob pass also computes its sum of pi^2"),
+    "grpo_vectorized": "grpo",
+    "rloo_vectorized": "rloo, a lone sample 0",
+}
+
+
+def _estimators_text() -> str:
+    """Every estimator's name, in ADV_ESTIMATORS' order, each with its note."""
+    parts: list[str] = []
+    for note, group in itertools.groupby(ADV_ESTIMATORS, key=_ESTIMATOR_NOTES.get):
+        names = list(group)
+        parts += names if note is None else [f"{' and '.join(names)} ({note})"]
+    return ", ".join(parts)
 
 
 class KLControlConfig(ApiModel):
@@ -93,11 +117,7 @@ class AlgorithmConfig(ApiModel):
 
     adv_estimator: AdvEstimator = Field(
         "grpo",
-        description="Advantage estimator (verl's names): gae (PPO with critic), grpo, rloo, reinforce_plus_plus, "
-        "reinforce_plus_plus_baseline, remax (a greedy response per prompt is generated and scored as its "
-        "baseline), opo, grpo_passk, gpg, gdpo (gdpoRewardKeys), optimal_token_baseline and "
-        "tir_optimal_token_baseline (the actor's old log-prob pass also computes its sum of pi^2), "
-        "grpo_vectorized (grpo), rloo_vectorized (rloo, a lone sample 0).",
+        description=f"Advantage estimator (verl's names): {_estimators_text()}.",
     )
     gamma: float = Field(1.0, ge=0, le=1, description="Discount factor.")
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda.")
