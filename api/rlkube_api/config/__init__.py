@@ -6,8 +6,9 @@ The same models are the sections of an RLJob's spec (camelCase there, e.g.
 `adv_estimator`), so a recipe moves between `rlkube-trainer run` and a cluster
 unchanged.
 
-One module per section; `trainer_config` joins them into `TrainerConfig`, with the rules
-that span sections in `rules`. This face re-exports their public names.
+One module per section (the actor and the critic share `update.UpdateConfig`);
+`trainer_config` joins them into `TrainerConfig`, with the rules that span sections in
+`rules`. This face re-exports their public names.
 """
 
 from rlkube_api.config.actor import ActorConfig, PolicyLoss, RecomputeLogits
@@ -55,6 +56,7 @@ from rlkube_api.config.rollout_correction import (
 from rlkube_api.config.rules import ASYNC_RULES, BATCH_SPLIT_RULES, ROLE_USE_RULES, TOKEN_BUDGET_RULES
 from rlkube_api.config.trainer_config import TrainerConfig
 from rlkube_api.config.trainer_section import Logger, TrainerSection
+from rlkube_api.config.update import UpdateConfig
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -113,6 +115,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerSection",
     "TrainerV1Config",
+    "UpdateConfig",
     "ValidationSampling",
     "parse_rollout_is_threshold",
     "parse_rollout_rs_options",
