@@ -26,7 +26,7 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
-from rlkube_trainer import verl_config
+from rlkube_api.verl import command as verl_config
 
 log = logging.getLogger("rlkube.trainer")
 # The driver waits this long for every role pod to join before giving up.
