@@ -1,6 +1,6 @@
 """The RLJob's states and condition types as enums, for code that decides or reads them.
 
-Their values are the wire strings of `rljob.JobState` and `rljob.ConditionType`; a
+Their values are the wire strings of `status.JobState` and `status.ConditionType`; a
 member's `.value` has the matching literal type, so it goes straight into the status
 model. Plain strings read back from the API server compare equal to the members.
 """

@@ -1,6 +1,9 @@
 """The RLJob custom resource (rlkube.dev/v1alpha1): the trainer's configuration
 plus what Kubernetes needs (image, pools, run policy), and the status the
 operator reports.
+
+The run policy (run_policy.py) and the status (status.py) have modules of their own;
+their models are re-exported here, as the RLJob's parts.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
@@ -21,7 +24,50 @@ from rlkube_api.pod_template import (
     LocalObjectReference,
 )
 from rlkube_api.roles import Pool, Resources
+from rlkube_api.run_policy import (
+    GangPolicy,
+    PodFailurePolicy,
+    PodFailurePolicyOnExitCodes,
+    PodFailurePolicyOnPodCondition,
+    PodFailurePolicyRule,
+    RunPolicy,
+)
+from rlkube_api.status import Condition, ConditionType, JobState, Progress, RLJobStatus, RoleStatus
 from rlkube_api.volumes import VolumeSource
+
+__all__ = [
+    "API_VERSION",
+    "CONTROLLER_CPU",
+    "CONTROLLER_MEMORY",
+    "GROUP",
+    "KIND",
+    "MAX_NAME_LENGTH",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "CheckpointSpec",
+    "Condition",
+    "ConditionType",
+    "ControllerResources",
+    "ControllerSpec",
+    "EnvVar",
+    "GangPolicy",
+    "JobState",
+    "NetworkPolicySpec",
+    "ObjectMeta",
+    "PodFailurePolicy",
+    "PodFailurePolicyOnExitCodes",
+    "PodFailurePolicyOnPodCondition",
+    "PodFailurePolicyRule",
+    "PodVolume",
+    "Progress",
+    "RLJob",
+    "RLJobSpec",
+    "RLJobStatus",
+    "RoleStatus",
+    "RunPolicy",
+]
 
 GROUP = "rlkube.dev"
 VERSION = "v1alpha1"
@@ -61,130 +107,6 @@ class PodVolume(ApiModel):
     source: VolumeSource = Field(
         description="A Kubernetes volume source, e.g. {persistentVolumeClaim: {claimName: models}} or "
         "{hostPath: {path: /data}}.",
-    )
-
-
-class GangPolicy(ApiModel):
-    """Gang scheduling: all pods of the job start together or not at all."""
-
-    scheduler: Literal["volcano", "coscheduling", "kueue"] = Field(
-        description="volcano (PodGroup), coscheduling (scheduler-plugins PodGroup) or kueue (every pod of an attempt "
-        "joins one Kueue pod group, so Kueue's pod integration admits the whole gang or none of it; the pods wait "
-        "behind Kueue's admission gate meanwhile, with no pending timeout)."
-    )
-    # Kueue reads the queue from a label on the pods, so there it is a label value too.
-    cel_rules = (
-        CelRule(
-            "self.scheduler != 'kueue' || !has(self.queue) || size(self.queue) <= 63",
-            "queue must be at most 63 characters with kueue (it becomes the label kueue.x-k8s.io/queue-name)",
-            ".queue",
-        ),
-    )
-
-    queue: Annotated[str, LONG_NAME] | None = Field(
-        None,
-        max_length=253,
-        description="Volcano queue, or Kueue LocalQueue (the pods' kueue.x-k8s.io/queue-name label; without it, "
-        "the namespace's default LocalQueue, if any).",
-    )
-    priority_class_name: Annotated[str, LONG_NAME] | None = Field(
-        None, max_length=253, description="PriorityClass of the gang."
-    )
-    scheduler_name: Annotated[str, LONG_NAME] | None = Field(
-        None, max_length=253, description="Pods' schedulerName (default: volcano, scheduler-plugins-scheduler)."
-    )
-    schedule_timeout_seconds: int = Field(
-        600, ge=1, description="How long the gang may wait for all its pods to be placed."
-    )
-
-
-class PodFailurePolicyOnExitCodes(ApiModel):
-    """Matches a failed container by its exit code (as Kubernetes Jobs' onExitCodes)."""
-
-    cel_rules = (
-        CelRule(
-            "self.operator != 'In' || !self.values.exists(v, v == 0)",
-            "values must not contain 0 with operator In (exit code 0 is not a failure)",
-            ".values",
-        ),
-    )
-
-    operator: Literal["In", "NotIn"] = Field(description="In: the exit code is one of values; NotIn: it is none.")
-    values: list[Annotated[int, Field(ge=0, le=255)]] = Field(
-        min_length=1, max_length=255, description="Exit codes (0-255)."
-    )
-
-
-class PodFailurePolicyOnPodCondition(ApiModel):
-    """Matches a failed pod by a condition it carries, e.g. DisruptionTarget (preempted, evicted,
-    its node gone)."""
-
-    type: str = Field(
-        min_length=1,
-        max_length=316,
-        pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
-        description="Pod condition type, e.g. DisruptionTarget.",
-    )
-    status: Literal["True", "False", "Unknown"] = Field("True", description="Condition status to match.")
-
-
-class PodFailurePolicyRule(ApiModel):
-    """One rule: what a matching pod failure does to the job."""
-
-    cel_rules = (
-        CelRule(
-            "has(self.onExitCodes) != has(self.onPodConditions)",
-            "exactly one of onExitCodes and onPodConditions must be set",
-        ),
-    )
-
-    action: Literal["FailJob", "Ignore", "Count"] = Field(
-        description="FailJob: Failed at once, no restart; Ignore: restart the gang without counting it against "
-        "backoffLimit; Count: restart the gang, counted (the default for failures no rule matches)."
-    )
-    on_exit_codes: PodFailurePolicyOnExitCodes | None = Field(None, description="Match by the exit code.")
-    on_pod_conditions: list[PodFailurePolicyOnPodCondition] | None = Field(
-        None, min_length=1, max_length=20, description="Match by a pod condition (any of these)."
-    )
-
-
-class PodFailurePolicy(ApiModel):
-    """Rules for pod failures, as Kubernetes Jobs' podFailurePolicy: the first rule that matches
-    decides; after the user's rules come rlkube's defaults (the trainer's configuration error,
-    exit code 78: FailJob; a DisruptionTarget condition: Ignore); anything else counts."""
-
-    rules: list[PodFailurePolicyRule] = Field(max_length=20, description="Tried in order; the first match decides.")
-
-
-class RunPolicy(ApiModel):
-    """Restarts, deadlines and cleanup, with the field names of Kubernetes Jobs."""
-
-    backoff_limit: int = Field(3, ge=0, le=1000, description="Gang restarts before the job is Failed.")
-    active_deadline_seconds: int | None = Field(
-        None, ge=1, description="Seconds from start after which the job is Failed (DeadlineExceeded)."
-    )
-    ttl_seconds_after_finished: int | None = Field(
-        None, ge=0, description="Seconds after Succeeded/Failed before children are deleted."
-    )
-    pending_timeout_seconds: int = Field(
-        300,
-        ge=1,
-        description="How long a job waits for its pods to start: then a ConfigMap, Secret or claim they name still "
-        "missing, pods that cannot be created (a missing ServiceAccount, a quota), a bad image or a volume that "
-        "cannot be mounted fails it; no node that fits sets Unschedulable.",
-    )
-    termination_grace_period_seconds: int = Field(
-        120,
-        ge=0,
-        le=86400,
-        description="Seconds every pod gets between SIGTERM and SIGKILL (its terminationGracePeriodSeconds; "
-        "the operator gives a restarted gang's running pods as much): the trainer finishes the step in "
-        "progress and saves a checkpoint of it in that time. Longer than a step plus a save, or the step "
-        "is lost (the previous checkpoint stays).",
-    )
-    gang: GangPolicy | None = Field(None, description="Gang scheduling (none by default).")
-    pod_failure_policy: PodFailurePolicy | None = Field(
-        None, description="How pod failures are treated, by exit code or pod condition (before rlkube's defaults)."
     )
 
 
@@ -435,125 +357,6 @@ class RLJobSpec(TrainerConfig):
         data["checkpoint"].pop("volume", None)
         data["checkpoint"].pop("credentials_secret", None)
         return TrainerConfig.model_validate(data)
-
-
-# --- status -------------------------------------------------------------------------------------
-
-ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Unschedulable"]
-JobState = Literal["Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
-
-
-class Condition(ApiModel):
-    """A metav1.Condition."""
-
-    type: str = Field(description="Condition type.")
-    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
-    reason: str = Field(description="CamelCase reason.")
-    message: str = Field("", description="Human-readable detail.")
-    last_transition_time: str = Field(description="When status last changed (RFC 3339).")
-    observed_generation: int | None = Field(None, description="The spec generation this was set from.")
-
-
-class RoleStatus(ApiModel):
-    """Pod counts of one role."""
-
-    replicas: int = Field(0, description="Desired pods.")
-    active: int = Field(0, description="Pods not finished.")
-    ready: int = Field(0, description="Pods Ready.")
-    succeeded: int = Field(0, description="Pods Succeeded.")
-    failed: int = Field(0, description="Pods Failed.")
-
-
-class Progress(ApiModel):
-    """Training progress as reported by the driver."""
-
-    step: int = Field(0, description="Last completed step.")
-    total_steps: int | None = Field(None, description="Steps in the run.")
-    reward_mean: float | None = Field(None, description="Mean score of the last step.")
-    tokens_per_second_per_gpu: float | None = Field(
-        None, alias="tokensPerSecondPerGPU", description="perf/throughput of the last step."
-    )
-    last_checkpoint_step: int | None = Field(None, description="Step of the latest complete checkpoint.")
-    val_score: float | None = Field(
-        None,
-        description="Latest validation score: val-core/<dataSource>/<acc or reward>/mean@N, averaged over "
-        "data sources.",
-    )
-    val_step: int | None = Field(None, description="The step the latest validation score was measured at.")
-    percent_done: float | None = Field(None, ge=0, le=100, description="step / totalSteps, in percent.")
-    estimated_completion_time: str | None = Field(
-        None,
-        description="When the last step should end (RFC 3339): the steps left at this attempt's mean step "
-        "time so far (checkpoints and validation included).",
-    )
-    time_remaining: str | None = Field(
-        None,
-        description="The time left when the driver last reported, as kubectl prints durations (3m20s, 2h5m): "
-        "from estimatedCompletionTime; absent once the job has ended.",
-    )
-    rollout_weight_version: int | None = Field(
-        None,
-        ge=0,
-        description="Asynchronous trainer modes: the actor weight version (updates done) the rollout engines "
-        "held at the last step; step minus this is how far generation lags the actor.",
-    )
-    staleness: int | None = Field(
-        None,
-        ge=0,
-        description="Asynchronous trainer modes: the most weight versions any sample of the last step was "
-        "behind the actor when trained (training/off_policy/trajectory_staleness/max).",
-    )
-    updated_at: str | None = Field(None, description="When the driver last reported (RFC 3339).")
-    attempt: int | None = Field(
-        None,
-        ge=0,
-        description="The gang attempt (restartCount) whose driver made this report: after a restart the job "
-        "stays Restarting until the new gang's first report.",
-    )
-
-    # `kubectl get` prints numbers as stored; these are for reading (the exact values are
-    # in the driver's metrics), so they are stored rounded. Digits after the point:
-    _DISPLAY_DIGITS: ClassVar[dict[str, int]] = {
-        "reward_mean": 4,
-        "val_score": 4,
-        "tokens_per_second_per_gpu": 1,
-        "percent_done": 1,
-    }
-
-    @field_validator("reward_mean", "val_score", "tokens_per_second_per_gpu", "percent_done")
-    @classmethod
-    def _round_for_display(cls, value: float | None, info: ValidationInfo) -> float | None:
-        return None if value is None else round(value, cls._DISPLAY_DIGITS[str(info.field_name)])
-
-
-class RLJobStatus(ApiModel):
-    """Observed state, computed by the operator's status function."""
-
-    state: JobState | None = Field(None, description="Summary of the conditions.")
-    conditions: list[Condition] = Field(default_factory=list, description="Created, Running, ... conditions.")
-    roles: dict[str, RoleStatus] = Field(default_factory=dict, description="Pods per role.")
-    progress: Progress | None = Field(None, description="Reported by the trainer's driver.")
-    restart_count: int = Field(0, description="Gang restarts so far (the current attempt).")
-    uncounted_restarts: int | None = Field(
-        None,
-        description="Of those, restarts that did not count against backoffLimit (preemption, eviction, node "
-        "loss, Ignore rules).",
-    )
-    start_time: str | None = Field(None, description="When the job first ran.")
-    completion_time: str | None = Field(None, description="When the job finished.")
-    observed_generation: int | None = Field(None, description="The spec generation last reconciled.")
-    gang_pod_uids: list[str] | None = Field(
-        None,
-        max_length=4096,
-        description="UIDs of the pods of the running gang: a pod not among them replaced one that died.",
-    )
-    gang_rollout_replicas: int | None = Field(
-        None,
-        ge=0,
-        description="Rollout pods the running gang had (ordinals below it), for a rollout that scales in place: "
-        "a rollout pod not in gangPodUids at an ordinal below it replaced one that died; at or past it, a "
-        "scale-up added it.",
-    )
 
 
 class ObjectMeta(ApiModel):

@@ -183,7 +183,7 @@ class RoleSpec(_PodRole):
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
         CelRule("!has(self.colocateWith) || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
-        # A colocated role runs in the actor's workers: its own sizes would be ignored (issue 32).
+        # A colocated role runs in the actor's workers: its own sizes would be ignored in silence.
         CelRule(
             "!has(self.colocateWith) || !has(self.resources)",
             "a role colocated with another has no pods: resources has no effect (set the actor's)",
@@ -229,7 +229,7 @@ class RolloutRoleSpec(_PodRole):
             ".tensorParallelSize",
         ),
         _GPUS_IMMUTABLE,
-        # Elastic rollout capacity (issue 29): separate rollout pods are scaled in place, each
+        # Elastic rollout capacity: separate rollout pods are scaled in place, each
         # engine on one pod's process; an engine spanning ranks has a fixed world size.
         CelRule(
             "self.replicas == oldSelf.replicas || self.tensorParallelSize == 1",
@@ -284,7 +284,7 @@ class Roles(ApiModel):
             ".rollout.tensorParallelSize",
         ),
         CelRule(
-            # The trainer loads the reward model whole on each rank; it is never sharded (issue 32).
+            # The trainer loads the reward model whole on each rank; a size to shard it by would be ignored.
             "!has(self.reward) || !has(self.reward.fsdpSize)",
             "the reward model is not sharded: roles.reward.fsdpSize has no effect",
             ".reward.fsdpSize",

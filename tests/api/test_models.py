@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlkube_api.config import TrainerConfig
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, check_rljob_update, load_trainer_config, parse_rljob
 from tests.api.cases import (
@@ -89,6 +90,24 @@ def test_defaults_follow_verl() -> None:
     assert (spec.algorithm.gamma, spec.algorithm.lam) == (1.0, 1.0)
     assert spec.algorithm.kl_ctrl.kl_coef == 0.001
     assert spec.critic.optim.lr == 1e-5
+
+
+def test_the_critics_learning_rate_default_holds_when_other_optimizer_keys_are_set() -> None:
+    # verl's critic learns at 1e-5 and its actor at 1e-6, whatever else of their optimizers is set.
+    job = base_job()
+    job["spec"]["critic"] = {"optim": {"weightDecay": 0.0}}
+    job["spec"].setdefault("actor", {})["optim"] = {"weightDecay": 0.0}
+    spec = parse_rljob(job).spec
+    assert (spec.critic.optim.lr, spec.critic.optim.weight_decay) == (1e-5, 0.0)
+    assert (spec.actor.optim.lr, spec.actor.optim.weight_decay) == (1e-6, 0.0)
+    # The trainer's YAML, snake_case, reads the same.
+    data = spec.trainer_config().to_config()
+    data["critic"] = {"optim": {"weight_decay": 0.0}}
+    data["actor"]["optim"] = {"weight_decay": 0.0}
+    config = TrainerConfig.model_validate(data)
+    assert (config.critic.optim.lr, config.actor.optim.lr) == (1e-5, 1e-6)
+    job["spec"]["critic"] = {"optim": {"lr": 3e-6}}
+    assert parse_rljob(job).spec.critic.optim.lr == 3e-6
 
 
 def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Path) -> None:

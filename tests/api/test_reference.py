@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import Field
 
 from rlkube_api import crd, exit_codes, reference
 from rlkube_api.base import ApiModel
@@ -101,9 +102,27 @@ def test_constraints_enums_and_requiredness() -> None:
     assert rows["spec.roles.actor"].required and not rows["spec.roles.critic"].required
 
 
+class _Inner(ApiModel):
+    """An object with a default of its own."""
+
+    size: int = Field(1, description="Its own default is 1.")
+
+
+class _Outer(ApiModel):
+    """An object whose default for the inner one sets another value."""
+
+    inner: _Inner = Field(default_factory=lambda: _Inner(size=2), description="Defaults to size 2.")
+
+
 def test_a_default_set_by_the_enclosing_object_is_shown() -> None:
-    # CriticConfig's optim defaults to lr=1e-5, OptimConfig's own lr default is 1e-6.
-    assert _rows()["spec.critic.optim.lr"].default == "`1e-06` (`1e-05` when `spec.critic.optim` is omitted)"
+    rows = {row.path: row for section in reference.walk(_Outer) for row in section.rows}
+    assert rows["inner.size"].default == "`1` (`2` when `inner` is omitted)"
+
+
+def test_the_critics_learning_rate_default_is_its_own() -> None:
+    # The critic's optimizer declares verl's critic rate on its lr field, not on the enclosing default.
+    assert _rows()["spec.critic.optim.lr"].default == "`1e-05`"
+    assert _rows()["spec.actor.optim.lr"].default == "`1e-06`"
 
 
 def test_cel_rules_are_listed_on_the_object_that_declares_them() -> None:

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from rlkube_trainer.verl_config import convert, to_rljob
-from tests.trainer.verl_examples import EXAMPLES
+from rlkube_api.verl import convert, to_rljob
+from tests.api.verl_examples import EXAMPLES
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 

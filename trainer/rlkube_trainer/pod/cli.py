@@ -6,7 +6,7 @@
 - `node --role ROLE`: a role pod: joins the head, advertises its role and pod
   index, serves /healthz, stays up until the driver ends;
 - `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config);
-- `convert VERL.yaml`: a verl config as a trainer YAML or an RLJob (verl_config.py).
+- `convert VERL.yaml`: a verl config as a trainer YAML or an RLJob (rlkube_api/verl).
 - `data gsm8k|math SRC DEST`: Hugging Face parquet files as verl-format rows.
 """
 
@@ -26,7 +26,7 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
-from rlkube_trainer import verl_config
+from rlkube_api.verl import command as verl_convert
 
 log = logging.getLogger("rlkube.trainer")
 # The driver waits this long for every role pod to join before giving up.
@@ -271,8 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     tiny.add_argument("--steps", type=int, default=60)
     tiny.set_defaults(handler=_tiny_task)
     convert = sub.add_parser("convert", help="map a verl config to a trainer YAML (or, with --rljob, an RLJob)")
-    verl_config.add_arguments(convert)
-    convert.set_defaults(handler=verl_config.run)
+    verl_convert.add_arguments(convert)
+    convert.set_defaults(handler=verl_convert.run)
     data = sub.add_parser("data", help="turn Hugging Face parquet files of a dataset into verl-format rows")
     data.add_argument("dataset", choices=["gsm8k", "math"])
     data.add_argument("src", type=Path, help="a parquet file, or a folder of them (split from each file's name)")
