@@ -21,6 +21,7 @@ Jobs written by `prepare`:
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
@@ -170,6 +171,7 @@ def _broadcast_rank(rank: int, model_dir: str, port: int, repeats: int, bucket_m
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlkube_api.config import TrainerSection
     from rlkube_trainer.workers.weight_sync import BroadcastGroup, manifest_of
 
     torch.cuda.set_device(rank)
@@ -177,7 +179,8 @@ def _broadcast_rank(rank: int, model_dir: str, port: int, repeats: int, bucket_m
     model = AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16).to(device)
     named = [(k, v.detach()) for k, v in model.state_dict().items()]
     manifest = manifest_of(named)
-    group = BroadcastGroup("127.0.0.1", port, 2, rank, device)
+    timeout = datetime.timedelta(seconds=TrainerSection().nccl_timeout)  # the trainer's default
+    group = BroadcastGroup("127.0.0.1", port, 2, rank, device, timeout)
     times = []
     total = 0
     for _ in range(repeats):

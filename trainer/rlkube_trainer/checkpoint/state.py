@@ -227,9 +227,9 @@ def _stager() -> Any:
     pageable host memory allocated at every save) without CUDA; with it, pinned host buffers
     made at the first save and reused by every later one (torch's BlockingAsyncStager with its
     cache: a rank's parameters and optimizer moments keep their shapes). Reuse is safe because
-    the driver finishes a save before it stages the next (driver.py: at most one in flight).
+    the driver finishes a save before it stages the next (loop/saves.py: at most one in flight).
     torch 2.11's DefaultStager, the newer class for this, fails on a plain dict of tensors
-    (KeyError: <class 'type'> in its deep copy; docs/benchmarks.md, session 23). The cost: the
+    (KeyError: <class 'type'> in its deep copy; docs/benchmarks.md, "GPU: checkpoint saves"). The cost: the
     host keeps the rank's state pinned between saves (docs/trainer.md)."""
     global _STAGER  # noqa: PLW0603  (one per process: its buffers outlive a save)
     if _STAGER is None and torch.cuda.is_available():

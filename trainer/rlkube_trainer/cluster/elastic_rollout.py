@@ -1,4 +1,4 @@
-"""Elastic rollout capacity (issue 29): separate rollout engines join and leave while the job
+"""Elastic rollout capacity: separate rollout engines join and leave while the job
 trains, without restarting the gang.
 
 The operator scales the rollout StatefulSet when `spec.roles.rollout.replicas` changes; each

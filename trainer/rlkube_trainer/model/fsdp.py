@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlkube.trainer")
 
-# A dead peer must fail a collective, not hang it: the driver then exits naming the rank.
-# trainer.nccl_timeout sets it; this is what tests and tools that build a group get.
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=300)
-
-
 @dataclass(frozen=True)
 class Rendezvous:
     """Where a role group meets, and this process's place in it."""
@@ -44,10 +39,10 @@ class Rendezvous:
         return f"tcp://{self.master_addr}:{self.master_port}"
 
 
-def init_role_group(
-    rendezvous: Rendezvous, device: torch.device, timeout: datetime.timedelta = COLLECTIVE_TIMEOUT
-) -> None:
-    """torch.distributed's default group = this role's ranks (NCCL on GPU, gloo on CPU)."""
+def init_role_group(rendezvous: Rendezvous, device: torch.device, timeout: datetime.timedelta) -> None:
+    """torch.distributed's default group = this role's ranks (NCCL on GPU, gloo on CPU). A dead
+    peer must fail a collective after `timeout` (trainer.nccl_timeout), not hang it: the driver
+    then exits naming the rank."""
     if dist.is_initialized():
         return
     backend = "nccl" if device.type == "cuda" else "gloo"

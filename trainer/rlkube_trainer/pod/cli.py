@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from rlkube_api.config import TrainerConfig
+from rlkube_api.config import ADV_ESTIMATORS, TrainerConfig
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.names import NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     node.set_defaults(handler=_in_pod(_node))
     tiny = sub.add_parser("tiny-task", help="write the tiny CPU task (model, data, reward, config) into DIR")
     tiny.add_argument("workdir", type=Path)
-    tiny.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])
+    tiny.add_argument("--adv-estimator", default="grpo", choices=ADV_ESTIMATORS)
     tiny.add_argument("--steps", type=int, default=60)
     tiny.set_defaults(handler=_tiny_task)
     convert = sub.add_parser("convert", help="map a verl config to a trainer YAML (or, with --rljob, an RLJob)")

@@ -1,6 +1,6 @@
 """A CUDA stream of its own for a colocated engine's generation in `colocate_async`.
 
-Measured on one H200 (docs/benchmarks.md, issue 29's profile): with the rollout thread and the
+Measured on one H200 (docs/benchmarks.md, "GPU: asynchronous against synchronous"): with the rollout thread and the
 actor's update issuing every kernel on the one default stream, each decode step's copy of the
 sampled tokens to the host queued behind the update's kernels, generation ran 1.19x slower and
 the asynchronous step lost to the synchronous one; generation on a stream of its own ran at its

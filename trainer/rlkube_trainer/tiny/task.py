@@ -4,13 +4,12 @@ only way to score; a constant answer is right one time in ten.
 
 Everything is made locally — a random-initialised Llama-shaped model with a
 word-level tokenizer of 14 tokens, and the dataset as parquet — so nothing is
-downloaded. `python -m rlkube_trainer.tiny.task init DIR` writes model, data,
+downloaded. `rlkube-trainer tiny-task DIR` writes model, data,
 reward function and a trainer config into DIR.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import shutil
 from pathlib import Path
@@ -155,19 +154,3 @@ def init(
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(trainer_config(workdir, adv_estimator, steps), sort_keys=False))
     return config_path
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rlkube_trainer.tiny.task", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    cmd = sub.add_parser("init", help="write model, data, reward and config into a folder")
-    cmd.add_argument("workdir", type=Path)
-    cmd.add_argument("--adv-estimator", default="grpo", choices=["grpo", "gae", "rloo", "reinforce_plus_plus"])
-    cmd.add_argument("--steps", type=int, default=60)
-    args = parser.parse_args(argv)
-    print(init(args.workdir, args.adv_estimator, args.steps))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     from rlkube_trainer.rollout import RolloutEngine
 
 log = logging.getLogger("rlkube.trainer")
-TIMEOUT = datetime.timedelta(seconds=300)
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class BroadcastGroup:
         world_size: int,
         rank: int,
         device: torch.device,
-        timeout: datetime.timedelta = TIMEOUT,
+        timeout: datetime.timedelta,
         is_master: bool | None = None,
         generation: int = 0,
     ) -> None:
