@@ -31,10 +31,12 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Group, Placement, Role, placement_of
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.integrity import Written, written
+from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
+from rlkube_trainer.checkpoint.retention import Retention
 from rlkube_trainer.checkpoint.state import WrittenInBackground, capture_rng, load_torch, restore_rng, save_torch
-from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
 from rlkube_trainer.cluster.dispatch import (
     ColocatedRollout,
     DataParallelActor,
@@ -458,7 +460,7 @@ class TrainingRun:
         return seconds
 
     def commit_save(self) -> CheckpointPath:
-        """The written checkpoint in flight becomes the latest (store.py's commit)."""
+        """The written checkpoint in flight becomes the latest (manager.py's commit)."""
         flight = self.in_flight
         assert flight is not None and flight.written
         self.in_flight = None
