@@ -1,4 +1,4 @@
-"""Hand-worked checks of verl 0.9.1's further advantage estimators (rlkube_trainer.algos.advantage).
+"""Hand-worked checks of verl 0.9.1's further advantage estimators (rlkube_trainer.algos.advantage_*).
 
 Expected numbers are derived in the comments, or from a few lines of plain Python (statistics),
 never by calling the estimator under test.

@@ -1,4 +1,4 @@
-"""Hand-worked checks of verl 0.9.1's further policy losses (rlkube_trainer.algos.policy_loss).
+"""Hand-worked checks of verl 0.9.1's further policy losses (rlkube_trainer.algos.policy_loss_*).
 
 Each expected number is derived in the comments or from a plain-Python formula of the loss for
 one token; the gradient is checked with respect to the current log-probs.

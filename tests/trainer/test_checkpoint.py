@@ -13,18 +13,13 @@ import pytest
 import torch
 from torch import nn
 
-from rlkube_trainer.checkpoint import store
+from rlkube_trainer.checkpoint import manager as manager_module
 from rlkube_trainer.checkpoint.export import export_hf
+from rlkube_trainer.checkpoint.folder import COMPLETE, LATEST, MANIFEST, Checkpoint, CheckpointError
+from rlkube_trainer.checkpoint.integrity import check_checksum, written
+from rlkube_trainer.checkpoint.manager import CheckpointManager
+from rlkube_trainer.checkpoint.retention import Retention
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng, save_torch
-from rlkube_trainer.checkpoint.store import (
-    COMPLETE,
-    LATEST,
-    MANIFEST,
-    Checkpoint,
-    CheckpointError,
-    CheckpointManager,
-    Retention,
-)
 
 
 def save_step(manager: CheckpointManager, step: int, value: int = 0) -> Path:
@@ -299,17 +294,17 @@ def test_the_only_complete_checkpoint_is_never_deleted(tmp_path: Path) -> None:
     save_step(manager, 10)
     staging = manager.staging(20)
     save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
-    real_replace = store.replace_dir
+    real_replace = manager_module.replace_dir
 
     def lose_a_part(src: Path, dst: Path) -> None:
         real_replace(src, dst)
         (dst / "actor" / "rank_0.pt").unlink()
 
-    store.replace_dir = lose_a_part  # type: ignore[assignment]
+    manager_module.replace_dir = lose_a_part  # type: ignore[assignment]
     try:
         manager.commit(20)
     finally:
-        store.replace_dir = real_replace  # type: ignore[assignment]
+        manager_module.replace_dir = real_replace  # type: ignore[assignment]
     assert [c.step for c in manager.checkpoints()] == [10]
     assert manager.latest() == Checkpoint(10, tmp_path / "step_000010")
 
@@ -337,10 +332,10 @@ def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tm
     save_step(manager, 10)
     staging = manager.staging(20)
     save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
-    expected = store.written(staging, ["actor/rank_0.pt"], "actor rank 0")
+    expected = written(staging, ["actor/rank_0.pt"], "actor rank 0")
     own = tmp_path / "rank-1-pod" / staging.name  # the same path, in another pod's file system
     save_torch(own / "actor" / "rank_1.pt", {"w": torch.ones(3)})
-    expected |= store.written(own, ["actor/rank_1.pt"], "actor rank 1")
+    expected |= written(own, ["actor/rank_1.pt"], "actor rank 1")
     with pytest.raises(
         CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt, which is not there.*checkpoint\.volume"
     ):
@@ -356,7 +351,7 @@ def test_a_writer_whose_file_the_driver_does_not_see_fails_the_commit_by_name(tm
     assert manager.latest() == Checkpoint(10, tmp_path / "shared" / "step_000010")
     # All there: committed, with the writers' checksums in the manifest.
     save_torch(staging / "actor" / "rank_1.pt", {"w": torch.ones(3)})
-    expected |= store.written(staging, ["actor/rank_1.pt"], "actor rank 1")
+    expected |= written(staging, ["actor/rank_1.pt"], "actor rank 1")
     committed = manager.commit(20, expected=expected)
     manifest = json.loads((committed / MANIFEST).read_text())
     assert manifest["sha256"] == {name: record.sha256 for name, record in expected.items()}
@@ -376,11 +371,11 @@ def test_a_part_changed_since_its_commit_is_refused_when_loaded(tmp_path: Path) 
     manager = CheckpointManager(tmp_path, max_to_keep=3)
     staging = manager.staging(10)
     save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
-    committed = manager.commit(10, expected=store.written(staging, ["actor/rank_0.pt"], "actor rank 0"))
-    store.check_checksum(committed, "actor/rank_0.pt")  # as written
+    committed = manager.commit(10, expected=written(staging, ["actor/rank_0.pt"], "actor rank 0"))
+    check_checksum(committed, "actor/rank_0.pt")  # as written
     data = bytearray((committed / "actor" / "rank_0.pt").read_bytes())
     data[-1] ^= 0xFF  # one bit flipped, the size kept: the size check cannot see it
     (committed / "actor" / "rank_0.pt").write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"actor/rank_0\.pt is not what its writer wrote"):
-        store.check_checksum(committed, "actor/rank_0.pt")
-    store.check_checksum(committed, "driver.pt")  # no checksum recorded: not checked
+        check_checksum(committed, "actor/rank_0.pt")
+    check_checksum(committed, "driver.pt")  # no checksum recorded: not checked

@@ -23,8 +23,9 @@ from torch import nn
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.checkpoint import state
+from rlkube_trainer.checkpoint.folder import COMPLETE, CheckpointError
+from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.checkpoint.state import BackgroundSave, load_torch, stage_rank_state
-from rlkube_trainer.checkpoint.store import COMPLETE, CheckpointError, CheckpointManager
 from rlkube_trainer.loop.driver import run_in_process
 from rlkube_trainer.loop.termination import Terminated
 from rlkube_trainer.pod import cli

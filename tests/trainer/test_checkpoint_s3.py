@@ -19,11 +19,12 @@ import yaml
 
 from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.s3server import S3Server
-from rlkube_trainer.checkpoint import store
+from rlkube_trainer.checkpoint.folder import COMPLETE, LATEST, MANIFEST, CheckpointError, check_complete
+from rlkube_trainer.checkpoint.integrity import Written, check_checksum, sha256_of, written
+from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate, storage_options
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, owner_of
 from rlkube_trainer.checkpoint.state import load_torch, save_torch
-from rlkube_trainer.checkpoint.store import COMPLETE, LATEST, MANIFEST, CheckpointError, CheckpointManager
 from rlkube_trainer.tiny.task import init
 
 
@@ -61,9 +62,9 @@ def save_step(manager: CheckpointManager, step: int, value: int = 0) -> Checkpoi
     expected = {}
     for rank in range(2):
         save_torch(staging / "actor" / f"rank_{rank}.pt", {"w": torch.full((3,), float(value + rank))})
-        expected |= store.written(staging, [f"actor/rank_{rank}.pt"], f"actor rank {rank}")
+        expected |= written(staging, [f"actor/rank_{rank}.pt"], f"actor rank {rank}")
     save_torch(staging / "driver.pt", {"step": step})
-    expected |= store.written(staging, ["driver.pt"], "the driver")
+    expected |= written(staging, ["driver.pt"], "the driver")
     return manager.commit(step, {"parts": ["actor", "driver.pt"]}, expected)
 
 
@@ -83,11 +84,11 @@ def test_a_checkpoint_is_written_in_place_its_manifest_and_marker_last(s3: S3Ser
     ]  # no staging prefix, no rename
     manifest = json.loads((final / MANIFEST).read_text())
     assert set(manifest["files"]) == {"actor/rank_0.pt", "actor/rank_1.pt", "driver.pt"}
-    assert manifest["sha256"]["actor/rank_1.pt"] == store.sha256_of(final / "actor" / "rank_1.pt")
+    assert manifest["sha256"]["actor/rank_1.pt"] == sha256_of(final / "actor" / "rank_1.pt")
     latest = manager.latest()
     assert latest is not None and latest.step == 10 and latest.path == final
     assert torch.equal(load_torch(latest.file("actor/rank_1.pt"))["w"], torch.full((3,), 6.0))
-    store.check_checksum(final, "actor/rank_0.pt")
+    check_checksum(final, "actor/rank_0.pt")
     for step in (20, 30):
         save_step(manager, step)
     assert [c.step for c in manager.checkpoints()] == [20, 30]  # keep-last-2 deletes in the store
@@ -99,8 +100,8 @@ def test_a_part_the_store_does_not_hold_fails_the_commit_by_name(s3: S3Server) -
     save_step(manager, 10)
     staging = manager.staging(20)
     save_torch(staging / "actor" / "rank_0.pt", {"w": torch.zeros(3)})
-    expected = store.written(staging, ["actor/rank_0.pt"], "actor rank 0")
-    expected["actor/rank_1.pt"] = store.Written(100, "0" * 64, "actor rank 1")  # reported, never arrived
+    expected = written(staging, ["actor/rank_0.pt"], "actor rank 0")
+    expected["actor/rank_1.pt"] = Written(100, "0" * 64, "actor rank 1")  # reported, never arrived
     with pytest.raises(CheckpointError, match=r"actor rank 1 wrote actor/rank_1\.pt, which is not there"):
         manager.commit(20, expected=expected)
     latest = manager.latest()
@@ -233,7 +234,7 @@ def test_async_saves_write_to_the_s3_server_and_commit_once_written(tmp_path: Pa
     assert (root / LATEST).read_text().strip() == "step_000003"
     assert str(result.last_checkpoint) == f"{uri}/step_000003"
     for step in (1, 2, 3):
-        checkpoint = store.check_complete(root / f"step_{step:06d}")
+        checkpoint = check_complete(root / f"step_{step:06d}")
         assert checkpoint.step == step and "actor/rank_0.pt" in checkpoint.manifest()["sha256"]
     rows = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]

@@ -8,8 +8,8 @@ import torch
 
 from rlkube_api.exit_codes import EXIT_CLASSES, PERMANENT_CODES, ExitCode, exit_class
 from rlkube_operator.failure_policy import DEFAULT_RULES, FailureAction
+from rlkube_trainer.checkpoint.folder import CheckpointError
 from rlkube_trainer.checkpoint.owner import CheckpointDirTaken
-from rlkube_trainer.checkpoint.store import CheckpointError
 from rlkube_trainer.cluster.rank_group import RankLost
 from rlkube_trainer.data.prompts import DataError, PromptTooLongError
 from rlkube_trainer.loop.ppo import TooManyGenerations

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.checkpoint.store import CheckpointManager
+from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.loop.driver import run_in_process
 from rlkube_trainer.loop.saves import GroupState
 from rlkube_trainer.loop.termination import TERMINATION, Terminated, Termination

@@ -1,7 +1,7 @@
 """Name → function registries, the way verl's ``core_algos`` selects its math by config string.
 
-Each kind keeps its registry beside its functions (advantage.py, policy_loss.py); this module
-holds only what they share: registering (a different function under a taken name fails),
+Each kind keeps its registry in its own module (advantage.py, policy_loss.py), which the modules
+of its families register into; this module holds only what the kinds share: registering (a different function under a taken name fails),
 looking up (an unknown name fails, listing the known ones) and calling a function with the
 arguments it names.
 """

@@ -23,7 +23,7 @@ from rlkube_api.config import (
 )
 from rlkube_trainer.algos.aggregation import agg_loss
 from rlkube_trainer.algos.masked import masked_mean, masked_sum
-from rlkube_trainer.algos.policy_loss import compute_policy_loss
+from rlkube_trainer.algos.policy_loss_ppo import compute_policy_loss
 
 # verl's SAFETY_BOUND: log-ratios are clamped to +-20 before exp (exp(20) ~ 4.9e8).
 SAFETY_BOUND = 20.0

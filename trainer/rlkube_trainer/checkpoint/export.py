@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from rlkube_trainer.checkpoint.durable import fsync_tree, replace_dir
+from rlkube_trainer.checkpoint.folder import remove_tree
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath
-from rlkube_trainer.checkpoint.store import fsync_tree, remove_tree, replace_dir
 
 
 def export_hf(

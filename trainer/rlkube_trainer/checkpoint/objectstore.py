@@ -1,9 +1,9 @@
 """Checkpoint roots in an object store (`checkpoint.uri: s3://bucket/prefix`, and gs://, az://),
-through obstore's fsspec filesystem,, behind the few pathlib methods the checkpoint store uses.
+through obstore's fsspec filesystem,, behind the few pathlib methods the checkpoint modules use.
 
 An object store has no directories and no rename: a "directory" is a key prefix, and an
 object appears whole when its upload completes (one PUT, or the completion of a multipart
-upload) or not at all. store.py therefore writes a checkpoint's parts in place under
+upload) or not at all. manager.py therefore writes a checkpoint's parts in place under
 `step_N/` and its manifest and COMPLETE marker last; a prefix without them is never resumed
 from. `ObjectPath` gives the store the same calls it makes on a local `Path` (`/`, `name`,
 `is_file`, `stat().st_size`, `read_text`, `iterdir`, `glob`, ...), so the commit and
@@ -74,7 +74,7 @@ class _Stat:
 
 
 class ObjectPath:
-    """A key or key prefix in an object store, with the pathlib calls store.py makes."""
+    """A key or key prefix in an object store, with the pathlib calls the checkpoint modules make."""
 
     def __init__(
         self, url: str, options: Mapping[str, Any] | None = None, fs: AbstractFileSystem | None = None

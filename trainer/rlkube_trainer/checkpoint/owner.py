@@ -20,8 +20,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from rlkube_api.names import Env
+from rlkube_trainer.checkpoint.durable import write_atomic
+from rlkube_trainer.checkpoint.folder import LATEST
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath
-from rlkube_trainer.checkpoint.store import LATEST, write_atomic
 
 OWNER_FILE = "rljob.json"
 # What a run leaves in the folder (besides checkpoints): any of these means it is not fresh.

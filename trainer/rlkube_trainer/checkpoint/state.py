@@ -1,6 +1,6 @@
 """Checkpoint state I/O: torch objects written atomically, sharded (FSDP2) state through
 torch.distributed.checkpoint, and the process RNG states. Which rank writes which file is
-the rank's business (rlkube_trainer.workers.rank); the folder protocol is store.py's."""
+the rank's business (rlkube_trainer.workers.rank); the folder protocol is manager.py's."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from rlkube_trainer.checkpoint.durable import atomic_file
+from rlkube_trainer.checkpoint.folder import CheckpointError
+from rlkube_trainer.checkpoint.integrity import Written, check_checksum, written
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, relative
-from rlkube_trainer.checkpoint.store import CheckpointError, Written, atomic_file, check_checksum, written
 
 
 class Checkpointable(Protocol):
@@ -250,7 +252,7 @@ class WrittenInBackground:
 class BackgroundSave:
     """One rank's checkpoint parts written by a thread from a copy in host memory, so that
     training goes on meanwhile. The thread only writes below the staging path; the driver
-    commits (store.py) once every rank's `result` is in, so an unfinished or failed write is
+    commits (manager.py) once every rank's `result` is in, so an unfinished or failed write is
     never resumed from. A daemon thread: a process that exits abandons the write, never half
     commits it."""
 

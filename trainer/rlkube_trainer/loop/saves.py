@@ -1,6 +1,6 @@
 """A run's checkpoints from the driver's side: what the ranks of each group write
 (`GroupState`), and when a checkpoint is begun, written and committed (`Saves`). The folder
-protocol itself (staging dirs, the latest marker, retention) is checkpoint/store.py's.
+protocol itself (staging dirs, the latest marker, retention) is checkpoint/manager.py's.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.placement import Placement, Role
+from rlkube_trainer.checkpoint.integrity import Written, written
+from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate
+from rlkube_trainer.checkpoint.retention import Retention
 from rlkube_trainer.checkpoint.state import WrittenInBackground, save_torch
-from rlkube_trainer.checkpoint.store import CheckpointManager, Retention, Written, written
 from rlkube_trainer.loop.assembly import Groups
 
 log = logging.getLogger("rlkube.trainer")
@@ -175,7 +177,7 @@ class Saves:
         return seconds
 
     def commit(self) -> CheckpointPath:
-        """The written checkpoint in flight becomes the latest (store.py's commit)."""
+        """The written checkpoint in flight becomes the latest (CheckpointManager.commit)."""
         flight = self.in_flight
         assert flight is not None and flight.written
         self.in_flight = None

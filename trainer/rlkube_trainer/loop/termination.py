@@ -6,7 +6,7 @@ drain) and SIGKILL after the pod's grace period. A step's phases are collectives
 rank, so one is never cut short: the loop finishes the step in progress, writes a checkpoint
 of it (unless it has just written one) and exits with 128 + 15. A SIGTERM during a save lets
 the save finish; a SIGKILL in the middle of one leaves only a staging dir, never resumed from
-(checkpoint/store.py), so the previous checkpoint stays the latest.
+(checkpoint/manager.py), so the previous checkpoint stays the latest.
 
 Only while the loop runs (`armed`) is SIGTERM taken as a request; before it (waiting for pods,
 loading models) there is nothing to save and the process exits at once.

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rlkube.trainer")
 
+
 @dataclass(frozen=True)
 class Rendezvous:
     """Where a role group meets, and this process's place in it."""

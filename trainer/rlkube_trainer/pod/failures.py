@@ -14,8 +14,8 @@ def exit_code_of(exc: BaseException) -> ExitCode:
     """The exit code for `exc`; `ExitCode.UNEXPECTED` for an error no class claims."""
     import torch  # noqa: PLC0415
 
+    from rlkube_trainer.checkpoint.folder import CheckpointError  # noqa: PLC0415
     from rlkube_trainer.checkpoint.owner import CheckpointDirTaken  # noqa: PLC0415
-    from rlkube_trainer.checkpoint.store import CheckpointError  # noqa: PLC0415
     from rlkube_trainer.cluster.rank_group import RankLost  # noqa: PLC0415
     from rlkube_trainer.config_errors import PreflightError  # noqa: PLC0415
     from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415

@@ -25,6 +25,7 @@ from rlkube_api.config import TrainerConfig
 from rlkube_api.names import Env
 from rlkube_api.placement import Role
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.integrity import Written
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, locate
 from rlkube_trainer.checkpoint.state import (
     BackgroundSave,
@@ -33,7 +34,6 @@ from rlkube_trainer.checkpoint.state import (
     save_rank_state,
     stage_rank_state,
 )
-from rlkube_trainer.checkpoint.store import Written
 from rlkube_trainer.model.fsdp import Rendezvous, init_role_group
 from rlkube_trainer.reward.scoring import RewardInput, RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
