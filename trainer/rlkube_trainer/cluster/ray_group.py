@@ -24,9 +24,9 @@ import ray
 import yaml
 
 from rlkube_api.placement import Group, Role
+from rlkube_trainer.cluster.config_errors import config_errors
 from rlkube_trainer.cluster.rank_group import Pending, RankGroup, RankLost
 from rlkube_trainer.cluster.ray_resources import pod_of_resource, resource_name
-from rlkube_trainer.config_errors import config_errors
 from rlkube_trainer.workers.rank import Rank, RankSpec
 
 log = logging.getLogger("rlkube.trainer")

@@ -142,7 +142,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _preflight(config: TrainerConfig) -> int | None:
     """The driver's checks (preflight.check_driver); the exit code when one fails."""
-    from rlkube_trainer.config_errors import PreflightError  # noqa: PLC0415
+    from rlkube_trainer.cluster.config_errors import PreflightError  # noqa: PLC0415
     from rlkube_trainer.pod.failures import exit_code_of  # noqa: PLC0415
     from rlkube_trainer.pod.preflight import check_driver  # noqa: PLC0415
 
@@ -199,7 +199,7 @@ def _join(args: argparse.Namespace, role: str) -> int:
 
     if os.environ.get(Env.CONFIG):
         # The files this pod's roles load, checked before it joins (and holds its GPUs for) the driver.
-        from rlkube_trainer.config_errors import PreflightError  # noqa: PLC0415
+        from rlkube_trainer.cluster.config_errors import PreflightError  # noqa: PLC0415
         from rlkube_trainer.pod.failures import exit_code_of  # noqa: PLC0415
         from rlkube_trainer.pod.preflight import check_group  # noqa: PLC0415
 

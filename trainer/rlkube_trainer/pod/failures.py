@@ -16,8 +16,8 @@ def exit_code_of(exc: BaseException) -> ExitCode:
 
     from rlkube_trainer.checkpoint.folder import CheckpointError  # noqa: PLC0415
     from rlkube_trainer.checkpoint.owner import CheckpointDirTaken  # noqa: PLC0415
+    from rlkube_trainer.cluster.config_errors import PreflightError  # noqa: PLC0415
     from rlkube_trainer.cluster.rank_group import RankLost  # noqa: PLC0415
-    from rlkube_trainer.config_errors import PreflightError  # noqa: PLC0415
     from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
     from rlkube_trainer.loop.ppo import TooManyGenerations  # noqa: PLC0415
     from rlkube_trainer.loop.tracking import TrackerMissing  # noqa: PLC0415

@@ -23,7 +23,7 @@ from typing import Any
 from rlkube_api.config import TrainerConfig
 from rlkube_api.exit_codes import TERMINATION_MESSAGE_LIMIT, TERMINATION_MESSAGE_PATH
 from rlkube_api.placement import Role, placement_of, used_roles
-from rlkube_trainer.config_errors import PreflightError
+from rlkube_trainer.cluster.config_errors import PreflightError
 
 log = logging.getLogger("rlkube.trainer")
 

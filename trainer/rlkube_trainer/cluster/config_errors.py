@@ -2,7 +2,7 @@
 helps, so the run exits with `ExitCode.CONFIG` (or `ExitCode.DATA`, pod/failures.py) and the
 operator treats the failure as permanent. They are raised wherever the problem is found: in the
 pod's preflight (pod/preflight.py), the driver, or a rank, whose Ray error carries them to the
-driver (cluster/ray_group.py).
+driver (ray_group.py).
 """
 
 from __future__ import annotations
