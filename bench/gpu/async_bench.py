@@ -388,7 +388,7 @@ def main_run(args: argparse.Namespace) -> int:
     from rlkube_trainer.data.prompts import PromptLoader
     from rlkube_trainer.loop.driver import TrainingRun, seed_everything
     from rlkube_trainer.loop.ppo import PPOTrainer, Roles
-    from rlkube_trainer.model.models import load_tokenizer
+    from rlkube_trainer.model.loading import load_tokenizer
     from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers.actor import Actor

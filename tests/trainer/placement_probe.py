@@ -18,7 +18,7 @@ from rlkube_trainer.cluster.ray_group import launch_ray_group
 from rlkube_trainer.data.prompts import PromptDataset, PromptLoader
 from rlkube_trainer.loop.driver import build_roles, close, seed_everything, start_groups, total_steps_of
 from rlkube_trainer.loop.ppo import PPOTrainer
-from rlkube_trainer.model.models import load_tokenizer
+from rlkube_trainer.model.loading import load_tokenizer
 from rlkube_trainer.pod.ray_node import start_local_ray
 from rlkube_trainer.reward.scoring import build_reward_scorer
 from rlkube_trainer.rollout import SamplingConfig

@@ -60,7 +60,7 @@ from rlkube_trainer.loop.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.loop.tracking import Tracker
 from rlkube_trainer.loop.validation import Validation, headline_score, validation_prompts
 from rlkube_trainer.model.fsdp import Rendezvous
-from rlkube_trainer.model.models import load_tokenizer
+from rlkube_trainer.model.loading import load_tokenizer
 from rlkube_trainer.reward.scoring import RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout.agent.sampler import episode_sampler
 from rlkube_trainer.workers.rank import Rank, RankSpec
