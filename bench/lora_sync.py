@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 for _sub in ("", "trainer", "api"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
+from rlkube_trainer.model.loading import load_causal_lm  # noqa: E402
 from rlkube_trainer.model.lora import LoraSettings, apply_lora, merged_names, merged_weights  # noqa: E402  (after the path set-up above)
 from rlkube_trainer.model.lora.export import peft_adapter_state, write_adapter  # noqa: E402
-from rlkube_trainer.model.models import load_causal_lm  # noqa: E402
 
 
 def main() -> None:
@@ -84,7 +84,7 @@ def main() -> None:
     engine_args = {"dtype": args.dtype, "gpu_memory_utilization": args.gpu_util, "enforce_eager": args.device == "cpu"}
     syncs, generations = [], []
     if args.mode == "merged":
-        from rlkube_trainer.rollout.vllm_engine import VLLMRolloutEngine  # noqa: PLC0415
+        from rlkube_trainer.rollout.vllm.engine import VLLMRolloutEngine  # noqa: PLC0415
         from rlkube_trainer.workers.weight_sync import load_into_engine  # noqa: PLC0415
 
         engine = VLLMRolloutEngine(path, device=args.device, **engine_args)

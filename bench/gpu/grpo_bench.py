@@ -657,7 +657,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.loop.driver import seed_everything
     from rlkube_trainer.loop.ppo import PPOTrainer
     from rlkube_trainer.loop.roles import Roles
-    from rlkube_trainer.model.models import load_tokenizer
+    from rlkube_trainer.model.loading import load_tokenizer
     from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
     from rlkube_trainer.workers.actor import Actor

@@ -1,6 +1,7 @@
 """Padded vs packed (verl's use_remove_padding) vs packed micro-batches by token budget
 (use_dynamic_bsz): the actor's forward + backward and its forward-only log-prob pass, through
-the trainer's own code (`rlkube_trainer.model.models.response_log_probs`, `rlkube_trainer.model.packing`).
+the trainer's own code (`rlkube_trainer.model.token_scores.response_log_probs`,
+`rlkube_trainer.model.packing`).
 
     python bench/gpu/packing_bench.py            # GPU: Qwen2.5-0.5B-shaped random model, 64 x 8 samples
     python bench/gpu/packing_bench.py --tiny     # CPU or GPU: a tiny model and shape, in seconds
@@ -37,8 +38,8 @@ import torch  # noqa: E402
 from grpo_bench import FULL_SHAPE, QWEN25_05B, TINY  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-from rlkube_trainer.model.models import response_log_probs  # noqa: E402
 from rlkube_trainer.model.packing import enable_packed_attention, token_bins  # noqa: E402
+from rlkube_trainer.model.token_scores import response_log_probs  # noqa: E402
 
 TINY_SHAPE = {"prompts": 4, "n": 4, "prompt_len": 16, "response_len": 24}
 

@@ -171,7 +171,7 @@ import sys
 sys.path[:0] = [f"{sys.argv[1]}/trainer", f"{sys.argv[1]}/api"]
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
-from rlkube_trainer.model.models import apply_liger
+from rlkube_trainer.model.loading import apply_liger
 torch.manual_seed(0)
 cfg = Qwen2Config(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
                   num_key_value_heads=2, vocab_size=4096)

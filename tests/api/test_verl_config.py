@@ -19,7 +19,7 @@ from torch import nn
 from rlkube_api.config import TrainerConfig
 from rlkube_api.validation import load_trainer_config, parse_rljob
 from rlkube_api.verl import RULES, To, VerlConfigError, convert, to_rljob
-from rlkube_trainer.model.models import apply_liger
+from rlkube_trainer.model.loading import apply_liger
 from rlkube_trainer.pod.cli import main
 from tests.api.verl_examples import DAPO, EXAMPLES, GRPO, PPO_GSM8K, REINFORCE, REWARD_MODEL, variant
 

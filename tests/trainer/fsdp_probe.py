@@ -40,7 +40,7 @@ from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state, stage_rank_state
 from rlkube_trainer.cluster.rank_group import split
 from rlkube_trainer.model.fsdp import offloads_parameters
-from rlkube_trainer.model.models import decoder_layers
+from rlkube_trainer.model.loading import decoder_layers
 from rlkube_trainer.workers import actor as actor_module
 from rlkube_trainer.workers.actor import Actor
 

@@ -20,7 +20,7 @@ from rlkube_trainer.loop.assembly import build_roles, close, start_groups
 from rlkube_trainer.loop.driver import seed_everything
 from rlkube_trainer.loop.ppo import PPOTrainer
 from rlkube_trainer.loop.training_run import total_steps_of
-from rlkube_trainer.model.models import load_tokenizer
+from rlkube_trainer.model.loading import load_tokenizer
 from rlkube_trainer.pod.ray_node import start_local_ray
 from rlkube_trainer.reward.scoring import build_reward_scorer
 from rlkube_trainer.rollout import SamplingConfig

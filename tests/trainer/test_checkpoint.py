@@ -247,7 +247,7 @@ def test_optimizer_state_gives_an_identical_continuation(tmp_path: Path) -> None
 
 
 def test_export_hf_round_trip(tmp_path: Path) -> None:
-    from rlkube_trainer.model.models import load_causal_lm, load_tokenizer  # noqa: PLC0415  (transformers is slow to import)
+    from rlkube_trainer.model.loading import load_causal_lm, load_tokenizer  # noqa: PLC0415  (transformers is slow to import)
     from rlkube_trainer.tiny.task import build_model  # noqa: PLC0415
 
     source = build_model(tmp_path / "model")

@@ -16,9 +16,9 @@ from rlkube_api.config import ModelConfig
 from rlkube_api.validation import InvalidSpec, parse_trainer_config
 from rlkube_trainer.checkpoint.state import load_torch
 from rlkube_trainer.loop.driver import run_in_process
+from rlkube_trainer.model.loading import load_causal_lm
 from rlkube_trainer.model.lora import LoraSettings, adapters_disabled, apply_lora, merged_names, merged_weights
 from rlkube_trainer.model.lora.export import ADAPTER_DIR, WEIGHTS_FILE, peft_adapter_state, write_adapter
-from rlkube_trainer.model.models import load_causal_lm
 from rlkube_trainer.tiny.task import init
 from tests.trainer.tiny_model import build_tiny_model
 
@@ -212,7 +212,7 @@ def test_a_lora_run_trains_the_adapters_only_and_resumes_from_them(
 
 
 def test_use_shm_copies_the_model_once_per_host(tiny: Path, tmp_path: Path) -> None:
-    from rlkube_trainer.model.models import shm_copy  # noqa: PLC0415
+    from rlkube_trainer.model.loading import shm_copy  # noqa: PLC0415
 
     first = Path(shm_copy(str(tiny), root=tmp_path))
     assert first.parent == tmp_path and (first / "config.json").is_file()

@@ -14,17 +14,17 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from rlkube_trainer.model import models
-from rlkube_trainer.model.models import (
-    CriticModel,
-    load_causal_lm,
+from rlkube_trainer.model import loading, token_scores
+from rlkube_trainer.model.loading import load_causal_lm
+from rlkube_trainer.model.packing import enable_packed_attention
+from rlkube_trainer.model.token_scores import (
     position_ids_from_mask,
     response_log_probs,
     response_scores,
     sum_pi_squared_from_logits,
     token_log_probs,
 )
-from rlkube_trainer.model.packing import enable_packed_attention
+from rlkube_trainer.model.value_head import CriticModel
 from rlkube_trainer.tiny.task import build_model
 
 
@@ -197,7 +197,7 @@ def test_the_lm_head_runs_on_the_response_positions_only() -> None:
 @pytest.fixture
 def two_token_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Chunks of two positions' logits: the batches below span several chunks."""
-    monkeypatch.setattr(models, "LOGITS_CHUNK_ELEMENTS", 2 * 512)
+    monkeypatch.setattr(token_scores, "LOGITS_CHUNK_ELEMENTS", 2 * 512)
 
 
 @pytest.mark.usefixtures("two_token_chunks")
@@ -345,43 +345,47 @@ BENCH_TOKENS, BENCH_VOCAB = 16 * 513, 151_936
 
 
 def test_kept_logits_are_fp32_logits_and_probabilities_with_the_entropy() -> None:
-    assert models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False) == BENCH_TOKENS * BENCH_VOCAB * 4
-    assert models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=True) == BENCH_TOKENS * BENCH_VOCAB * 8
+    assert (
+        token_scores.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False) == BENCH_TOKENS * BENCH_VOCAB * 4
+    )
+    assert (
+        token_scores.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=True) == BENCH_TOKENS * BENCH_VOCAB * 8
+    )
 
 
 def test_auto_keeps_the_logits_exactly_when_they_fit_the_budget() -> None:
-    kept = models.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)  # 4.6 GiB
-    h100 = models.LogitsRecompute("auto", 80 * 10**9 // models.LOGITS_BUDGET_SHARE)
+    kept = token_scores.kept_logits_bytes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)  # 4.6 GiB
+    h100 = token_scores.LogitsRecompute("auto", 80 * 10**9 // token_scores.LOGITS_BUDGET_SHARE)
     assert not h100.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)
     # With the entropy in the loss the probabilities are kept too: 9.3 GiB, still under 10 GB; a
     # 24 GB card's budget (3 GB) keeps neither.
     assert not h100.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=True)
-    small = models.LogitsRecompute("auto", 24 * 10**9 // models.LOGITS_BUDGET_SHARE)
+    small = token_scores.LogitsRecompute("auto", 24 * 10**9 // token_scores.LOGITS_BUDGET_SHARE)
     assert small.recomputes(BENCH_TOKENS, BENCH_VOCAB, with_entropy=False)
-    assert not models.LogitsRecompute("auto", kept).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
-    assert models.LogitsRecompute("auto", kept - 1).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
+    assert not token_scores.LogitsRecompute("auto", kept).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
+    assert token_scores.LogitsRecompute("auto", kept - 1).recomputes(BENCH_TOKENS, BENCH_VOCAB, False)
     # always and never do not look at the size.
-    assert models.LogitsRecompute("always", 2**62).recomputes(1, 1, False)
-    assert not models.LogitsRecompute("never", 0).recomputes(BENCH_TOKENS, BENCH_VOCAB, True)
+    assert token_scores.LogitsRecompute("always", 2**62).recomputes(1, 1, False)
+    assert not token_scores.LogitsRecompute("never", 0).recomputes(BENCH_TOKENS, BENCH_VOCAB, True)
 
 
 def test_the_logits_budget_on_cpu_is_the_stated_constant() -> None:
-    assert models.logits_budget_bytes(torch.device("cpu")) == models.CPU_LOGITS_BUDGET_BYTES
+    assert token_scores.logits_budget_bytes(torch.device("cpu")) == token_scores.CPU_LOGITS_BUDGET_BYTES
 
 
 @pytest.mark.usefixtures("two_token_chunks")
 @pytest.mark.parametrize(
     ("recompute", "head_runs_per_chunk"),
     [
-        (models.LogitsRecompute("always"), 2),
-        (models.LogitsRecompute("never"), 1),
-        (models.LogitsRecompute("auto", models.CPU_LOGITS_BUDGET_BYTES), 1),  # a few KiB of logits fit
-        (models.LogitsRecompute("auto", 0), 2),
+        (token_scores.LogitsRecompute("always"), 2),
+        (token_scores.LogitsRecompute("never"), 1),
+        (token_scores.LogitsRecompute("auto", token_scores.CPU_LOGITS_BUDGET_BYTES), 1),  # a few KiB of logits fit
+        (token_scores.LogitsRecompute("auto", 0), 2),
     ],
     ids=["always", "never", "auto-fits", "auto-over-budget"],
 )
 def test_kept_logits_run_the_head_once_and_give_the_recomputed_gradients(
-    monkeypatch: pytest.MonkeyPatch, recompute: models.LogitsRecompute, head_runs_per_chunk: int
+    monkeypatch: pytest.MonkeyPatch, recompute: token_scores.LogitsRecompute, head_runs_per_chunk: int
 ) -> None:
     """The LM head's chunk (its matmul and the scores) runs in the forward and, recomputed, again
     in the backward; kept, only in the forward. The loss and every gradient are the same."""
@@ -389,14 +393,14 @@ def test_kept_logits_run_the_head_once_and_give_the_recomputed_gradients(
     input_ids, attention_mask = padded_batch(512)
     response_mask = attention_mask[:, -RESPONSE_WIDTH:].double()
     runs = 0
-    chunk_scores = models._chunk_scores
+    chunk_scores = token_scores._chunk_scores
 
     def counted(*args: Any) -> torch.Tensor:
         nonlocal runs
         runs += 1
         return chunk_scores(*args)
 
-    def loss_and_gradients(recompute: models.LogitsRecompute) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    def loss_and_gradients(recompute: token_scores.LogitsRecompute) -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         scores = response_scores(
             model, input_ids, attention_mask, RESPONSE_WIDTH, 0.7, with_entropy=True, recompute=recompute
@@ -406,8 +410,8 @@ def test_kept_logits_run_the_head_once_and_give_the_recomputed_gradients(
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
-    want_loss, want = loss_and_gradients(models.LogitsRecompute("always"))
-    monkeypatch.setattr(models, "_chunk_scores", counted)
+    want_loss, want = loss_and_gradients(token_scores.LogitsRecompute("always"))
+    monkeypatch.setattr(token_scores, "_chunk_scores", counted)
     loss, got = loss_and_gradients(recompute)
     chunks = -(-input_ids.shape[0] * (RESPONSE_WIDTH + 1) // 2)  # two positions per chunk
     assert runs == head_runs_per_chunk * chunks
@@ -443,7 +447,7 @@ def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
 
     from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415
 
-    chunk_scores = models._chunk_scores
+    chunk_scores = token_scores._chunk_scores
     results = {}
     for mode in ("always", "never"):
         runs = 0
@@ -456,9 +460,9 @@ def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
         actor = Actor(role_config(tmp_path, {"recompute_logits": mode}), torch.device("cpu"), total_steps=10)
         batch = global_batch(int(actor.model.config.vocab_size))  # type: ignore[union-attr]
         batch.old_log_probs = actor.compute_log_prob(batch)
-        monkeypatch.setattr(models, "_chunk_scores", counted)
+        monkeypatch.setattr(token_scores, "_chunk_scores", counted)
         metrics = actor.update(batch)
-        monkeypatch.setattr(models, "_chunk_scores", chunk_scores)
+        monkeypatch.setattr(token_scores, "_chunk_scores", chunk_scores)
         results[mode] = (runs, metrics, {name: t.clone() for name, t in actor.named_weights()})
     micro_batches = len(batch) // 4
     assert results["always"][0] == 2 * micro_batches
@@ -494,10 +498,10 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
     config = role_config(tmp_path, {"compile_decoder_layers": True}, {"compile_decoder_layers": True})
     ref, critic = Reference(config, torch.device("cpu")), Critic(config, torch.device("cpu"), 10)
     for model in (ref.model, critic.model):
-        layers = models.decoder_layers(model)
+        layers = loading.decoder_layers(model)
         assert layers and all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)
     assert not any(
-        hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in models.decoder_layers(eager_ref.model)
+        hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in loading.decoder_layers(eager_ref.model)
     )
     torch.testing.assert_close(ref.compute_ref_log_prob(batch), want_log_probs, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(critic.compute_values(batch), want_values, atol=1e-6, rtol=1e-5)

@@ -24,9 +24,11 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.algos import LOSS_AGG_MODES, agg_loss
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.loop.driver import run_in_process
-from rlkube_trainer.model import models, packing
-from rlkube_trainer.model.models import CriticModel, load_causal_lm, response_log_probs, response_values
+from rlkube_trainer.model import packing, token_scores
+from rlkube_trainer.model.loading import load_causal_lm
 from rlkube_trainer.model.packing import BLOCK, LossScale, document_block_mask, document_mask, pack, token_bins
+from rlkube_trainer.model.token_scores import response_log_probs
+from rlkube_trainer.model.value_head import CriticModel, response_values
 from rlkube_trainer.reward.scoring import ModelRewardScorer, RewardInput, build_reward_scorer
 from rlkube_trainer.tiny.task import init, trainer_config
 from rlkube_trainer.workers.actor import Actor
@@ -120,7 +122,7 @@ def test_log_probs_entropy_and_gradients_match_the_padded_batch(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, head: str, pad_left: int, pad_right: int
 ) -> None:
     if head == "logits":  # models whose LM head cannot return scores: logits, then the same math
-        monkeypatch.setattr(models, "_plain_head", lambda model: None)
+        monkeypatch.setattr(token_scores, "_plain_head", lambda model: None)
     padded_model = load_causal_lm(str(model_dir))
     packed_model = packed_copy(padded_model)
     reference = make_batch()  # the padded path, minimal padding

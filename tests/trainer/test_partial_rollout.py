@@ -388,7 +388,7 @@ class HoldAtStep:
         if self.count == self.steps:
             self.reached.set()
             deadline = time.monotonic() + 30
-            while not self.engine._pause_requested and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            while not self.engine._resumable.pause_requested and time.monotonic() < deadline:  # type: ignore[attr-defined]
                 time.sleep(0.001)
             time.sleep(0.05)  # the step ends a little after the pause is asked for: the pause waits
         return out

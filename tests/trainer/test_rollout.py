@@ -33,8 +33,8 @@ from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, 
 
 pytestmark = pytest.mark.trainer
 
-# Small enough for 2 CPU cores; a 64 MiB KV cache holds all of it (see vllm_engine.py on why the
-# cache size is explicit rather than a memory fraction on CPU).
+# Small enough for 2 CPU cores; a 64 MiB KV cache holds all of it (see rollout/vllm/device.py on
+# why the cache size is explicit rather than a memory fraction on CPU).
 VLLM_KWARGS = {
     "dtype": "float32",
     "kv_cache_memory_bytes": 64 * 2**20,
@@ -335,7 +335,7 @@ print(json.dumps([s.logprobs for s in batch.samples]))
 @pytest.mark.trainer
 def test_log_probs_without_a_cxx_compiler(w0_path: Path, tmp_path: Path) -> None:
     """The CPU trainer image has no C++ compiler, and vLLM compiles its log-probs' rank count with
-    inductor, which needs one: without the eager fallback (vllm_engine.py) every run that asks
+    inductor, which needs one: without the eager fallback (rollout/vllm/device.py) every run that asks
     for the engine's log-probs (the asynchronous modes, rollout correction, multi-turn with
     calculate_log_probs) failed in a CPU pod at its first generate. A fresh process with no
     compiler and an empty compile cache gets its log-probs."""

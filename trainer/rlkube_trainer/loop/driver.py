@@ -36,7 +36,7 @@ from rlkube_trainer.loop.prometheus import DriverMetrics, metrics_port_from_env
 from rlkube_trainer.loop.saves import GroupState, checkpoint_root
 from rlkube_trainer.loop.training_run import RunResult, TrainingRun, total_steps_of
 from rlkube_trainer.loop.validation import Validation, validation_prompts
-from rlkube_trainer.model.models import load_tokenizer
+from rlkube_trainer.model.loading import load_tokenizer
 from rlkube_trainer.reward.scoring import RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout.agent.sampler import episode_sampler
 from rlkube_trainer.workers.rank import RankSpec

@@ -56,7 +56,7 @@ def check_model_dir(key: str, path: str, trust_remote_code: bool = False) -> Any
 def check_tokenizer(key: str, path: str) -> Any:
     """The tokenizer loads from a local directory (never a hub id: the path is checked first,
     or transformers reports a missing directory as a malformed repo id)."""
-    from rlkube_trainer.model.models import load_tokenizer  # noqa: PLC0415
+    from rlkube_trainer.model.loading import load_tokenizer  # noqa: PLC0415
 
     if not Path(path).is_dir():
         raise PreflightError(key, path, "does not exist or is not a directory")

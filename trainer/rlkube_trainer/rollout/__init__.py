@@ -44,7 +44,7 @@ def build_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """
     # Imported here, not at the top: importing vllm is slow and sets process-wide state.
     if name == "vllm":
-        from rlkube_trainer.rollout.vllm_engine import VLLMRolloutEngine  # noqa: PLC0415
+        from rlkube_trainer.rollout.vllm.engine import VLLMRolloutEngine  # noqa: PLC0415
 
         return VLLMRolloutEngine(**kwargs)
     if name == "hf":

@@ -5,7 +5,7 @@ A sample in flight is its tokens so far, their log-probs and the weight version 
 each token. When generation is interrupted, the unfinished samples are resumed as new requests
 whose prompt is the original prompt followed by the tokens generated so far, with the budget
 that is left; what comes back is appended. Pure functions, no engine: the engines
-(`vllm_engine.py`) only carry them out.
+(`vllm/resumable.py`) only carry them out.
 """
 
 from __future__ import annotations

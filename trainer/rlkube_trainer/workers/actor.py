@@ -21,19 +21,11 @@ from rlkube_trainer.algos import (
 from rlkube_trainer.algos.rollout_correction import bypass_policy_loss
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.model.fsdp import DTYPES
+from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compile_decoder_layers, load_causal_lm
 from rlkube_trainer.model.lora import LoraSettings, apply_lora, merged_names, merged_weights
 from rlkube_trainer.model.lora.merge import BASE
-from rlkube_trainer.model.models import (
-    LogitsRecompute,
-    ResponseScores,
-    apply_liger,
-    causal_lm_skeleton,
-    compile_decoder_layers,
-    load_causal_lm,
-    logits_budget_bytes,
-    response_scores,
-)
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
+from rlkube_trainer.model.token_scores import LogitsRecompute, ResponseScores, logits_budget_bytes, response_scores
 from rlkube_trainer.workers.resharding import gather_full_tensors
 from rlkube_trainer.workers.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 

@@ -8,9 +8,10 @@ from rlkube_api.config import CriticConfig, TrainerConfig
 from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.model.fsdp import DTYPES
+from rlkube_trainer.model.loading import compile_decoder_layers
 from rlkube_trainer.model.lora import LoraSettings, apply_lora
-from rlkube_trainer.model.models import CriticModel, compile_decoder_layers, response_values
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
+from rlkube_trainer.model.value_head import CriticModel, response_values
 from rlkube_trainer.workers.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
 
 

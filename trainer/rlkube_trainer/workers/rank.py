@@ -130,7 +130,7 @@ def with_model_in_shm(config: TrainerConfig) -> TrainerConfig:
     """model.use_shm: this rank reads the model (and a critic's own backbone) from /dev/shm."""
     if not config.model.use_shm:
         return config
-    from rlkube_trainer.model.models import shm_copy  # noqa: PLC0415
+    from rlkube_trainer.model.loading import shm_copy  # noqa: PLC0415
 
     model = config.model.model_copy(update={"path": shm_copy(config.model.path)})
     critic = config.critic
@@ -411,8 +411,8 @@ class Rank:
         policy as a Hugging Face model. With LoRA: the merged model, and the adapter in PEFT's
         format in its `lora_adapter/` folder."""
         from rlkube_trainer.checkpoint.export import export_hf  # noqa: PLC0415
+        from rlkube_trainer.model.loading import load_tokenizer  # noqa: PLC0415
         from rlkube_trainer.model.lora.export import ADAPTER_DIR, peft_adapter_state, write_adapter  # noqa: PLC0415
-        from rlkube_trainer.model.models import load_tokenizer  # noqa: PLC0415
 
         actor = self.actor
         assert actor is not None

@@ -12,15 +12,10 @@ from torch import nn
 
 from rlkube_api.config import TrainerConfig
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compile_decoder_layers, load_causal_lm
 from rlkube_trainer.model.lora import adapters_disabled
-from rlkube_trainer.model.models import (
-    apply_liger,
-    causal_lm_skeleton,
-    compile_decoder_layers,
-    load_causal_lm,
-    response_log_probs,
-)
 from rlkube_trainer.model.packing import enable_packed_attention
+from rlkube_trainer.model.token_scores import response_log_probs
 from rlkube_trainer.workers.actor import actor_batching
 from rlkube_trainer.workers.training import MicroBatching, autocast, load_distributed
 

@@ -3,9 +3,9 @@ push pauses the generation in flight at a step boundary, loads the new weights a
 (verl 0.9.1's CheckpointEngineManager.update_weights: abort, sync, resume), and the batch's
 per-token weight versions become verl's `training/off_policy/trajectory_*` metrics.
 
-The samples' splice is `rollout/partial.py`; the engines carry it out (`vllm_engine.py`). Ranks
-that are Ray actors take the pause and the resume on a thread of their own while `generate`
-runs on another (ray_group.py).
+The samples' splice is `rollout/partial.py`; the engines carry it out
+(`rollout/vllm/resumable.py`). Ranks that are Ray actors take the pause and the resume on a
+thread of their own while `generate` runs on another (ray_group.py).
 """
 
 from __future__ import annotations

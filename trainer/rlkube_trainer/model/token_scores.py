@@ -1,179 +1,31 @@
-"""The models of the roles: any Hugging Face causal LM as actor and reference, a
-causal-LM backbone with a scalar head as critic, and the forward passes the loop
-needs — per-token log-probs, entropy and values of the response tokens only.
+"""Per-token log-probs from a causal LM: of every token (`token_log_probs`) or of the response
+tokens only (`response_scores`, `response_log_probs`), with the entropy and the sum of squared
+probabilities when asked for, padded or packed.
 
-Positions come from the attention mask, so a sequence gives the same numbers
-whether it is padded on the left or on the right.
+The LM head's output is the largest tensor of an actor update ([tokens, vocab] in fp32), so this
+module is mostly about not making it whole: the head runs on the response positions only and,
+where the model's forward returns the head's output unchanged, computes the scores chunk by chunk
+(`chunked_scores`), each chunk's logits kept for the backward or recomputed there
+(`LogitsRecompute`).
+
+Positions come from the attention mask, so a sequence gives the same numbers whether it is
+padded on the left or on the right.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import inspect
-import os
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask
 from torch.utils.checkpoint import checkpoint
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
 
 from rlkube_api.config import RecomputeLogits
 from rlkube_trainer.model.packing import PackedBatch, pack
-
-SHM = Path("/dev/shm")
-
-
-def shm_copy(path: str, root: Path = SHM) -> str:
-    """model.use_shm: the model directory copied once per host into shared memory, where every
-    role and engine of the host then reads it (host RAM, not the volume). Ranks of one host
-    copy concurrently into their own staging dir; the first rename wins, the others drop theirs."""
-    source = Path(path).resolve()
-    target = root / f"rlkube-model-{source.name}-{hashlib.sha256(str(source).encode()).hexdigest()[:12]}"
-    if target.is_dir():
-        return str(target)
-    staging = target.with_name(f".{target.name}-{os.getpid()}")
-    shutil.copytree(source, staging, dirs_exist_ok=True)
-    try:
-        staging.rename(target)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)  # another rank's copy got there first
-    return str(target)
-
-
-def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    if not Path(path).is_dir():
-        # Checked first: transformers reports a missing local directory as a malformed hub repo id.
-        raise FileNotFoundError(f"tokenizer {path!r}: no such directory (a Hugging Face model directory is needed)")
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
-def load_causal_lm(
-    path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
-) -> PreTrainedModel:
-    if not (Path(path) / "config.json").exists():
-        raise FileNotFoundError(f"model.path {path!r}: no config.json there (a Hugging Face model directory is needed)")
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
-    )
-    model.config.use_cache = False  # training forwards never reuse a KV cache
-    model.to(device)  # type: ignore[arg-type]  # transformers' decorated .to() confuses mypy
-    return model
-
-
-def causal_lm_skeleton(
-    path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
-) -> PreTrainedModel:
-    """The architecture of the checkpoint at `path` without its weights: call it under
-    `torch.device("meta")` to allocate nothing (roles.training.load_distributed)."""
-    config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-    config.use_cache = False
-    model: PreTrainedModel = AutoModelForCausalLM.from_config(  # type: ignore[no-untyped-call]
-        config, dtype=dtype, trust_remote_code=trust_remote_code
-    )
-    return model
-
-
-class CriticModel(nn.Module):
-    """A causal-LM backbone (without its LM head) and a scalar value head."""
-
-    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
-        super().__init__()
-        self.backbone = backbone
-        self.value_head = nn.Linear(hidden_size, 1)
-        # Start from V = 0: early advantages are then the raw returns, not noise.
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
-
-    @classmethod
-    def from_pretrained(
-        cls, path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False
-    ) -> CriticModel:
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-        backbone = AutoModel.from_pretrained(
-            path, dtype=dtype, local_files_only=True, trust_remote_code=trust_remote_code
-        )
-        critic = cls(backbone, config.hidden_size)
-        critic.value_head.to(dtype)
-        return critic
-
-    @classmethod
-    def skeleton(cls, path: str, dtype: torch.dtype = torch.float32, trust_remote_code: bool = False) -> CriticModel:
-        """The critic's architecture without weights (see causal_lm_skeleton)."""
-        config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
-        critic = cls(
-            AutoModel.from_config(config, dtype=dtype, trust_remote_code=trust_remote_code),  # type: ignore[no-untyped-call]
-            config.hidden_size,
-        )
-        critic.value_head.to(dtype)
-        return critic
-
-    def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | BlockMask, position_ids: torch.Tensor
-    ) -> torch.Tensor:
-        """[batch, seq] values, one per position."""
-        hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
-        ).last_hidden_state
-        values: torch.Tensor = self.value_head(hidden).squeeze(-1)
-        return values
-
-
-def apply_liger(model: nn.Module) -> None:
-    """model.use_liger (verl's key): liger-kernel's Triton RMSNorm, SwiGLU MLP and rotary embedding
-    on this model instance, as verl's use_liger applies them. liger's fused linear cross-entropy and
-    its cross-entropy are not used: the log-probs come from `chunked_scores` either way. liger's
-    rotary patch replaces the function of the model's transformers module, for every model of that
-    type in the process."""
-    try:
-        from liger_kernel.transformers import _apply_liger_kernel_to_instance  # type: ignore[import-not-found]  # noqa: PLC0415
-    except ImportError as exc:
-        raise RuntimeError("model.useLiger needs the liger-kernel package in the trainer's image") from exc
-    _apply_liger_kernel_to_instance(
-        model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False
-    )
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's decoder layers (Hugging Face names their classes *DecoderLayer; FSDP2's
-    per-layer units keep the suffix), in order."""
-    return [module for module in model.modules() if type(module).__name__.endswith("DecoderLayer")]
-
-
-# Dynamo caches a compiled frame per code object, and every decoder layer runs the same one: its
-# guards then hold a few entries per micro-batch shape (static, then dynamic). torch's default (8)
-# sends the layers to eager once exceeded, silently; 64 leaves room for packing's varying lengths.
-COMPILE_CACHE_SIZE = 64
-
-
-def compile_decoder_layers(model: nn.Module) -> int:
-    """actor/ref/critic.compile_decoder_layers: each decoder layer's forward compiled (lazily, at
-    its first call) in place of the eager one. The module's __call__ stays eager, and with it the
-    hooks FSDP2 registers on the layer (all-gather before, reshard after) and gradient
-    checkpointing's wrapper. Returns how many layers were compiled."""
-    import torch._dynamo  # noqa: PLC0415  (only where the setting is on)
-
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, COMPILE_CACHE_SIZE)
-    layers = decoder_layers(model)
-    for layer in layers:
-        layer.forward = torch.compile(layer.forward)  # this instance only: its class keeps the eager one
-    return len(layers)
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -249,8 +101,8 @@ def _logits_to_keep_argument(model: nn.Module) -> str | None:
 # One chunk of fp32 logits is at most this many elements ([tokens, vocab]; 512 MiB): the LM
 # head's output for a whole batch ([batch, tokens, vocab] in fp32) is never made.
 LOGITS_CHUNK_ELEMENTS = 2**27
-# auto keeps the logits when they take at most this share of the accelerator's memory: at issue
-# 34's shape (16 × 513 scored tokens × 151,936 vocabulary × 4 bytes = 4.6 GiB) that is kept on
+# auto keeps the logits when they take at most this share of the accelerator's memory: at the
+# benchmark's shape (16 × 513 scored tokens × 151,936 vocabulary × 4 bytes = 4.6 GiB) that is kept on
 # an 80 GB H100 (10 GB budget), and a 7B update's micro-batch of 4 still fits beside its weights.
 LOGITS_BUDGET_SHARE = 8
 # On CPU (tests, tiny models) there is no device memory to read; host memory is shared.
@@ -507,20 +359,3 @@ def _packed_scores(
         None if row.entropy is None else packed.unpack(row.entropy),
         None if row.sum_pi_squared is None else packed.unpack(row.sum_pi_squared),
     )
-
-
-def response_values(
-    critic: CriticModel,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    response_length: int,
-    packed: bool = False,
-) -> torch.Tensor:
-    """[batch, response_length]: the value at the position before each response token,
-    i.e. of the state in which that token was chosen. `packed` as in `response_log_probs`."""
-    if packed:
-        rows = pack(input_ids, attention_mask, response_length)
-        packed_values = critic(rows.input_ids, rows.attention_mask, rows.position_ids)
-        return rows.unpack(packed_values[0, rows.score_index].float())
-    values: torch.Tensor = critic(input_ids, attention_mask, position_ids_from_mask(attention_mask))
-    return values[:, -response_length - 1 : -1].float()
