@@ -243,6 +243,8 @@ def test_sandbox_overrides_are_the_limits_set_under_sandbox_limits_names() -> No
         "max_output_bytes": 100,
         "max_file_bytes": 0,
     }
+    # Every field of the API's section reaches the tool: none accepted and dropped.
+    assert set(sandbox_overrides(full)) == set(SandboxConfig.model_fields)
 
 
 def test_the_sandbox_section_sets_the_code_interpreters_limits_under_its_own_keys(tmp_path: Path) -> None:

@@ -214,7 +214,7 @@ def test_a_config_map_outside_an_rljob_is_refused_by_the_trainer() -> None:
 
 
 def test_the_sandbox_section_names_only_sandbox_limits() -> None:
-    """sandbox_overrides passes the API's sandbox fields through by name: each must be a limit."""
+    """Each of the API's sandbox fields is a limit of the sandbox, under the same name."""
     assert set(SandboxConfig.model_fields) <= set(SandboxLimits.__dataclass_fields__)
 
 

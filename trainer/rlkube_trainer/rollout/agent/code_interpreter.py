@@ -29,10 +29,18 @@ CODE_INTERPRETER_SCHEMA = FunctionToolSchema(
 
 
 def sandbox_overrides(sandbox: SandboxConfig) -> dict[str, Any]:
-    """rollout.multi_turn.sandbox's limits that are set. Its fields are named as SandboxLimits'
-    (the keys a tool config's `config` uses too), so they pass through as they are; a field the
-    API adds without a SandboxLimits twin is refused by the tool's unknown-key check."""
-    return sandbox.model_dump(exclude_none=True)
+    """rollout.multi_turn.sandbox's limits that are set, under SandboxLimits' names (the keys a
+    tool config's `config` uses too). Each field is read by name: the mapping is where the API's
+    section meets the tool's limits."""
+    given = {
+        "cpu_seconds": sandbox.cpu_seconds,
+        "wall_seconds": sandbox.wall_seconds,
+        "memory_bytes": sandbox.memory_bytes,
+        "max_processes": sandbox.max_processes,
+        "max_output_bytes": sandbox.max_output_bytes,
+        "max_file_bytes": sandbox.max_file_bytes,
+    }
+    return {key: value for key, value in given.items() if value is not None}
 
 
 def render_result(result: SandboxResult) -> str:
