@@ -37,7 +37,7 @@ SHAPE = {"prompts": 8, "n": 4, "prompt_len": 32, "response_len": 32}
 def count(
     workdir: Path, model_dir: Path, batch: Any, micro: int, checkpointing: bool, compiled: bool
 ) -> dict[str, Any]:
-    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415  (after sys.path is set)
+    from rlkube_trainer.workers.builders import build_actor  # noqa: PLC0415  (after sys.path is set)
 
     overrides = [f"actor.compile_decoder_layers={str(compiled).lower()}"]
     cfg = gb.trainer_config(
@@ -50,7 +50,7 @@ def count(
         gradient_checkpointing=checkpointing,
         overrides=overrides,
     )
-    actor = Actor(cfg, torch.device("cpu"), 100)
+    actor = build_actor(cfg, torch.device("cpu"), 100)
     actor.update(batch)  # warm-up: compiled layers compile here
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         actor.update(batch)

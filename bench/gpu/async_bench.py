@@ -393,7 +393,7 @@ def main_run(args: argparse.Namespace) -> int:
     from rlkube_trainer.model.loading import load_tokenizer
     from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
-    from rlkube_trainer.workers.actor import Actor
+    from rlkube_trainer.workers.builders import build_actor
 
     res = gb.Results(args.out)
     out_dir = Path(args.out).parent
@@ -444,7 +444,7 @@ def main_run(args: argparse.Namespace) -> int:
     engine = build_engine(base_cfg, device)
     res.put("engine", {"start_s": engine.start_seconds})
     gb.log(f"engine started in {engine.start_seconds:.1f} s")
-    actor = Actor(base_cfg, device, 100)
+    actor = build_actor(base_cfg, device, 100)
     gen_steps, micro_batches = WINDOWS["tiny" if args.tiny else "full"]
     probe = Probe(out_dir, args.profile, gen_steps, micro_batches)
     actor.update = probe.wrap("update", actor.update)  # type: ignore[method-assign]

@@ -660,9 +660,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     from rlkube_trainer.model.loading import load_tokenizer
     from rlkube_trainer.reward.scoring import build_reward_scorer
     from rlkube_trainer.rollout import build_engine
-    from rlkube_trainer.workers.actor import Actor
-    from rlkube_trainer.workers.critic import Critic
-    from rlkube_trainer.workers.reference import Reference
+    from rlkube_trainer.workers.builders import build_actor, build_critic, build_reference
 
     res = Results(args.out)
     skip = set(args.skip.split(",")) if args.skip else set()
@@ -700,7 +698,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
     )
     log(f"engine started in {engine.start_seconds:.1f} s")
 
-    actor = Actor(grpo_cfg, device, 100)
+    actor = build_actor(grpo_cfg, device, 100)
     capture = CapturingActor(actor)
     capture.install()
     n_matmul = matmul_params(actor.model)
@@ -762,8 +760,8 @@ def phase_rlkube(args: argparse.Namespace) -> int:
                 gpu_memory_utilization=args.gpu_util,
                 overrides=args.set,
             )
-            ppo_actor = Actor(ppo_cfg, device, 100)
-            critic = Critic(ppo_cfg, device, 100)
+            ppo_actor = build_actor(ppo_cfg, device, 100)
+            critic = build_critic(ppo_cfg, device, 100)
             roles = Roles(
                 actor=ppo_actor,
                 rollout=colocated(engine, ppo_actor, ppo_cfg),
@@ -796,7 +794,7 @@ def phase_rlkube(args: argparse.Namespace) -> int:
                 gpu_memory_utilization=args.gpu_util,
                 overrides=args.set,
             )
-            reference = Reference(kl_cfg, device)
+            reference = build_reference(kl_cfg, device)
             roles = Roles(
                 actor=actor,
                 rollout=colocated(engine, actor, grpo_cfg),

@@ -68,7 +68,7 @@ def run_variant(
     rate: float,
     first: torch.Tensor | None,
 ) -> dict[str, Any]:
-    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415  (after sys.path is set)
+    from rlkube_trainer.workers.builders import build_actor  # noqa: PLC0415  (after sys.path is set)
 
     overrides = [
         f"model.use_liger={str('liger' in changes).lower()}",
@@ -78,7 +78,7 @@ def run_variant(
     cfg = gb.trainer_config(
         workdir, model_dir, shape, "grpo", device=device.type, micro=4 if args.tiny else 16, overrides=overrides
     )
-    actor = Actor(cfg, device, 100)
+    actor = build_actor(cfg, device, 100)
     layer = actor.model.model.layers[0]
     kernels = f"norm {layer.input_layernorm.forward.__qualname__}, mlp {layer.mlp.forward.__qualname__}"
     log_probs = actor.compute_log_prob(batch.select(slice(0, 32)))

@@ -110,6 +110,24 @@ def test_the_critics_learning_rate_default_holds_when_other_optimizer_keys_are_s
     assert parse_rljob(job).spec.critic.optim.lr == 3e-6
 
 
+def test_the_critic_as_applied_takes_what_it_leaves_unset_from_the_actor_and_the_model() -> None:
+    # verl's critic config interpolates these from actor_rollout_ref; the trainer's critic reads
+    # only its own section, so the section as it applies carries them.
+    data = parse_rljob(base_job()).spec.trainer_config().to_config()
+    data["actor"]["ppo_epochs"] = 3
+    data["model"]["use_remove_padding"] = False
+    applied = TrainerConfig.model_validate(data).critic_applied
+    mini = data["actor"]["ppo_mini_batch_size"]
+    assert (applied.model_path, applied.ppo_epochs, applied.ppo_mini_batch_size) == (data["model"]["path"], 3, mini)
+    assert applied.use_remove_padding is False
+    data["critic"] = {"model_path": "/models/critic", "ppo_epochs": 2, "ppo_mini_batch_size": 2 * mini}
+    data["critic"]["use_remove_padding"] = True
+    own = TrainerConfig.model_validate(data).critic_applied
+    assert (own.model_path, own.ppo_epochs, own.ppo_mini_batch_size) == ("/models/critic", 2, 2 * mini)
+    assert own.use_remove_padding is True
+    assert own.optim.lr == 1e-5  # the rest of the section is the job's as it was
+
+
 def test_trainer_config_uses_verl_snake_case_and_names_file_and_key(tmp_path: Path) -> None:
     spec = parse_rljob(example("tiny-cpu.yaml")).spec
     config = spec.trainer_config().to_config()

@@ -43,6 +43,7 @@ from rlkube_trainer.model.fsdp import offloads_parameters
 from rlkube_trainer.model.loading import decoder_layers
 from rlkube_trainer.workers import actor as actor_module
 from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor
 
 SAMPLES, PROMPT, RESPONSE = 16, 4, 3
 
@@ -94,7 +95,7 @@ def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
         run = "offloaded" if offload else "kept"
         config.actor.fsdp_config.optimizer_offload = offload
         checkpoint = Path(out, run, "checkpoint")
-        first = Actor(config, torch.device("cpu"), total_steps=10)
+        first = build_actor(config, torch.device("cpu"), total_steps=10)
         states[run] = [optimizer_state(first)]
         step(first, batch)
         states[run].append(optimizer_state(first))
@@ -103,7 +104,7 @@ def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
         step(first, batch)
         states[run].append(optimizer_state(first))
         straight = {name: t.clone() for name, t in first.named_weights()}
-        resumed = Actor(config, torch.device("cpu"), total_steps=10)
+        resumed = build_actor(config, torch.device("cpu"), total_steps=10)
         load_rank_state(checkpoint, {"actor": resumed}, rank)
         states[run].append(optimizer_state(resumed))
         step(resumed, batch)
@@ -128,7 +129,7 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
     weights: dict[str, list[dict[str, torch.Tensor]]] = {}
     for strategy in ("replicate", "fsdp2"):
         config.actor.strategy = strategy
-        actor = Actor(config, torch.device("cpu"), total_steps=10)
+        actor = build_actor(config, torch.device("cpu"), total_steps=10)
         checkpoint = Path(out, strategy)
         reported: list[str] = []
         if plan == "save":
@@ -178,7 +179,7 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan
     reads = []  # the checkpoint reads of this rank (load_distributed: rank 0 only, when sharded)
     read = actor_module.load_causal_lm
     actor_module.load_causal_lm = lambda *a, **k: reads.append(1) or read(*a, **k)  # type: ignore[assignment]
-    actor = Actor(config, torch.device("cpu"), total_steps=10)
+    actor = build_actor(config, torch.device("cpu"), total_steps=10)
     shapes = {name: list(getattr(p, "_local_tensor", p).shape) for name, p in actor.model.named_parameters()}
     vocab = int(actor.model.config.vocab_size)  # type: ignore[union-attr]
     batch = global_batch(vocab).select(torch.arange(SAMPLES)[split(SAMPLES, world)[rank]])

@@ -19,7 +19,7 @@ import yaml
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.cluster.rank_group import split
-from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor
 
 # (prompt, response) lengths: uneven, a one-token prompt, a one-token response, a full row.
 LENGTHS = [(6, 5), (2, 1), (4, 3), (1, 5), (6, 2), (3, 4), (5, 5)]
@@ -59,7 +59,7 @@ def make_batch(lengths: list[tuple[int, int]] = LENGTHS, pad_left: int = 0, pad_
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
-    actor = Actor(config, torch.device("cpu"), total_steps=1)
+    actor = build_actor(config, torch.device("cpu"), total_steps=1)
     whole = make_batch(SKEWED)
     share = whole.select(torch.arange(len(whole))[split(len(whole), world)[rank]])
     captured: dict[str, torch.Tensor] = {}

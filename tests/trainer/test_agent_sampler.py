@@ -28,7 +28,7 @@ from rlkube_trainer.batch import TrainBatch, build_batch
 from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.agent.sampler import EpisodeSampler
-from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor
 
 pytestmark = pytest.mark.trainer
 
@@ -175,13 +175,13 @@ def test_episodes_become_a_batch_masked_exactly_on_tool_turns(workdir: Path, eng
     for name, tensor in weights[0].items():
         assert torch.equal(weights[1][name], tensor), name
     # ... while the model's own tokens do move them.
-    before = dict(Actor(config, torch.device("cpu"), total_steps=2).named_weights())
+    before = dict(build_actor(config, torch.device("cpu"), total_steps=2).named_weights())
     assert any(not torch.equal(before[n], t) for n, t in weights[0].items())
 
 
 def updated(config: TrainerConfig, sampled: TrainBatch, tool_positions: torch.Tensor, noise: float) -> dict[str, Any]:
     torch.manual_seed(0)
-    actor = Actor(config, torch.device("cpu"), total_steps=2)
+    actor = build_actor(config, torch.device("cpu"), total_steps=2)
     batch = sampled.select(slice(None))
     old = actor.compute_log_prob(batch)
     advantages = torch.where(batch.response_mask > 0, torch.tensor([[1.0], [-1.0], [0.5], [-0.5]]), 0.0)

@@ -445,7 +445,7 @@ def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from fsdp_probe import global_batch  # noqa: PLC0415
 
-    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415
+    from rlkube_trainer.workers.builders import build_actor  # noqa: PLC0415
 
     chunk_scores = token_scores._chunk_scores
     results = {}
@@ -457,7 +457,7 @@ def test_actor_recompute_logits_never_runs_the_head_once_per_micro_batch(
             runs += 1
             return chunk_scores(*args)
 
-        actor = Actor(role_config(tmp_path, {"recompute_logits": mode}), torch.device("cpu"), total_steps=10)
+        actor = build_actor(role_config(tmp_path, {"recompute_logits": mode}), torch.device("cpu"), total_steps=10)
         batch = global_batch(int(actor.model.config.vocab_size))  # type: ignore[union-attr]
         batch.old_log_probs = actor.compute_log_prob(batch)
         monkeypatch.setattr(token_scores, "_chunk_scores", counted)
@@ -479,16 +479,15 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
 
     from torch._dynamo.utils import counters  # noqa: PLC0415
 
-    from rlkube_trainer.workers.critic import Critic  # noqa: PLC0415
-    from rlkube_trainer.workers.reference import Reference  # noqa: PLC0415
+    from rlkube_trainer.workers.builders import build_critic, build_reference  # noqa: PLC0415
 
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     from fsdp_probe import global_batch  # noqa: PLC0415
 
     eager_config = role_config(tmp_path, {})
     eager_ref, eager_critic = (
-        Reference(eager_config, torch.device("cpu")),
-        Critic(eager_config, torch.device("cpu"), 10),
+        build_reference(eager_config, torch.device("cpu")),
+        build_critic(eager_config, torch.device("cpu"), 10),
     )
     batch = global_batch(int(eager_ref.model.config.vocab_size))  # type: ignore[union-attr]
     want_log_probs, want_values = eager_ref.compute_ref_log_prob(batch), eager_critic.compute_values(batch)
@@ -496,7 +495,7 @@ def test_compiled_reference_and_critic_score_as_eager_ones(tmp_path: Path, monke
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     counters.clear()
     config = role_config(tmp_path, {"compile_decoder_layers": True}, {"compile_decoder_layers": True})
-    ref, critic = Reference(config, torch.device("cpu")), Critic(config, torch.device("cpu"), 10)
+    ref, critic = build_reference(config, torch.device("cpu")), build_critic(config, torch.device("cpu"), 10)
     for model in (ref.model, critic.model):
         layers = loading.decoder_layers(model)
         assert layers and all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)

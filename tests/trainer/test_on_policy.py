@@ -17,7 +17,7 @@ from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.loop.driver import run_in_process
 from rlkube_trainer.loop.ppo import on_policy
 from rlkube_trainer.tiny.task import init
-from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fsdp_probe import SAMPLES, global_batch
@@ -38,7 +38,7 @@ def test_the_update_without_old_log_probs_equals_the_one_with_them(tmp_path: Pat
     results = []
     for recompute in (True, False):
         torch.manual_seed(0)
-        actor = Actor(cfg, torch.device("cpu"), total_steps=10)
+        actor = build_actor(cfg, torch.device("cpu"), total_steps=10)
         batch = global_batch(int(actor.model.config.vocab_size))  # type: ignore[union-attr]
         if recompute:
             batch.old_log_probs = actor.compute_log_prob(batch)

@@ -52,10 +52,10 @@ def actor_for(workdir: Path, offload: bool) -> Any:
     from fsdp_probe import config_for  # noqa: PLC0415
 
     from rlkube_api.validation import parse_trainer_config  # noqa: PLC0415
-    from rlkube_trainer.workers.actor import Actor  # noqa: PLC0415
+    from rlkube_trainer.workers.builders import build_actor  # noqa: PLC0415
 
     raw = config_for(workdir, 1, "fsdp2", None, "fp32", optimizer_offload=offload)
-    return Actor(parse_trainer_config(raw), torch.device("cuda"), total_steps=10)
+    return build_actor(parse_trainer_config(raw), torch.device("cuda"), total_steps=10)
 
 
 def state_tensors(actor: Any) -> list[torch.Tensor]:

@@ -32,8 +32,8 @@ from rlkube_trainer.model.value_head import CriticModel, response_values
 from rlkube_trainer.reward.scoring import ModelRewardScorer, RewardInput, build_reward_scorer
 from rlkube_trainer.tiny.task import init, trainer_config
 from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor, build_critic, build_reference
 from rlkube_trainer.workers.critic import Critic
-from rlkube_trainer.workers.reference import Reference
 from rlkube_trainer.workers.training import MicroBatching
 
 TOL = {"atol": 2e-5, "rtol": 2e-5}
@@ -240,13 +240,13 @@ def test_actor_gradients_are_the_whole_mini_batchs_however_it_is_cut(
 ) -> None:
     batch = make_batch(pad_left=1, pad_right=2)
     common = {"loss_agg_mode": mode, "entropy_coeff": 0.01, "use_kl_loss": True, "kl_loss_coef": 0.1}
-    whole = Actor(
+    whole = build_actor(
         role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
     )
     expected = captured_gradients(whole, batch)
     for name, actor_fields, model_fields in VARIANTS:
         config = role_config(model_dir, tmp_path, actor={**common, **actor_fields}, model=model_fields)
-        actor = Actor(config, torch.device("cpu"), 1)
+        actor = build_actor(config, torch.device("cpu"), 1)
         if actor_fields.get("use_dynamic_bsz"):
             assert len(actor.micro_batching.groups(batch)) > 1, name
         assert_same_grads(captured_gradients(actor, batch), expected)
@@ -256,14 +256,14 @@ def test_actor_gradients_are_the_whole_mini_batchs_however_it_is_cut(
 def test_a_loss_with_its_own_aggregation_weighs_it(model_dir: Path, tmp_path: Path, policy_loss: str) -> None:
     batch = make_batch()
     common = {"policy_loss": policy_loss, "loss_agg_mode": "token-mean", "use_kl_loss": True, "kl_loss_coef": 0.5}
-    whole = Actor(
+    whole = build_actor(
         role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
     )
     config = role_config(
         model_dir, tmp_path, actor={**common, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 11}
     )
     assert_same_grads(
-        captured_gradients(Actor(config, torch.device("cpu"), 1), batch), captured_gradients(whole, batch)
+        captured_gradients(build_actor(config, torch.device("cpu"), 1), batch), captured_gradients(whole, batch)
     )
 
 
@@ -272,7 +272,7 @@ def test_critic_gradients_and_values_are_the_padded_fixed_ones(model_dir: Path, 
 
     def critic(**fields: Any) -> Critic:
         config = role_config(model_dir, tmp_path, "gae", critic=fields)
-        made = Critic(config, torch.device("cpu"), 1)
+        made = build_critic(config, torch.device("cpu"), 1)
         torch.nn.init.normal_(made.model.value_head.weight, generator=torch.Generator().manual_seed(1))
         return made
 
@@ -299,13 +299,15 @@ def test_log_prob_passes_keep_the_batch_order(model_dir: Path, tmp_path: Path) -
         ref={"log_prob_max_token_len_per_gpu": 20},
     )
     cpu = torch.device("cpu")
-    packed_actor, packed_ref = Actor(dynamic, cpu, 1), Reference(dynamic, cpu)
+    packed_actor, packed_ref = build_actor(dynamic, cpu, 1), build_reference(dynamic, cpu)
     assert packed_actor.log_prob_batching.token_budget == 12 and packed_ref.batching.token_budget == 20
-    expected = Actor(fixed, cpu, 1).compute_log_prob(batch)
+    expected = build_actor(fixed, cpu, 1).compute_log_prob(batch)
     mask = batch.response_mask.bool()
     torch.testing.assert_close(packed_actor.compute_log_prob(batch)[mask], expected[mask], **TOL)
     torch.testing.assert_close(
-        packed_ref.compute_ref_log_prob(batch)[mask], Reference(fixed, cpu).compute_ref_log_prob(batch)[mask], **TOL
+        packed_ref.compute_ref_log_prob(batch)[mask],
+        build_reference(fixed, cpu).compute_ref_log_prob(batch)[mask],
+        **TOL,
     )
 
 
@@ -355,7 +357,7 @@ def test_ranks_with_uneven_tokens_get_the_whole_mini_batchs_gradient(model_dir: 
     assert result.returncode == 0, result.stderr[-4000:]
     counts = [json.loads((tmp_path / f"rank_{r}.json").read_text())["micro_batches"] for r in range(2)]
     assert counts == [4, 4]
-    whole = Actor(
+    whole = build_actor(
         role_config(model_dir, tmp_path, actor={**common, "ppo_micro_batch_size_per_gpu": 64}), torch.device("cpu"), 1
     )
     assert_same_grads(torch.load(tmp_path / "grads.pt"), captured_gradients(whole, make_batch(SKEWED)))

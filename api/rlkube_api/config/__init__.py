@@ -30,7 +30,7 @@ from rlkube_api.config.asynchronous import (
 )
 from rlkube_api.config.checkpoint import OBJECT_STORE_SCHEMES, OBJECT_STORE_URL, CheckpointConfig
 from rlkube_api.config.common import MAX_BATCH, MAX_TOKEN_BUDGET, FilePath, KLPenalty, LossAggMode, TokenBudget
-from rlkube_api.config.critic import CriticConfig, CriticOptimConfig
+from rlkube_api.config.critic import AppliedCriticConfig, CriticConfig, CriticOptimConfig
 from rlkube_api.config.data import DataConfig
 from rlkube_api.config.fsdp import COMPILE_DECODER_LAYERS, FSDPConfig, FSDPDtype, MixedPrecisionConfig, Strategy
 from rlkube_api.config.model import MAX_LORA_RANK, LoraModules, ModelConfig
@@ -78,6 +78,7 @@ __all__ = [
     "AdvEstimator",
     "AgentFilesConfigMap",
     "AlgorithmConfig",
+    "AppliedCriticConfig",
     "AsyncTrainingConfig",
     "CheckpointConfig",
     "ColocateAsyncConfig",

@@ -52,3 +52,13 @@ class CriticConfig(UpdateConfig):
     )
 
     _lora_lists = field_validator("target_modules", "exclude_modules", mode="before")(lora_module_names)
+
+
+class AppliedCriticConfig(CriticConfig):
+    """The critic section with the values it leaves unset taken from the actor's and the model's
+    sections (as verl's critic config interpolates them): what the trainer's critic reads."""
+
+    model_path: str
+    ppo_mini_batch_size: int
+    ppo_epochs: int
+    use_remove_padding: bool

@@ -11,7 +11,7 @@ from rlkube_api.config.actor import ActorConfig
 from rlkube_api.config.algorithm import GROUP_ESTIMATORS, SUM_PI_SQUARED_ESTIMATORS, AlgorithmConfig
 from rlkube_api.config.asynchronous import AsyncTrainingConfig
 from rlkube_api.config.checkpoint import CheckpointConfig
-from rlkube_api.config.critic import CriticConfig
+from rlkube_api.config.critic import AppliedCriticConfig, CriticConfig
 from rlkube_api.config.data import DataConfig
 from rlkube_api.config.model import ModelConfig
 from rlkube_api.config.reference import ReferenceConfig
@@ -119,3 +119,20 @@ class TrainerConfig(ApiModel):
         if self.trainer.v1.trainer_mode == "sync" or correction.rollout_is is not None or correction.bypass_mode:
             return correction
         return correction.model_copy(update={"rollout_is": "token"})
+
+    @property
+    def critic_applied(self) -> AppliedCriticConfig:
+        """The critic section as it applies: its backbone, mini-batch, epochs and packing default
+        to the model's and the actor's where the job leaves them unset."""
+        critic = self.critic
+        return AppliedCriticConfig.model_validate(
+            critic.model_dump()
+            | {
+                "model_path": critic.model_path or self.model.path,
+                "ppo_mini_batch_size": critic.ppo_mini_batch_size or self.actor.ppo_mini_batch_size,
+                "ppo_epochs": critic.ppo_epochs or self.actor.ppo_epochs,
+                "use_remove_padding": self.model.use_remove_padding
+                if critic.use_remove_padding is None
+                else critic.use_remove_padding,
+            }
+        )

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from rlkube_api.config import ActorConfig, RolloutCorrectionConfig, TrainerConfig
+from rlkube_api.config import ActorConfig, ModelConfig, RolloutConfig, RolloutCorrectionConfig
 from rlkube_trainer.algos import (
     FIXED_LOSS_AGG_MODES,
     PolicyLossFn,
@@ -27,7 +27,15 @@ from rlkube_trainer.model.lora.merge import BASE
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
 from rlkube_trainer.model.token_scores import LogitsRecompute, ResponseScores, logits_budget_bytes, response_scores
 from rlkube_trainer.workers.resharding import gather_full_tensors
-from rlkube_trainer.workers.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
+from rlkube_trainer.workers.training import (
+    Metrics,
+    MicroBatching,
+    Placement,
+    Trainable,
+    autocast,
+    load_distributed,
+    uses_fsdp2,
+)
 
 
 def actor_loss(
@@ -119,9 +127,8 @@ def actor_loss(
     return loss, metrics
 
 
-def actor_batching(config: TrainerConfig) -> tuple[MicroBatching, MicroBatching]:
+def actor_batching(actor: ActorConfig) -> tuple[MicroBatching, MicroBatching]:
     """The actor's micro-batches: of its update, and of its forward-only log-prob pass."""
-    actor = config.actor
     size = actor.ppo_micro_batch_size_per_gpu
     if not actor.use_dynamic_bsz:
         return MicroBatching(size), MicroBatching(size)
@@ -137,63 +144,74 @@ def actor_batching(config: TrainerConfig) -> tuple[MicroBatching, MicroBatching]
 class Actor(Trainable):
     prefix = "actor"
 
-    def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
-        self.config: ActorConfig = config.actor
-        self.temperature = config.rollout.temperature
-        self.ppo_epochs = config.actor.ppo_epochs
-        self.samples_per_mini_batch = config.actor.ppo_mini_batch_size * config.rollout.n
+    def __init__(
+        self,
+        config: ActorConfig,
+        model: ModelConfig,
+        rollout: RolloutConfig,
+        correction: RolloutCorrectionConfig,
+        placement: Placement,
+        total_steps: int,
+    ) -> None:
+        """`rollout`: the section of the engines this actor samples for and syncs weights into
+        (its temperature, samples per prompt, weight buckets); `correction`: the rollout
+        correction as it applies in the job's trainer mode."""
+        device = placement.device
+        self.config = config
+        self.temperature = rollout.temperature
+        self.ppo_epochs = config.ppo_epochs
+        self.samples_per_mini_batch = config.ppo_mini_batch_size * rollout.n
         self.micro_batching, self.log_prob_batching = actor_batching(config)
-        self.packed = config.model.use_remove_padding
-        self.shuffle = config.actor.shuffle
-        fsdp = config.actor.fsdp_config
-        dtype = DTYPES[fsdp.model_dtype] if uses_fsdp2(device, config.actor.strategy) else torch.float32
-        path, remote = config.model.path, config.model.trust_remote_code
-        self.lora = LoraSettings.of(config.model)
-        lora, seed = self.lora, config.trainer.seed
+        self.packed = model.use_remove_padding
+        self.shuffle = config.shuffle
+        dtype = DTYPES[config.fsdp_config.model_dtype] if uses_fsdp2(device, config.strategy) else torch.float32
+        path, remote = model.path, model.trust_remote_code
+        self.lora = LoraSettings.of(model)
+        lora, seed = self.lora, placement.seed
 
-        def prepare(model: nn.Module) -> None:
-            if config.model.enable_gradient_checkpointing:
-                model.gradient_checkpointing_enable()  # type: ignore[operator]
+        def prepare(module: nn.Module) -> None:
+            if model.enable_gradient_checkpointing:
+                module.gradient_checkpointing_enable()  # type: ignore[operator]
                 if lora.enabled:
                     # The frozen embeddings' output needs a gradient for the checkpointed
                     # layers to recompute into one (verl does the same).
-                    model.enable_input_require_grads()  # type: ignore[operator]
-            if config.model.use_liger:
-                apply_liger(model)
+                    module.enable_input_require_grads()  # type: ignore[operator]
+            if model.use_liger:
+                apply_liger(module)
             if self.packed:
-                enable_packed_attention(model)
+                enable_packed_attention(module)
 
         self.model = load_distributed(
             # The adapters go in before sharding, on rank 0's full model and on the skeleton alike.
             lambda: apply_lora(load_causal_lm(path, "cpu", dtype, trust_remote_code=remote), lora, seed),
             lambda: apply_lora(causal_lm_skeleton(path, dtype, trust_remote_code=remote), lora, seed),
             device,
-            config.actor.strategy,
-            config.roles.actor.fsdp_size,
-            config.actor.fsdp_config,
+            config.strategy,
+            placement.fsdp_size,
+            config.fsdp_config,
             prepare=prepare,
         )
-        if config.actor.compile_decoder_layers:
+        if config.compile_decoder_layers:
             # After sharding, so that FSDP2's hooks run eagerly around each compiled layer.
             compile_decoder_layers(self.model)
-        self.recompute = LogitsRecompute(config.actor.recompute_logits, logits_budget_bytes(device))
+        self.recompute = LogitsRecompute(config.recompute_logits, logits_budget_bytes(device))
         super().__init__(
-            config.actor.optim,
+            config.optim,
             total_steps,
-            config.actor.grad_clip,
+            config.grad_clip,
             device,
-            config.trainer.seed,
-            offload_optimizer=config.actor.fsdp_config.optimizer_offload,
+            seed,
+            offload_optimizer=config.fsdp_config.optimizer_offload,
         )
-        self.policy_loss = get_policy_loss_fn(config.actor.policy_loss)
-        self.correction = config.rollout_correction  # the asynchronous modes' default applied
+        self.policy_loss = get_policy_loss_fn(config.policy_loss)
+        self.correction = correction
         # The entropy is computed only when it is part of the loss, as in verl's actor: as a
         # metric alone it would cost a softmax over the vocabulary at every response position
         # and its backward. `actor/entropy` is then not reported.
-        self.with_entropy = config.actor.entropy_coeff != 0
+        self.with_entropy = config.entropy_coeff != 0
         # Full weights for the engines are gathered from the shards in buckets of this size.
-        self.sync_bucket_bytes = config.rollout.update_weights_bucket_megabytes * 2**20
-        if config.rollout.layered_summon:
+        self.sync_bucket_bytes = rollout.update_weights_bucket_megabytes * 2**20
+        if rollout.layered_summon:
             self.sync_bucket_bytes = min(self.sync_bucket_bytes, decoder_layer_bytes(self.model))
 
     def _scores(self, batch: TrainBatch, with_entropy: bool, with_sum_pi_squared: bool = False) -> ResponseScores:

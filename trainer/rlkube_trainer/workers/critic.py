@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from rlkube_api.config import CriticConfig, TrainerConfig
+from rlkube_api.config import AppliedCriticConfig, CriticConfig, ModelConfig
 from rlkube_trainer.algos import compute_value_loss, masked_mean
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.model.fsdp import DTYPES
@@ -12,7 +12,15 @@ from rlkube_trainer.model.loading import compile_decoder_layers
 from rlkube_trainer.model.lora import LoraSettings, apply_lora
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
 from rlkube_trainer.model.value_head import CriticModel, response_values
-from rlkube_trainer.workers.training import Metrics, MicroBatching, Trainable, autocast, load_distributed, uses_fsdp2
+from rlkube_trainer.workers.training import (
+    Metrics,
+    MicroBatching,
+    Placement,
+    Trainable,
+    autocast,
+    load_distributed,
+    uses_fsdp2,
+)
 
 
 def critic_batching(critic: CriticConfig) -> tuple[MicroBatching, MicroBatching]:
@@ -30,15 +38,24 @@ class Critic(Trainable):
     prefix = "critic"
     model: CriticModel
 
-    def __init__(self, config: TrainerConfig, device: torch.device, total_steps: int) -> None:
-        self.config: CriticConfig = config.critic
-        path = config.critic.model_path or config.model.path
-        dtype = DTYPES[config.critic.fsdp_config.model_dtype] if uses_fsdp2(device, config.critic.strategy) else None
-        remote, master = config.model.trust_remote_code, dtype or torch.float32
-        use = config.critic.use_remove_padding
-        self.packed = config.model.use_remove_padding if use is None else use
-        fsdp_size = config.roles.critic.fsdp_size if config.roles.critic is not None else None
-        lora, seed = LoraSettings.of(config.critic), config.trainer.seed + 1
+    def __init__(
+        self,
+        config: AppliedCriticConfig,
+        model: ModelConfig,
+        responses_per_prompt: int,
+        placement: Placement,
+        total_steps: int,
+    ) -> None:
+        """`config`: the critic section as it applies (TrainerConfig.critic_applied); `model`:
+        the policy's section, whose remote-code trust the critic's backbone shares;
+        `responses_per_prompt`: rollout.n, the samples of a mini-batch's prompts."""
+        device, seed = placement.device, placement.seed
+        self.config = config
+        path, remote = config.model_path, model.trust_remote_code
+        dtype = DTYPES[config.fsdp_config.model_dtype] if uses_fsdp2(device, config.strategy) else None
+        master = dtype or torch.float32
+        self.packed = config.use_remove_padding
+        lora = LoraSettings.of(config)
 
         def adapted(critic: CriticModel) -> CriticModel:
             # Adapters on the backbone only: the value head, new and small, trains in full.
@@ -49,25 +66,24 @@ class Critic(Trainable):
             lambda: adapted(CriticModel.from_pretrained(path, master, trust_remote_code=remote)),
             lambda: adapted(CriticModel.skeleton(path, master, trust_remote_code=remote)),
             device,
-            config.critic.strategy,
-            fsdp_size,
-            config.critic.fsdp_config,
+            config.strategy,
+            placement.fsdp_size,
+            config.fsdp_config,
             prepare=enable_packed_attention if self.packed else None,
         )
-        if config.critic.compile_decoder_layers:
+        if config.compile_decoder_layers:
             compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
-        self.ppo_epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
-        mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size
-        self.samples_per_mini_batch = mini * config.rollout.n
-        self.micro_batching, self.forward_batching = critic_batching(config.critic)
+        self.ppo_epochs = config.ppo_epochs
+        self.samples_per_mini_batch = config.ppo_mini_batch_size * responses_per_prompt
+        self.micro_batching, self.forward_batching = critic_batching(config)
         self.shuffle = False
         super().__init__(
-            config.critic.optim,
+            config.optim,
             total_steps,
-            config.critic.grad_clip,
+            config.grad_clip,
             device,
-            config.trainer.seed + 1,
-            offload_optimizer=config.critic.fsdp_config.optimizer_offload,
+            seed,
+            offload_optimizer=config.fsdp_config.optimizer_offload,
         )
 
     def _values(self, micro: TrainBatch) -> torch.Tensor:

@@ -302,7 +302,7 @@ def check_rank(config: TrainerConfig, hosts: frozenset[Role], group: str, rank: 
     device = torch.device("cuda", torch.cuda.current_device())
     paths = {
         "actor": config.model.path,
-        "critic": config.critic.model_path or config.model.path,
+        "critic": config.critic_applied.model_path,
         "reference": config.model.path,
         "reward": config.reward.model.path if config.reward.model is not None else None,
     }
@@ -312,10 +312,8 @@ def check_rank(config: TrainerConfig, hosts: frozenset[Role], group: str, rank: 
             shapes["actor"], config.model.path, config.model.lora_rank, config.model.target_modules
         )
     if "critic" in shapes:
-        critic = config.critic
-        shapes["critic"] = with_adapters(
-            shapes["critic"], critic.model_path or config.model.path, critic.lora_rank, critic.target_modules
-        )
+        critic = config.critic_applied
+        shapes["critic"] = with_adapters(shapes["critic"], critic.model_path, critic.lora_rank, critic.target_modules)
     strategies = {"actor": config.actor.strategy, "reference": config.actor.strategy, "critic": config.critic.strategy}
     unsharded = frozenset(name for name, strategy in strategies.items() if not uses_fsdp2(device, strategy))
     gpu_bytes = torch.cuda.get_device_properties(device).total_memory

@@ -39,6 +39,7 @@ from rlkube_trainer.reward.scoring import RewardInput, RewardScorer, build_rewar
 from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from rlkube_trainer.rollout.stream import GenerationStream
 from rlkube_trainer.workers.actor import Actor
+from rlkube_trainer.workers.builders import build_actor, build_critic, build_reference
 from rlkube_trainer.workers.critic import Critic
 from rlkube_trainer.workers.memory import check_rank
 from rlkube_trainer.workers.reference import Reference
@@ -179,16 +180,16 @@ class Rank:
             check_rank(config, hosts, spec.group, spec.rank, rendezvous.world_size)
         torch.manual_seed(config.trainer.seed + spec.rank)
         if Role.ACTOR in hosts:
-            self.actor = Actor(config, self.device, spec.total_steps)
+            self.actor = build_actor(config, self.device, spec.total_steps)
         if Role.CRITIC in hosts:
-            self.critic = Critic(config, self.device, spec.total_steps)
+            self.critic = build_critic(config, self.device, spec.total_steps)
         if Role.REFERENCE in hosts:
             if config.model.lora_rank > 0 and self.actor is not None:
-                self.reference = Reference(config, self.device, policy=self.actor.model)
+                self.reference = build_reference(config, self.device, policy=self.actor.model)
             elif config.model.lora_rank > 0:
                 raise ValueError("model.loraRank: the reference is the actor's base model; host it with the actor")
             else:
-                self.reference = Reference(config, self.device)
+                self.reference = build_reference(config, self.device)
         if Role.REWARD in hosts:
             self.reward_model = build_reward_scorer(config.reward, self.device)
         if Role.ROLLOUT in hosts:

@@ -10,28 +10,41 @@ import contextlib
 import torch
 from torch import nn
 
-from rlkube_api.config import TrainerConfig
+from rlkube_api.config import ActorConfig, ModelConfig, ReferenceConfig
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compile_decoder_layers, load_causal_lm
 from rlkube_trainer.model.lora import adapters_disabled
 from rlkube_trainer.model.packing import enable_packed_attention
 from rlkube_trainer.model.token_scores import response_log_probs
 from rlkube_trainer.workers.actor import actor_batching
-from rlkube_trainer.workers.training import MicroBatching, autocast, load_distributed
+from rlkube_trainer.workers.training import MicroBatching, Placement, autocast, load_distributed
 
 
 class Reference:
-    def __init__(self, config: TrainerConfig, device: torch.device, policy: nn.Module | None = None) -> None:
-        """`policy`: the actor's adapted model (LoRA), whose base is the reference."""
+    def __init__(
+        self,
+        config: ReferenceConfig,
+        model: ModelConfig,
+        actor: ActorConfig,
+        temperature: float,
+        placement: Placement,
+        policy: nn.Module | None = None,
+    ) -> None:
+        """`actor`: the section of the policy this reference is the frozen start of: its strategy,
+        micro-batches and compilation are the reference's where `config` leaves them unset (as
+        verl's ref section interpolates them). `temperature`: rollout.temperature, the one the
+        log-probs are taken at. `policy`: the actor's adapted model (LoRA), whose base is the
+        reference."""
+        device = placement.device
         self.device = device
-        self.temperature = config.rollout.temperature
+        self.temperature = temperature
         # The actor's forward-only micro-batches, unless the reference has a token budget of its own.
-        self.batching = actor_batching(config)[1]
-        budget = config.ref.log_prob_max_token_len_per_gpu
-        if config.actor.use_dynamic_bsz and budget is not None:
+        self.batching = actor_batching(actor)[1]
+        budget = config.log_prob_max_token_len_per_gpu
+        if actor.use_dynamic_bsz and budget is not None:
             self.batching = MicroBatching(self.batching.size, budget, "ref.log_prob_max_token_len_per_gpu")
-        self.packed = config.model.use_remove_padding
-        self.liger = config.model.use_liger
+        self.packed = model.use_remove_padding
+        self.liger = model.use_liger
         self.base_of_policy = policy is not None
         if policy is not None:
             # LoRA: the actor's model, compiled or not as actor.compile_decoder_layers says (the API
@@ -40,20 +53,19 @@ class Reference:
             return
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        path, remote = config.model.path, config.model.trust_remote_code
-        fsdp_size = config.roles.reference.fsdp_size if config.roles.reference is not None else None
+        path, remote = model.path, model.trust_remote_code
         self.model = load_distributed(
             lambda: load_causal_lm(path, "cpu", dtype, trust_remote_code=remote),
             lambda: causal_lm_skeleton(path, dtype, trust_remote_code=remote),
             device,
-            config.actor.strategy,
-            fsdp_size,
-            config.ref.fsdp_config,
+            actor.strategy,
+            placement.fsdp_size,
+            config.fsdp_config,
             mixed_precision=False,
             prepare=self._prepare,
         )
-        compiled = config.ref.compile_decoder_layers
-        if config.actor.compile_decoder_layers if compiled is None else compiled:
+        compiled = config.compile_decoder_layers
+        if actor.compile_decoder_layers if compiled is None else compiled:
             compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
 
     def _prepare(self, model: nn.Module) -> None:

@@ -40,6 +40,17 @@ Metrics = dict[str, float]
 log = logging.getLogger("rlkube.trainer")
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where a role's model lives on this rank: the device, the size of the FSDP2 groups it is
+    sharded within (roles.<role>.fsdp_size; None: the role's whole group), and the seed its new
+    weights (adapters, a value head) and its shuffles start from."""
+
+    device: torch.device
+    fsdp_size: int | None
+    seed: int
+
+
 def uses_fsdp2(device: torch.device, strategy: Strategy) -> bool:
     """FSDP2 where asked for, and by default on GPU (one rank too: its mixed precision is what
     computes in bf16 over fp32 master weights); full replicas otherwise. Without a process
