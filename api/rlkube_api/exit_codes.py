@@ -66,18 +66,18 @@ EXIT_CLASSES: tuple[ExitClass, ...] = (
         "a data file or row that cannot be used (missing file or column, a prompt too long for the model)",
     ),
     ExitClass(
+        ExitCode.TRACKER_MISSING,
+        "TrackerMissing",
+        True,
+        "`trainer.logger` names a tracker whose package is not in the image",
+    ),
+    ExitClass(
         ExitCode.STORAGE_FULL,
         "StorageFull",
         True,
         "a write (metrics, checkpoint, export) found its volume full or its quota spent (the message names the "
         "mount point and the file): free space or grow the volume, then change the spec (e.g. suspend and "
         "resume): the job resumes from its last complete checkpoint",
-    ),
-    ExitClass(
-        ExitCode.TRACKER_MISSING,
-        "TrackerMissing",
-        True,
-        "`trainer.logger` names a tracker whose package is not in the image",
     ),
     ExitClass(
         ExitCode.CHECKPOINT,
