@@ -26,10 +26,10 @@ class ExitCode(IntEnum):
     NODES_MISSING = 4
     # A data file or row that cannot be used.
     DATA = 65
-    # A write (metrics, checkpoint, export) failed for lack of space or quota on its volume.
-    STORAGE_FULL = 73
     # trainer.logger names a tracker whose package is not installed.
     TRACKER_MISSING = 69
+    # A write (metrics, checkpoint, export) failed for lack of space or quota on its volume.
+    STORAGE_FULL = 73
     # A checkpoint that cannot be used or a checkpoint folder another job owns.
     CHECKPOINT = 74
     # The configuration cannot work.

@@ -4,6 +4,7 @@ the rank's traceback, and the exit record says it within the size the job's stat
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -71,6 +72,9 @@ class FailingRank:
     def finish_save(self, what: str) -> None:
         self._fail("finish_save", what)
 
+    def die(self) -> None:
+        os._exit(3)
+
     def huge(self) -> None:
         raise RuntimeError("x" * 20_000 + " the end of a very long message")
 
@@ -116,3 +120,11 @@ def test_a_huge_error_is_cut_in_the_middle_keeping_both_ends(rank: Any) -> None:
     assert len(said.encode()) < TERMINATION_MESSAGE_LIMIT
     assert said.startswith("role actor rank 0 failed: huge() raised RuntimeError: xxx")
     assert said.endswith("the end of a very long message")
+
+
+def test_a_rank_whose_process_died_is_a_lost_rank_with_rays_words(rank: Any) -> None:
+    dying = ray.remote(FailingRank).options(num_cpus=0).remote()
+    lost = _lost(dying, "die")
+    assert str(lost).startswith("role actor rank 0 failed: die(): ")
+    assert "died" in str(lost)
+    assert exit_code_of(lost) is ExitCode.RANK_LOST

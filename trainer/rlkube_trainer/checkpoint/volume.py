@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlkube_trainer.checkpoint.objectstore import CheckpointPath
-
-log = logging.getLogger(__name__)
+from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath
 
 # The errors that mean "no room": the file system is full, or the writer's quota is spent.
 NO_SPACE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -86,14 +84,17 @@ def storage_full(error: OSError | StorageFull, path: CheckpointPath | str) -> St
     """The StorageFull for `error` met writing `path`: which volume, how full, which file."""
     if isinstance(error, StorageFull):
         return error
-    volume = mount_point(path)
+    # An object-store write is staged in the local temporary folder: that is what filled up.
+    staged = isinstance(path, ObjectPath)
+    volume = mount_point(tempfile.gettempdir() if staged else path)
     room = ""
     with contextlib.suppress(OSError):
         stats = os.statvfs(volume)
         room = f" ({_size(stats.f_bavail * stats.f_frsize)} free of {_size(stats.f_blocks * stats.f_frsize)})"
     what = "disk quota exceeded" if error.errno == errno.EDQUOT else "no space left"
     message = (
-        f"{what} on the volume mounted at {volume}{room} writing {path}: {error.strerror or error}; "
+        f"{what} on the volume mounted at {volume}{room} writing {path}"
+        f"{' (staged there before its upload)' if staged else ''}: {error.strerror or error}; "
         "free space there or grow the volume, then run the job again: it resumes from its last complete checkpoint"
     )
     return StorageFull(message, str(volume), str(path))

@@ -104,8 +104,7 @@ class RayRankGroup(RankGroup):
                     cause = getattr(exc, "cause", None)
                     if isinstance(cause, config_errors()):
                         raise cause from None
-                    call = f"{pending.method}() raised " if pending.method else ""
-                    raise RankLost(self.role, rank_of[ref], call + rank_error(exc)) from exc
+                    raise RankLost(self.role, rank_of[ref], rank_error(exc, pending.method)) from exc
         return list(ray.get(list(pending.handles)))
 
     def _method(self, rank: int, method: str) -> Any:
@@ -122,26 +121,28 @@ class RayRankGroup(RankGroup):
         return RayRankGroup(self.role, [self.handles[rank]], self.timeout, self.concurrency)
 
 
-def rank_error(exc: BaseException) -> str:
-    """What a rank's failure says, for the driver's error, the exit record, the job's status and
-    its Events: the rank's own exception (Ray's task error unwrapped to its cause), its type and
-    message first, then the last lines of the rank's traceback, whose end names the error again;
-    at most ERROR_LIMIT bytes, cut in the middle (`fit_event_message`) so both ends survive."""
+def rank_error(exc: BaseException, method: str = "") -> str:
+    """What a rank's failure in `method` says, for the driver's error, the exit record, the
+    job's status and its Events: the rank's own exception (Ray's task error unwrapped to its
+    cause), its type and message first, then the last lines of the rank's traceback, whose end
+    names the error again; at most ERROR_LIMIT bytes, cut in the middle (`fit_event_message`)
+    so that both ends survive."""
+    call = f"{method}()" if method else "the call"
     cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
     own = cause if isinstance(cause, BaseException) else exc
     message = str(own).strip()
     if own is exc:
         # No cause to unwrap (an actor that died, a task error whose cause did not unpickle):
         # Ray's own text, whose first line names the call and the process.
-        summary = message or type(exc).__name__
+        said = f"{call}: {message or type(exc).__name__}"
     else:
+        said = f"{call} raised {type(own).__name__}" + (f": {message}" if message else "")
         # Ray's text of a task error is the rank's traceback (its first line the call and the
         # process, in terminal colours; carets under the failing expressions).
         lines = [line for line in _TERMINAL_COLOUR.sub("", str(exc)).splitlines()[1:] if not _MARKS.match(line)]
-        summary = f"{type(own).__name__}: {message}" if message else type(own).__name__
         if lines:
-            summary += "\n" + "\n".join(lines[-TRACEBACK_LINES:])
-    return fit_event_message(summary, ERROR_LIMIT)
+            said += "\n" + "\n".join(lines[-TRACEBACK_LINES:])
+    return fit_event_message(said, ERROR_LIMIT)
 
 
 def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RayRankGroup:
