@@ -7,7 +7,7 @@ A permanent class is one that running the job again cannot fix (the same configu
 and hardware give the same error): the operator fails the job at once with the trainer's
 message instead of restarting the gang. The codes avoid those Python (1 for an uncaught
 error), argparse (2) and signals (128+n) use; the permanent ones follow sysexits.h where it
-has a match (65 EX_DATAERR, 69 EX_UNAVAILABLE, 74 EX_IOERR, 78 EX_CONFIG).
+has a match (65 EX_DATAERR, 69 EX_UNAVAILABLE, 73 EX_CANTCREAT, 74 EX_IOERR, 78 EX_CONFIG).
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ class ExitCode(IntEnum):
     DATA = 65
     # trainer.logger names a tracker whose package is not installed.
     TRACKER_MISSING = 69
+    # A write (metrics, checkpoint, export) failed for lack of space or quota on its volume.
+    STORAGE_FULL = 73
     # A checkpoint that cannot be used or a checkpoint folder another job owns.
     CHECKPOINT = 74
     # The configuration cannot work.
@@ -68,6 +70,14 @@ EXIT_CLASSES: tuple[ExitClass, ...] = (
         "TrackerMissing",
         True,
         "`trainer.logger` names a tracker whose package is not in the image",
+    ),
+    ExitClass(
+        ExitCode.STORAGE_FULL,
+        "StorageFull",
+        True,
+        "a write (metrics, checkpoint, export) found its volume full or its quota spent (the message names the "
+        "mount point and the file): free space or grow the volume, then change the spec (e.g. suspend and "
+        "resume): the job resumes from its last complete checkpoint",
     ),
     ExitClass(
         ExitCode.CHECKPOINT,

@@ -45,6 +45,7 @@ from enum import Enum, auto
 from typing import Literal
 
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
+from rlkube_api.exit_codes import EXIT_CLASSES, ExitCode
 from rlkube_api.names import CONTROLLER_ROLE, child_name
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
@@ -80,6 +81,12 @@ CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 PODS_NOT_CREATED = "PodsNotCreated"
 MISSING_REFERENCE = "MissingReference"
 AWAITING_ADMISSION = "AwaitingAdmission"
+# The trainer's full volume (exit_codes.ExitCode.STORAGE_FULL): permanent for the gang (a
+# restart frees no space), but fixed once the user grows or cleans the volume and changes the
+# spec (e.g. suspends and resumes the job).
+STORAGE_FULL = next(c.reason for c in EXIT_CLASSES if c.code is ExitCode.STORAGE_FULL)
+# Failed for these, a job starts again when its spec changes (a new generation).
+FIXED_BY_A_SPEC_CHANGE = frozenset({INVALID_CHILD, STORAGE_FULL})
 # While an object the pods name is missing, it is looked up again this often (nothing
 # watched would wake the job when it is created).
 REFERENCE_RECHECK_SECONDS = 5.0
@@ -871,21 +878,45 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     return _with_write(p, actions, fate)
 
 
-def _failed_for_an_older_spec(job: RLJob) -> bool:
-    """Failed for an invalid child, and the spec has changed since."""
+def _failed(job: RLJob) -> Condition | None:
+    """The job's Failed condition, if it is True."""
     conditions = job.status.conditions if job.status else []
     failed = next((c for c in conditions if c.type == ConditionType.FAILED), None)
-    if failed is None or failed.status != "True" or failed.reason != INVALID_CHILD:
+    return failed if failed is not None and failed.status == "True" else None
+
+
+def _failed_for_an_older_spec(job: RLJob) -> bool:
+    """Failed for a reason a spec change may fix (FIXED_BY_A_SPEC_CHANGE), and the spec has
+    changed since."""
+    failed = _failed(job)
+    if failed is None or failed.reason not in FIXED_BY_A_SPEC_CHANGE:
         return False
     return failed.observed_generation != job.metadata.generation
 
 
 def _spec_fixed(p: _Pass) -> bool:
-    """A job Failed for an invalid child whose spec has changed since: it starts again (the
-    Failed condition cleared, the new spec's children applied)."""
+    """A job Failed for an invalid child or a full volume whose spec has changed since: it
+    starts again (the Failed condition cleared, the new spec's children applied). After a full
+    volume the gang ran: it starts as a new attempt, not counted against backoffLimit (the
+    failed gang's pods are an older attempt's, no failure of the new one), and its driver
+    resumes from the last complete checkpoint."""
     if not _failed_for_an_older_spec(p.job):
         return False
-    p.conds.set(ConditionType.FAILED, "False", "SpecChanged", "the spec changed: its children are applied again")
+    message = "the spec changed: its children are applied again"
+    failed = _failed(p.job)
+    if failed is not None and failed.reason == STORAGE_FULL:
+        status = p.status
+        status.restart_count = p.prev.restart_count + 1
+        status.uncounted_restarts = (p.prev.uncounted_restarts or 0) + 1
+        _forget_gang(status)
+        p.prev = p.prev.model_copy(update={"restart_count": status.restart_count, "gang_pod_uids": None})
+        p.current = []
+        status.roles = _role_counts(p.job, [])
+        message = (
+            "the spec changed after the volume filled up: the gang starts again "
+            f"(restart {status.restart_count}, not counted) from its last complete checkpoint"
+        )
+    p.conds.set(ConditionType.FAILED, "False", "SpecChanged", message)
     p.status.state = State.CREATED.value
     p.status.completion_time = None
     return True

@@ -10,7 +10,7 @@ from rlkube_api.exit_codes import ExitCode
 from rlkube_api.rljob import PodFailurePolicy, RLJob
 from rlkube_operator.failure_policy import FailureAction, classify
 from rlkube_operator.observed import as_lost, view_pod
-from rlkube_operator.plan import ScaleToZero
+from rlkube_operator.plan import ApplyChildren, DeletePods, ScaleToZero
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import after, cond, events, run, running
 
@@ -62,6 +62,7 @@ def policy(*rules: dict[str, object]) -> PodFailurePolicy:
     [
         pytest.param(crashed("controller", ExitCode.CONFIG), None, "FailJob", "TrainerConfigError", id="config"),
         pytest.param(crashed("controller", 1), None, "Count", "PodFailed", id="error"),
+        pytest.param(crashed("actor", ExitCode.STORAGE_FULL), None, "FailJob", "StorageFull", id="storage-full"),
         pytest.param(crashed("actor", 137, "OOMKilled"), None, "Count", "OOMKilled", id="oom"),
         pytest.param(disrupted("actor"), None, "Ignore", "PodDisrupted", id="preempted"),
         pytest.param(stopped_by_kueue("actor"), None, "Ignore", "PodDisrupted", id="stopped-by-kueue"),
@@ -153,6 +154,46 @@ def test_a_long_termination_message_keeps_its_end() -> None:
     message = cond(run(running(), pods, 100).status, "Restarting").message
     assert "RuntimeError: NCCL timeout" in message
     assert len(message) < 1300
+
+
+FULL = (
+    "exit code 73 (STORAGE_FULL): no space left on the volume mounted at /ckpt (0 B free of 10 GiB) writing "
+    "/ckpt/metrics.jsonl: No space left on device; free space there or grow the volume, then run the job again"
+)
+
+
+def test_a_full_volume_fails_the_job_naming_it_and_a_spec_change_resumes_it_as_a_new_attempt() -> None:
+    """A restart frees no space: the job fails at once, its condition and Event naming the class,
+    the volume and the file; once the user changes the spec (having freed space), the gang
+    starts again as a new attempt, not counted against backoffLimit, and the failed gang's
+    pods go as an older attempt's."""
+    job = running(load_job(CPU, set_path("spec.runPolicy.backoffLimit", 0)))
+    pods = replace_pod(gang_pods(job), crashed("controller", ExitCode.STORAGE_FULL, message=FULL))
+    d = run(job, pods, 100)
+    failed = cond(d.status, "Failed")
+    assert (d.status.state, failed.reason) == ("Failed", "StorageFull")
+    assert "mounted at /ckpt" in failed.message and "writing /ckpt/metrics.jsonl" in failed.message
+    assert "exit code 73 (STORAGE_FULL)" in failed.message and "permanent, not restarted" in failed.message
+    assert not d.restart_gang
+    assert ("Warning", "StorageFull") in events(d)
+    assert "mounted at /ckpt" in next(e.message for e in d.events if e.reason == "StorageFull")
+
+    # The same spec again: still Failed, nothing applied.
+    job = after(job, d)
+    assert run(job, pods, 110).status.state == "Failed"
+    # A new generation (e.g. suspended and resumed, or the claim grown): the gang starts again.
+    changed = job.model_copy(update={"metadata": job.metadata.model_copy(update={"generation": 2})})
+    d = run(changed, pods, 200)
+    assert d.status.state not in ("Failed", "Succeeded")
+    assert (d.status.restart_count, d.status.uncounted_restarts) == (1, 1)
+    assert (cond(d.status, "Failed").status, cond(d.status, "Failed").reason) == ("False", "SpecChanged")
+    assert "from its last complete checkpoint" in cond(d.status, "Failed").message
+    assert ApplyChildren(1, pods_wanted=True) in d.actions
+    deleted = {name for a in d.actions if isinstance(a, DeletePods) for name, _uid in a.pods}
+    assert "tiny-cpu-controller-0" in deleted
+    # The next pass, with the new attempt's pods up, runs (backoffLimit=0 was not spent).
+    job = after(changed, d)
+    assert run(job, gang_pods(job, attempt=1), 260).status.state == "Running"
 
 
 def test_the_user_rules_are_read_from_the_spec() -> None:

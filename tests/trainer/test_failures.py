@@ -3,6 +3,8 @@ operator's default rules fail the job at once on exactly the permanent ones."""
 
 from __future__ import annotations
 
+import errno
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from rlkube_api.exit_codes import EXIT_CLASSES, PERMANENT_CODES, ExitCode, exit_
 from rlkube_operator.failure_policy import DEFAULT_RULES, FailureAction
 from rlkube_trainer.checkpoint.folder import CheckpointError
 from rlkube_trainer.checkpoint.owner import CheckpointDirTaken
+from rlkube_trainer.checkpoint.volume import StorageFull
 from rlkube_trainer.cluster.rank_group import RankLost
 from rlkube_trainer.data.prompts import DataError, PromptTooLongError
 from rlkube_trainer.loop.ppo import TooManyGenerations
@@ -49,6 +52,9 @@ def _lost_of(cause: BaseException) -> RankLost:
         pytest.param(_lost_of(torch.OutOfMemoryError("CUDA")), ExitCode.OUT_OF_MEMORY, id="rank-oom"),
         pytest.param(_lost_of(CheckpointError("bad")), ExitCode.CHECKPOINT, id="rank-checkpoint"),
         pytest.param(_lost_of(ValueError("?")), ExitCode.RANK_LOST, id="rank-unclassified"),
+        pytest.param(StorageFull("no space left on the volume mounted at /ckpt"), ExitCode.STORAGE_FULL, id="full"),
+        pytest.param(_lost_of(StorageFull("no space")), ExitCode.STORAGE_FULL, id="rank-storage-full"),
+        pytest.param(_lost_of(OSError(errno.ENOSPC, "No space")), ExitCode.STORAGE_FULL, id="rank-enospc"),
     ],
 )
 def test_each_error_exits_with_its_class(error: BaseException, code: ExitCode) -> None:

@@ -16,6 +16,7 @@ import torch
 from rlkube_trainer.checkpoint.durable import fsync_tree, replace_dir
 from rlkube_trainer.checkpoint.folder import remove_tree
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath
+from rlkube_trainer.checkpoint.volume import writing_to
 
 
 def export_hf(
@@ -45,6 +46,18 @@ def export_hf(
             upload_tree(Path(local) / path.name, path)
         return path
     path = Path(path)
+    with writing_to(path):
+        _export_local(model, tokenizer, path, state_dict, also)
+    return path
+
+
+def _export_local(
+    model: Any,
+    tokenizer: Any | None,
+    path: Path,
+    state_dict: Mapping[str, torch.Tensor] | None,
+    also: Callable[[Path], None] | None,
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".tmp-{path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
@@ -62,7 +75,6 @@ def export_hf(
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return path
 
 
 def upload_tree(local: Path, remote: ObjectPath, last: str = "config.json") -> None:

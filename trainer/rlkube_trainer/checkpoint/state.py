@@ -22,6 +22,7 @@ from rlkube_trainer.checkpoint.durable import atomic_file
 from rlkube_trainer.checkpoint.folder import CheckpointError
 from rlkube_trainer.checkpoint.integrity import Written, check_checksum, written
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, relative
+from rlkube_trainer.checkpoint.volume import writing_to
 
 
 class Checkpointable(Protocol):
@@ -50,9 +51,12 @@ def save_torch(path: CheckpointPath, obj: Any) -> None:
     optimizers, LR schedulers and data loaders, torch.Generator states and `capture_rng()` are.
     """
     path = path if isinstance(path, ObjectPath) else Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
-    with atomic_file(path) as f:
-        torch.save(obj, f)
+    # Out of space mid-write: torch raises a RuntimeError whose context is the OSError; the
+    # temporary file is removed (atomic_file) and the error names the volume and the file.
+    with writing_to(path):
+        path.parent.mkdir(parents=True, exist_ok=True)  # exist_ok: ranks create their role dir concurrently
+        with atomic_file(path) as f:
+            torch.save(obj, f)
 
 
 def save_sharded(directory: CheckpointPath, state: dict[str, Any]) -> None:
@@ -66,7 +70,8 @@ def save_sharded(directory: CheckpointPath, state: dict[str, Any]) -> None:
 
         save(state, storage_writer=FsspecWriter(str(directory), **directory.options))
         return
-    save(state, checkpoint_id=str(directory))
+    with writing_to(directory):
+        save(state, checkpoint_id=str(directory))
 
 
 def load_sharded(directory: CheckpointPath, state: dict[str, Any]) -> None:

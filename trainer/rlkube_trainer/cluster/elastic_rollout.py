@@ -139,7 +139,8 @@ def _with_cause(lost: RankLost) -> str:
     lines = [line.strip() for line in str(lost.__cause__ or "").splitlines()[1:] if line.strip()]
     errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception): ", line)]
     cause = errors[-1] if errors else lines[-1] if lines else ""
-    return f"{lost}: {cause}" if cause else str(lost)
+    # A loss from ray_group already ends with it (rank_error); one from elsewhere may not.
+    return f"{lost}: {cause}" if cause and not str(lost).endswith(cause) else str(lost)
 
 
 class NoRolloutEngine(RuntimeError):

@@ -30,6 +30,8 @@ class Pending:
 
     ranks: list[int]
     handles: list[Any] = field(default_factory=list)
+    # The rank method called, for the error that names a failed call.
+    method: str = ""
 
 
 def split(n: int, k: int) -> list[slice]:

@@ -15,6 +15,7 @@ order the driver calls it.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 import ray
 import yaml
 
+from rlkube_api.event_message import fit_event_message
+from rlkube_api.exit_codes import TERMINATION_MESSAGE_LIMIT
 from rlkube_api.placement import Group, Role
 from rlkube_trainer.cluster.config_errors import config_errors
 from rlkube_trainer.cluster.rank_group import Pending, RankGroup, RankLost
@@ -32,6 +35,14 @@ from rlkube_trainer.workers.rank import Rank, RankSpec
 log = logging.getLogger("rlkube.trainer")
 # How long the driver waits for a rank's answer before declaring it lost.
 CALL_TIMEOUT = 1800.0
+# How much of a failed rank's traceback reaches the driver: its last lines, where the error is.
+TRACEBACK_LINES = 20
+# The most of a rank's error a RankLost carries (UTF-8 bytes): with the exit record's words
+# around it, it stays within the termination message the kubelet keeps.
+ERROR_LIMIT = TERMINATION_MESSAGE_LIMIT * 3 // 4
+_TERMINAL_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+# A line of a traceback that only marks the expression above it (or is empty).
+_MARKS = re.compile(r"^[\s^~]*$")
 
 
 # The rank's calls that leave its default thread, and the thread (concurrency group) each takes.
@@ -73,7 +84,7 @@ class RayRankGroup(RankGroup):
     def submit(self, method: str, args: Sequence[tuple[Any, ...]], ranks: Sequence[int] | None = None) -> Pending:
         ranks = list(ranks) if ranks is not None else list(range(len(args)))
         refs = [self._method(r, method).remote(*a) for r, a in zip(ranks, args, strict=True)]
-        return Pending(ranks, refs)
+        return Pending(ranks, refs, method)
 
     def wait(self, pending: Pending) -> list[Any]:
         """Results in the order submitted; the first failure raises RankLost naming its rank."""
@@ -93,7 +104,7 @@ class RayRankGroup(RankGroup):
                     cause = getattr(exc, "cause", None)
                     if isinstance(cause, config_errors()):
                         raise cause from None
-                    raise RankLost(self.role, rank_of[ref], _first_line(exc)) from exc
+                    raise RankLost(self.role, rank_of[ref], rank_error(exc, pending.method)) from exc
         return list(ray.get(list(pending.handles)))
 
     def _method(self, rank: int, method: str) -> Any:
@@ -110,9 +121,28 @@ class RayRankGroup(RankGroup):
         return RayRankGroup(self.role, [self.handles[rank]], self.timeout, self.concurrency)
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+def rank_error(exc: BaseException, method: str = "") -> str:
+    """What a rank's failure in `method` says, for the driver's error, the exit record, the
+    job's status and its Events: the rank's own exception (Ray's task error unwrapped to its
+    cause), its type and message first, then the last lines of the rank's traceback, whose end
+    names the error again; at most ERROR_LIMIT bytes, cut in the middle (`fit_event_message`)
+    so that both ends survive."""
+    call = f"{method}()" if method else "the call"
+    cause = exc.cause if isinstance(exc, ray.exceptions.RayTaskError) else None
+    own = cause if isinstance(cause, BaseException) else exc
+    message = str(own).strip()
+    if own is exc:
+        # No cause to unwrap (an actor that died, a task error whose cause did not unpickle):
+        # Ray's own text, whose first line names the call and the process.
+        said = f"{call}: {message or type(exc).__name__}"
+    else:
+        said = f"{call} raised {type(own).__name__}" + (f": {message}" if message else "")
+        # Ray's text of a task error is the rank's traceback (its first line the call and the
+        # process, in terminal colours; carets under the failing expressions).
+        lines = [line for line in _TERMINAL_COLOUR.sub("", str(exc)).splitlines()[1:] if not _MARKS.match(line)]
+        if lines:
+            said += "\n" + "\n".join(lines[-TRACEBACK_LINES:])
+    return fit_event_message(said, ERROR_LIMIT)
 
 
 def launch_ray_group(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RayRankGroup:

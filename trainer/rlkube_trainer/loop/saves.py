@@ -6,6 +6,7 @@ protocol itself (staging dirs, the latest marker, retention) is checkpoint/manag
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from rlkube_trainer.checkpoint.manager import CheckpointManager
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, locate
 from rlkube_trainer.checkpoint.retention import Retention
 from rlkube_trainer.checkpoint.state import WrittenInBackground, save_torch
+from rlkube_trainer.checkpoint.volume import StorageFull, no_space_error, writing_to
 from rlkube_trainer.loop.assembly import Groups
 
 log = logging.getLogger("rlkube.trainer")
@@ -142,17 +144,23 @@ class Saves:
             if previous is not None:
                 metrics["timing_s/save_checkpoint_background"] = previous
             self.commit()
-        staging = self.checkpoints.staging(step)
+        with writing_to(self.root):
+            staging = self.checkpoints.staging(step)
         background = self.config.async_save
         files: dict[str, Written] = {}
-        if background:
-            self.state.save_in_background(staging)
-        else:
-            files = self.state.save(staging)
-        save_torch(staging / "driver.pt", driver)
-        files |= written(staging, ["driver.pt"], "the driver")
-        if self.config.export_hf == "every_save":
-            self.state.export_hf(staging / "hf")
+        try:
+            if background:
+                self.state.save_in_background(staging)
+            else:
+                files = self.state.save(staging)
+            save_torch(staging / "driver.pt", driver)
+            files |= written(staging, ["driver.pt"], "the driver")
+            if self.config.export_hf == "every_save":
+                self.state.export_hf(staging / "hf")
+        except BaseException as error:
+            if no_space_error(error) is not None:
+                self._abandon(staging)
+            raise
         self.in_flight = SaveInFlight(step, staging, files, written=not background)
         # The part of the save the step waited for (all of it, unless async_save).
         return metrics | {"timing_s/save_checkpoint": time.perf_counter() - start}
@@ -166,8 +174,10 @@ class Saves:
             return None
         try:
             done = self.state.written_in_background(wait)
-        except BaseException:
+        except BaseException as error:
             self.in_flight = None
+            if no_space_error(error) is not None:
+                self._abandon(flight.staging)
             raise
         if done is None:
             return None
@@ -182,9 +192,14 @@ class Saves:
         assert flight is not None and flight.written
         self.in_flight = None
         files = flight.files
-        path = self.checkpoints.commit(
-            flight.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
-        )
+        try:
+            with writing_to(flight.staging):
+                path = self.checkpoints.commit(
+                    flight.step, {"parts": sorted({f.split("/")[0] for f in files}), "layout": layout_of(files)}, files
+                )
+        except StorageFull:
+            self._abandon(flight.staging)
+            raise
         self.last_step = flight.step
         log.info("checkpoint %s", path)
         local_metrics = Path(self.config.dir) / METRICS_FILE
@@ -192,6 +207,14 @@ class Saves:
             # Its rows through this checkpoint's step (logged before the commit), one PUT.
             (self.root / METRICS_FILE).upload(local_metrics)
         return path
+
+    def _abandon(self, staging: CheckpointPath) -> None:
+        """A save the volume had no room for: its staging dir goes, giving back the space its
+        parts took (the resumed run needs it for its metrics and its next save). The latest
+        complete checkpoint is untouched: the run resumes from it."""
+        if isinstance(staging, Path) and staging.name.startswith(".tmp-"):
+            shutil.rmtree(staging, ignore_errors=True)
+            log.warning("checkpoint staging dir %s removed: its volume is full", staging)
 
     def commit_when_written(self) -> CheckpointPath | None:
         """The save in flight, waited for and committed (None when there is none)."""

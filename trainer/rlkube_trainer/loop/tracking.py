@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args
 
 from rlkube_api.step_rows import plot_curves, step_line
+from rlkube_trainer.checkpoint.volume import append_row, writing_to
 
 log = logging.getLogger("rlkube.trainer")
 
@@ -72,7 +73,8 @@ def _run_ids(output_dir: Path) -> dict[str, str]:
 
 def _remember_run_id(output_dir: Path, tracker: str, run_id: str) -> None:
     ids = {**_run_ids(output_dir), tracker: run_id}
-    (output_dir / RUN_IDS_FILE).write_text(json.dumps(ids, indent=1) + "\n")
+    with writing_to(output_dir / RUN_IDS_FILE):
+        (output_dir / RUN_IDS_FILE).write_text(json.dumps(ids, indent=1) + "\n")
 
 
 # MLflow allows letters, digits and `_-. /` in metric names; verl's names fit, others are mended.
@@ -161,15 +163,41 @@ EXPERIMENT_TRACKERS: dict[str, Callable[[Path, str, str], ExperimentTracker]] = 
 }
 
 
+def _whole_rows(jsonl: Path) -> list[tuple[str, dict[str, Any]]]:
+    """Each line of a JSON-lines file the trainer appends to, with its row. A last line that is
+    not a whole row (a write cut by a full volume or a killed pod) is left out with a warning;
+    a bad row anywhere else is an error."""
+    if not jsonl.exists():
+        return []
+    lines = [line for line in jsonl.read_text().splitlines() if line.strip()]
+    rows = []
+    for index, line in enumerate(lines):
+        try:
+            rows.append((line, json.loads(line)))
+        except ValueError:
+            if index < len(lines) - 1:
+                raise
+            log.warning("%s: its last line is a torn row (%d bytes), dropped: %.80r", jsonl, len(line), line)
+    return rows
+
+
+def read_rows(jsonl: Path) -> list[dict[str, Any]]:
+    """The whole rows of a JSON-lines file (`_whole_rows`)."""
+    return [row for _line, row in _whole_rows(jsonl)]
+
+
 def keep_rows_through(jsonl: Path, step: int) -> None:
     """Drops the rows of a metrics-style JSON-lines file logged after `step` (all of them for a
-    negative step): a resumed run redoes those steps and would log them twice."""
+    negative step): a resumed run redoes those steps and would log them twice. A torn last row
+    is dropped too, so that the next append starts on a line of its own."""
     if not jsonl.exists():
         return
-    lines = [line for line in jsonl.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-    if len(kept) != len(lines):
-        jsonl.write_text("".join(line + "\n" for line in kept))
+    text = jsonl.read_text()
+    kept = [line for line, row in _whole_rows(jsonl) if row.get("step", 0) <= step]
+    repaired = "".join(line + "\n" for line in kept)
+    if repaired != text:
+        with writing_to(jsonl):
+            jsonl.write_text(repaired)
 
 
 class Tracker:
@@ -201,8 +229,7 @@ class Tracker:
         ]
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        with self.jsonl.open("a") as out:
-            out.write(json.dumps({"step": step, **metrics}) + "\n")
+        append_row(self.jsonl, json.dumps({"step": step, **metrics}))
         if self.console:
             log.info("%s", step_line(step, metrics))
         if self.tensorboard is not None:
@@ -215,9 +242,7 @@ class Tracker:
         keep_rows_through(self.jsonl, step)
 
     def history(self) -> list[dict[str, float]]:
-        if not self.jsonl.exists():
-            return []
-        return [json.loads(line) for line in self.jsonl.read_text().splitlines() if line.strip()]
+        return read_rows(self.jsonl)
 
     def plot(self) -> Path | None:
         """Writes curves.png from metrics.jsonl; returns its path, or None without matplotlib."""

@@ -24,6 +24,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from rlkube_api.config import TrainerConfig
+from rlkube_trainer.checkpoint.volume import append_row
 from rlkube_trainer.data.prompts import Prompt, PromptDataset
 from rlkube_trainer.loop.ppo import PPOTrainer
 from rlkube_trainer.loop.scored import Scored
@@ -209,7 +210,7 @@ class Validation:
         prompt, shuffled with a fixed seed, the first N (as verl picks them)."""
         rows = sorted(zip(inputs, scored.responses, scored.scores, strict=True))
         order = np.random.RandomState(42).permutation(len(rows))
-        with (self.output_dir / GENERATIONS_FILE).open("a") as out:
-            for i in order[: self.config.trainer.log_val_generations]:
-                prompt, response, score = rows[i]
-                out.write(json.dumps({"step": step, "input": prompt, "output": response, "score": score}) + "\n")
+        for i in order[: self.config.trainer.log_val_generations]:
+            prompt, response, score = rows[i]
+            row = {"step": step, "input": prompt, "output": response, "score": score}
+            append_row(self.output_dir / GENERATIONS_FILE, json.dumps(row))

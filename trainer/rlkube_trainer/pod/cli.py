@@ -102,12 +102,12 @@ def _in_pod(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 def _classified(exc: Exception) -> int:
     """Exits with the failure class of `exc` (failures.py); an unclassified error with its
     traceback, whose end names it."""
-    from rlkube_trainer.pod.failures import exit_code_of  # noqa: PLC0415
+    from rlkube_trainer.pod.failures import exit_code_of, failure_message  # noqa: PLC0415
 
     code = exit_code_of(exc)
     if code is ExitCode.UNEXPECTED:
         return _fail(code, "".join(traceback.format_exception(exc)).strip())
-    return _fail(code, str(exc))
+    return _fail(code, failure_message(exc, code))
 
 
 def _finish(result: object) -> int:

@@ -16,6 +16,7 @@ def exit_code_of(exc: BaseException) -> ExitCode:
 
     from rlkube_trainer.checkpoint.folder import CheckpointError  # noqa: PLC0415
     from rlkube_trainer.checkpoint.owner import CheckpointDirTaken  # noqa: PLC0415
+    from rlkube_trainer.checkpoint.volume import no_space_error  # noqa: PLC0415
     from rlkube_trainer.cluster.config_errors import PreflightError  # noqa: PLC0415
     from rlkube_trainer.cluster.rank_group import RankLost  # noqa: PLC0415
     from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
@@ -36,6 +37,10 @@ def exit_code_of(exc: BaseException) -> ExitCode:
         ((RankLost,), ExitCode.RANK_LOST),
         ((NodesMissing,), ExitCode.NODES_MISSING),
     )
+    if no_space_error(exc) is not None:
+        # Anywhere in the chain (a rank's save under Ray, torch's writer wrapping the OSError):
+        # a full volume, whatever else the error says (a lost rank, an unexpected error).
+        return ExitCode.STORAGE_FULL
     if isinstance(exc, RankLost):
         # A rank that died of a classified error (out of memory, a checkpoint it cannot read)
         # is that error's class, not a lost rank that a restart may bring back.
@@ -56,3 +61,14 @@ def _cause(exc: BaseException) -> BaseException | None:
     """The error `exc` wraps: its `raise ... from`, or a Ray task error's `cause`."""
     inner = exc.__cause__ or getattr(exc, "cause", None)
     return inner if isinstance(inner, BaseException) and inner is not exc else None
+
+
+def failure_message(exc: BaseException, code: ExitCode) -> str:
+    """What the exit record says of a classified error: its own text, or for a full volume met
+    by a write nothing named (a bare OSError) the volume and the file it names."""
+    from rlkube_trainer.checkpoint.volume import StorageFull, no_space_error, storage_full  # noqa: PLC0415
+
+    found = no_space_error(exc) if code is ExitCode.STORAGE_FULL else None
+    if isinstance(found, OSError) and not isinstance(exc, StorageFull) and found.filename:
+        return f"{storage_full(found, str(found.filename))} ({exc})"
+    return str(exc)
