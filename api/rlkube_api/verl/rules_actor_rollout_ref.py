@@ -142,9 +142,16 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
             "max_num_batched_tokens",
         )
     },
+    # verl 0.9.1 moved the weight-sync bucket under checkpoint_engine.
+    f"{_ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes": To("rollout.update_weights_bucket_megabytes"),
     f"{_ROLLOUT}.tensor_model_parallel_size": To("roles.rollout.tensor_parallel_size"),
+    # verl 0.9.1 accepts only async (its rollout replicas are vLLM/SGLang servers the agent loop
+    # sends requests to); sync, its older in-process engine, generated the same samples.
     f"{_ROLLOUT}.mode": Ignored(
-        "rlkube generates a batch at a time", one_of("sync", None), "async rollout is not supported"
+        "how verl reaches its engine; rlkube's rollout workers run theirs (trainer.v1.trainer_mode "
+        "decides when generation overlaps training)",
+        one_of("async", "sync", None),
+        "only verl's rollout modes async and sync are known",
     ),
     f"{_ROLLOUT}.do_sample": Ignored("sampling", one_of(True, None), "do_sample false: set rollout.temperature 0"),
     f"{_ROLLOUT}.prompt_length": Ignored("rlkube uses data.max_prompt_length"),

@@ -98,12 +98,24 @@ CRITIC_RULES: dict[str, Rule] = {
     **micro_batch_rules("critic"),
     **optim_rules("critic.optim", "critic.optim"),
     **fsdp_rules("critic.model", "critic"),
+    # verl 0.9.1 moved the critic's FSDP settings from critic.model.fsdp_config to critic.fsdp.
+    **fsdp_rules("critic", "critic", section="fsdp"),
+    "critic.fsdp.fsdp_size": Ignored("a colocated critic shards like the actor"),
     "critic.model.fsdp_config.fsdp_size": Ignored("a colocated critic shards like the actor"),
 }
 
 REWARD_RULES: dict[str, Rule] = {
+    # verl <= 0.8's sections (custom_reward_function, reward_model), still read by 0.9.1, which
+    # moves any it finds set over its reward section (conversion._reward_sources does the same).
     "custom_reward_function.path": To("reward.function.path"),
     "custom_reward_function.name": To("reward.function.name"),
+    "reward.custom_reward_function.path": To("reward.function.path"),
+    "reward.custom_reward_function.name": To("reward.function.name"),
+    "reward.reward_model.enable": Ignored("reward.model is set from reward.reward_model.model_path when enabled"),
+    "reward.reward_model.model_path": To("reward.model.path"),
+    "reward.reward_manager.name": Ignored(
+        "one score per response", one_of("naive", None), "only the naive reward manager is supported"
+    ),
     "reward_model.enable": Ignored("reward.model is set from reward_model.model.path when enabled"),
     "reward_model.model.path": To("reward.model.path"),
     "reward_model.reward_manager": Ignored(
