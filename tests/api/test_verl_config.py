@@ -65,6 +65,24 @@ def test_nccl_timeout_arrives() -> None:
     assert convert(verl).config.trainer.nccl_timeout == 1200
 
 
+def test_hydras_interpolations_resolve_as_omegaconf_resolves_them() -> None:
+    """verl's yaml wires keys with ${a.b}, ${.sibling} and ${oc.select:a.b,fallback}."""
+    config = convert(
+        variant(
+            **{
+                "critic.ppo_micro_batch_size_per_gpu": "${oc.select:actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,8}",
+                "critic.ppo_epochs": "${oc.select:actor_rollout_ref.actor.nope,3}",
+                "critic.forward_max_token_len_per_gpu": "${.ppo_max_token_len_per_gpu}",
+                "critic.ppo_max_token_len_per_gpu": 12288,
+                "actor_rollout_ref.model.tokenizer_path": "${actor_rollout_ref.model.path}",
+            }
+        )
+    ).config
+    assert config.critic.ppo_micro_batch_size_per_gpu == 16  # the actor's, found
+    assert (config.critic.ppo_epochs, config.critic.forward_max_token_len_per_gpu) == (3, 12288)
+    assert config.model.tokenizer_path == config.model.path == "/models/Qwen2.5-7B-Instruct"
+
+
 def test_without_a_reward_function_path_the_built_in_scorers_score() -> None:
     result = convert(variant(**{"custom_reward_function": None}))
     assert result.config.reward.function is None and result.config.reward.model is None

@@ -72,23 +72,25 @@ class ComposedConfig:
                 found = OmegaConf.to_container(found, resolve=True)
         except OmegaConfBaseException:
             found = None
-        # The probe is shared by every evaluation: the key gets back what the config holds.
-        self._probe = None if _drop_probe(self._probe, dotted, self.written) else self._probe
+        # One copy serves every evaluation: the key gets back what the config holds after each
+        # (or, where that fails, the next evaluation starts from a fresh copy).
+        if not _put_back(self._probe, dotted, self.written):
+            self._probe = None
         return found
 
 
-def _drop_probe(probe: DictConfig, dotted: str, written: Mapping[str, Any]) -> bool:
-    """Put the written value back at `dotted`; True where that fails (start from a fresh copy)."""
+def _put_back(probe: DictConfig, dotted: str, written: Mapping[str, Any]) -> bool:
+    """The written value at `dotted` again; False where it cannot be."""
     node: Any = written
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return True
+            return False
         node = node[part]
     try:
         OmegaConf.update(probe, dotted, node, merge=False)
     except OmegaConfBaseException:
-        return True
-    return False
+        return False
+    return True
 
 
 def _resolve(node: DictConfig | ListConfig, key: str, errors: list[str]) -> Any:

@@ -33,6 +33,8 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     # The model (actor, reference and rollout share it).
     f"{_MODEL}.path": To("model.path"),
     f"{_MODEL}.trust_remote_code": To("model.trust_remote_code"),
+    # verl 0.9.1's HFModelConfig: the tokenizer's own directory (data.tokenizer is the older key).
+    f"{_MODEL}.tokenizer_path": To("model.tokenizer_path"),
     f"{_MODEL}.enable_gradient_checkpointing": To("model.enable_gradient_checkpointing"),
     f"{_MODEL}.external_lib": Ignored("no extra imports", falsy, "external_lib is not supported"),
     f"{_MODEL}.override_config": Ignored("model config is used as saved", falsy, "override_config is not supported"),
