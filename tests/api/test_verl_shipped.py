@@ -68,6 +68,7 @@ def verl_wheel(version: str = VERL_VERSION) -> Path:
         result = subprocess.run(download, capture_output=True, text=True, check=False)
         assert result.returncode == 0, f"downloading verl {version}'s wheel failed:\n{result.stderr}"
         (partial / wheel.name).rename(wheel)
+        partial.rmdir()
     return wheel
 
 
