@@ -83,6 +83,26 @@ def test_hydras_interpolations_resolve_as_omegaconf_resolves_them() -> None:
     assert config.model.tokenizer_path == config.model.path == "/models/Qwen2.5-7B-Instruct"
 
 
+def test_validation_settings_arrive() -> None:
+    sampling = {"_target_": "verl.workers.config.SamplingConfig", "n": 4, "temperature": 0.6, "top_p": 0.95}
+    changes = {
+        "actor_rollout_ref.rollout.val_kwargs": {**sampling, "top_k": 20, "do_sample": True},
+        "trainer.val_before_train": False,
+        "trainer.val_only": True,
+        "trainer.log_val_generations": 10,
+        "data.val_batch_size": 64,
+    }
+    config = convert(variant(**changes)).config
+    val = config.rollout.val_kwargs
+    assert (val.n, val.temperature, val.top_p, val.top_k, val.do_sample) == (4, 0.6, 0.95, 20, True)
+    assert (config.trainer.val_before_train, config.trainer.val_only, config.trainer.log_val_generations) == (
+        False,
+        True,
+        10,
+    )
+    assert config.data.val_batch_size == 64
+
+
 def test_without_a_reward_function_path_the_built_in_scorers_score() -> None:
     result = convert(variant(**{"custom_reward_function": None}))
     assert result.config.reward.function is None and result.config.reward.model is None

@@ -72,7 +72,6 @@ def to_recompute_logits(use_fused_kernels: Any) -> str:
 DERIVED = "derived from other keys in rlkube"
 NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
-VAL = "rlkube validates with the training sampling settings"
 STRATEGIES = ("fsdp", "fsdp2")
 ACTOR_DECIDES = "actor.use_dynamic_bsz decides for the actor's and the reference's forward passes too"
 

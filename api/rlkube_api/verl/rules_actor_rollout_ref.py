@@ -11,7 +11,6 @@ from rlkube_api.verl.keys import (
     NO_OFFLOAD,
     PERF,
     STRATEGIES,
-    VAL,
     Ignored,
     Rule,
     To,
@@ -168,7 +167,12 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.log_prob_use_dynamic_bsz": Ignored(ACTOR_DECIDES),
     f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": To("actor.log_prob_max_token_len_per_gpu"),
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
-    f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
+    # Validation's sampling: rlkube's rollout.val_kwargs, under verl's names.
+    **{
+        f"{_ROLLOUT}.val_kwargs.{k}": To(f"rollout.val_kwargs.{k}")
+        for k in ("n", "temperature", "top_p", "top_k", "do_sample")
+    },
+    f"{_ROLLOUT}.val_kwargs._target_": Ignored("verl's Hydra class"),
     # Every key of the API's MultiTurnConfig is verl's own, under the same name.
     # config_map and sandbox are rlkube's (an RLJob's ConfigMap, the code interpreter's limits).
     **{

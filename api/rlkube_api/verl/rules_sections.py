@@ -7,7 +7,6 @@ from rlkube_api.verl.keys import (
     DERIVED,
     FSDP,
     PERF,
-    VAL,
     Ignored,
     Rule,
     To,
@@ -33,7 +32,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.seed": To("data.seed"),
     "data.tokenizer": To("model.tokenizer_path"),
     "data.use_shm": Ignored("models are read from a mounted volume"),
-    "data.val_batch_size": Ignored("deprecated in verl"),
+    "data.val_batch_size": To("data.val_batch_size"),
     "data.gen_batch_size": Ignored(
         "each round of dynamic sampling generates data.train_batch_size prompts",
         one_of(None),
@@ -224,13 +223,15 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.n_gpus_per_node": To("roles.actor.gpus_per_replica"),
     "trainer.balance_batch": Ignored(PERF),
     "trainer.critic_warmup": Ignored("the actor trains from step 1", one_of(0, None), "critic_warmup is not supported"),
-    "trainer.log_val_generations": Ignored(VAL),
+    "trainer.log_val_generations": To("trainer.log_val_generations"),
     "trainer.rollout_data_dir": Ignored(
         "metrics.jsonl holds the step metrics", falsy, "dumping rollouts is not supported"
     ),
-    "trainer.validation_data_dir": Ignored(VAL),
-    "trainer.val_before_train": Ignored(VAL),
-    "trainer.val_only": Ignored(VAL, falsy, "val_only is not supported"),
+    "trainer.validation_data_dir": Ignored(
+        "validation generations go to validation_generations.jsonl (trainer.log_val_generations rows)"
+    ),
+    "trainer.val_before_train": To("trainer.val_before_train"),
+    "trainer.val_only": To("trainer.val_only"),
     "trainer.default_hdfs_dir": Ignored("checkpoints stay on the checkpoint volume", falsy, "HDFS is not supported"),
     "trainer.del_local_ckpt_after_load": Ignored("checkpoints stay on the checkpoint volume"),
     "trainer.ray_wait_register_center_timeout": Ignored("rlkube's driver waits for its nodes itself"),
