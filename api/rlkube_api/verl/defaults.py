@@ -1,5 +1,5 @@
 """verl's defaults: each key of the configs verl's wheel ships (`shipped.SHIPPED_CONFIGS`), with
-its value as written, one per engine where FSDP's and Megatron's differ. The table,
+its value as written, one per engine where the engines' configs differ. The table,
 verl-defaults.json beside this module, is generated from the wheel by `python -m
 rlkube_api.verl.shipped`; do not edit it.
 

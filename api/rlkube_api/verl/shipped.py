@@ -17,10 +17,13 @@ from typing import Any
 
 import yaml
 
-# The composed configs read: FSDP (verl's default engine) and Megatron.
+# The composed configs read, one per training engine: FSDP (verl's default), Megatron,
+# TorchTitan, VeOmni.
 SHIPPED_CONFIGS = (
     "verl/trainer/config/_generated_ppo_trainer.yaml",
     "verl/trainer/config/_generated_ppo_megatron_trainer.yaml",
+    "verl/trainer/config/_generated_ppo_torchtitan_trainer.yaml",
+    "verl/trainer/config/_generated_ppo_veomni_trainer.yaml",
 )
 
 
