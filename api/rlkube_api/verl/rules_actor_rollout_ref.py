@@ -189,6 +189,17 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.multi_turn.num_repeat_rollouts": Ignored(
         "rollout.n repeats each prompt", one_of(None), "num_repeat_rollouts is not supported: set rollout.n"
     ),
-    f"{_ROLLOUT}.agent": Ignored("no agent loop"),
+    # verl's agent loops by name: rlkube's one rollout loop runs one turn or many
+    # (rollout.multi_turn.enable decides), as single_turn_agent and tool_agent do.
+    f"{_ROLLOUT}.agent._target_": Ignored("verl's Hydra class"),
+    f"{_ROLLOUT}.agent.num_workers": Ignored(PERF),
+    f"{_ROLLOUT}.agent.default_agent_loop": Ignored(
+        "rlkube's rollout loop runs one turn or many (rollout.multi_turn.enable decides)",
+        one_of("single_turn_agent", "tool_agent", None),
+        "only verl's single_turn_agent and tool_agent loops have a counterpart",
+    ),
+    f"{_ROLLOUT}.agent.agent_loop_config_path": Ignored(
+        "no agent loops of the user's own", falsy, "agent loops of the user's own are not supported"
+    ),
     f"{_ROLLOUT}.profiler": Ignored("profiling is a benchmark concern here"),
 }

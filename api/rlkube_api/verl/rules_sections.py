@@ -52,7 +52,11 @@ DATA_RULES: dict[str, Rule] = {
         lambda v: not v or not v.get("path"),
         "custom dataset classes are not supported",
     ),
-    "data.sampler": Ignored("rlkube shuffles or keeps the order (data.shuffle)"),
+    "data.sampler": Ignored(
+        "rlkube shuffles or keeps the order (data.shuffle)",
+        lambda v: not v or not v.get("class_path"),
+        "sampler classes of the user's own (data.sampler.class_path, curricula) are not supported",
+    ),
 }
 
 CRITIC_RULES: dict[str, Rule] = {
