@@ -65,6 +65,78 @@ def test_nccl_timeout_arrives() -> None:
     assert convert(verl).config.trainer.nccl_timeout == 1200
 
 
+def test_hydras_interpolations_resolve_as_omegaconf_resolves_them() -> None:
+    """verl's yaml wires keys with ${a.b}, ${.sibling} and ${oc.select:a.b,fallback}."""
+    config = convert(
+        variant(
+            **{
+                "critic.ppo_micro_batch_size_per_gpu": "${oc.select:actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu,8}",
+                "critic.ppo_epochs": "${oc.select:actor_rollout_ref.actor.nope,3}",
+                "critic.forward_max_token_len_per_gpu": "${.ppo_max_token_len_per_gpu}",
+                "critic.ppo_max_token_len_per_gpu": 12288,
+                "actor_rollout_ref.model.tokenizer_path": "${actor_rollout_ref.model.path}",
+            }
+        )
+    ).config
+    assert config.critic.ppo_micro_batch_size_per_gpu == 16  # the actor's, found
+    assert (config.critic.ppo_epochs, config.critic.forward_max_token_len_per_gpu) == (3, 12288)
+    assert config.model.tokenizer_path == config.model.path == "/models/Qwen2.5-7B-Instruct"
+
+
+def test_validation_settings_arrive() -> None:
+    sampling = {"_target_": "verl.workers.config.SamplingConfig", "n": 4, "temperature": 0.6, "top_p": 0.95}
+    changes = {
+        "actor_rollout_ref.rollout.val_kwargs": {**sampling, "top_k": 20, "do_sample": True},
+        "trainer.val_before_train": False,
+        "trainer.val_only": True,
+        "trainer.log_val_generations": 10,
+        "data.val_batch_size": 64,
+    }
+    config = convert(variant(**changes)).config
+    val = config.rollout.val_kwargs
+    assert (val.n, val.temperature, val.top_p, val.top_k, val.do_sample) == (4, 0.6, 0.95, 20, True)
+    assert (config.trainer.val_before_train, config.trainer.val_only, config.trainer.log_val_generations) == (
+        False,
+        True,
+        10,
+    )
+    assert config.data.val_batch_size == 64
+
+
+def test_without_a_reward_function_path_the_built_in_scorers_score() -> None:
+    result = convert(variant(**{"custom_reward_function": None}))
+    assert result.config.reward.function is None and result.config.reward.model is None
+
+
+def test_verl_091s_reward_section_is_read_and_its_legacy_sections_win() -> None:
+    """verl 0.9.1 reads reward.custom_reward_function and reward.reward_model, and moves the
+    legacy custom_reward_function (any key set) and reward_model keys (each one set) over them."""
+    new_layout = {
+        "custom_reward_function": {"path": None, "name": None},
+        "reward": {"custom_reward_function": {"path": "/rewards/new.py", "name": "score"}},
+    }
+    function = convert(variant(**new_layout)).config.reward.function
+    assert function is not None and (function.path, function.name) == ("/rewards/new.py", "score")
+    legacy_wins = {**new_layout, "custom_reward_function": {"path": "/rewards/old.py", "name": None}}
+    function = convert(variant(**legacy_wins)).config.reward.function
+    assert function is not None and (function.path, function.name) == ("/rewards/old.py", "compute_score")
+    model = {
+        "custom_reward_function": None,
+        "reward_model": None,
+        "reward": {"reward_model": {"enable": True, "model_path": "/models/rm"}},
+    }
+    config = convert(variant(**model)).config
+    assert config.reward.model is not None and config.reward.model.path == "/models/rm"
+    assert config.roles.reward is not None
+
+
+def test_the_critic_section_is_read_only_where_a_critic_runs() -> None:
+    changes = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "critic.model.path": "~/models/x"}
+    result = convert(variant(**changes))
+    assert result.config.roles.critic is None and result.config.critic.model_path is None
+    assert ("critic.model.path", "no critic runs: algorithm.adv_estimator is not gae") in result.ignored
+
+
 def test_grpo_dapo_reinforce_and_reward_model_settings_arrive() -> None:
     grpo = convert(GRPO).config
     assert (grpo.algorithm.adv_estimator, grpo.rollout.n, grpo.actor.use_kl_loss) == ("grpo", 5, True)
@@ -104,7 +176,6 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
                     "dro_beta": 0.3,
                 },
                 "actor_rollout_ref.actor.calculate_sum_pi_squared": False,
-                "critic.loss_scale_factor": 2048,
             }
         )
     ).config
@@ -118,7 +189,8 @@ def test_verl_091_loss_and_estimator_keys_arrive() -> None:
     assert (actor.tau_pos, actor.tau_neg, actor.policy_loss) == (1.2, 1.5, "clip_cov")
     assert (actor.clip_cov_ratio, actor.clip_cov_lb, actor.clip_cov_ub) == (0.001, 0.5, 4.0)
     assert (actor.kl_cov_ratio, actor.ppo_kl_coef, actor.dro_beta) == (0.002, 0.2, 0.3)
-    assert config.critic.loss_scale_factor == 2048
+    # The critic's section is read where a critic runs (gae, PPO_GSM8K's estimator).
+    assert convert(variant(**{"critic.loss_scale_factor": 2048})).config.critic.loss_scale_factor == 2048
     gdpo = convert(
         variant(
             **{
@@ -190,9 +262,16 @@ REFUSED = [
     ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),
     ("dapo-concurrent-rounds", {"algorithm.filter_groups": {"enable": True, "max_inflight_gen_batches": 2}}, "algorithm.filter_groups.max_inflight_gen_batches: max_inflight_gen_batches"),
     ("dapo-gen-batch-size", {"data.gen_batch_size": 96}, "data.gen_batch_size: gen_batch_size is not supported"),
-    ("no-reward", {"custom_reward_function.path": None}, "custom_reward_function.path: required"),
-    ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: ${actor_rollout_ref.actor.nope} names no key"),
-    ("resolver", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: Hydra resolver ${oc.env:HOME}"),
+    ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: Interpolation key 'actor_rollout_ref.actor.nope' not found"),
+    ("environment", {"trainer.default_local_dir": "${oc.env:HOME}/ckpt"}, "trainer.default_local_dir: ${oc.env:...} would read the environment of the machine that converts"),
+    ("hydra-resolver", {"trainer.default_local_dir": "${hydra:runtime.output_dir}/ckpt"}, "trainer.default_local_dir: Unsupported interpolation type hydra"),
+    ("mandatory", {"actor_rollout_ref.rollout.name": "???"}, "actor_rollout_ref.rollout.name: ??? (verl requires a value"),
+    ("not-verls-default", {"data.train_max_samples": 100}, "data.train_max_samples: 100 is not verl 0.9.1's default (-1), and rlkube has no counterpart"),
+    ("not-verls-default-mapping", {"data.apply_chat_template_kwargs": {"enable_thinking": False}}, "data.apply_chat_template_kwargs: {'enable_thinking': False} is not verl 0.9.1's default ({})"),
+    ("agent-loop", {"actor_rollout_ref.rollout.agent": {"default_agent_loop": "react_agent"}}, "actor_rollout_ref.rollout.agent.default_agent_loop: only verl's single_turn_agent and tool_agent"),
+    ("agent-loop-file", {"actor_rollout_ref.rollout.agent": {"agent_loop_config_path": "/loops.yaml"}}, "actor_rollout_ref.rollout.agent.agent_loop_config_path: agent loops of the user's own"),
+    ("curriculum", {"data.sampler": {"class_path": "/curriculum.py", "class_name": "Easy"}}, "data.sampler: sampler classes of the user's own"),
+    ("reward-manager", {"reward.reward_manager.name": "dapo"}, "reward.reward_manager.name: only the naive reward manager"),
     ("unknown-estimator", {"algorithm.adv_estimator": "ppo2"}, "algorithm.adv_estimator"),
     ("gdpo-without-keys", {"algorithm.adv_estimator": "gdpo"}, "gdpoRewardKeys"),
     ("multi-turn-format", {"actor_rollout_ref.rollout.multi_turn": {"enable": True, "function_tool_path": "/t.py", "format": "llama3_json"}}, "format"),

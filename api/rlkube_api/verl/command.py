@@ -14,7 +14,9 @@ from rlkube_api.verl.resolve import VerlConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", type=Path, help="verl's config YAML (as Hydra composed it)")
+    parser.add_argument(
+        "config", type=Path, help="verl's config YAML, as Hydra saves it beside a run (interpolations kept or resolved)"
+    )
     parser.add_argument("-o", "--output", type=Path, help="write here instead of standard output")
     parser.add_argument("--rljob", metavar="NAME", help="write an RLJob of this name instead of a trainer YAML")
     parser.add_argument("--image", default="rlkube-trainer:0.1.0", help="the RLJob's trainer image")

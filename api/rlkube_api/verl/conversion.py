@@ -1,19 +1,21 @@
-"""A verl config converted: its keys mapped by the tables (rules.RULES), what depends on several
-keys settled, the roles placed as verl's hybrid engine places them; and the same settings as an
-RLJob."""
+"""A verl config converted: its keys mapped by the tables (rules.RULES), keys without a rule
+ignored where they hold verl's defaults (defaults.DEFAULTS) and refused where they do not, what
+depends on several keys settled, the roles placed as verl's hybrid engine places them; and the
+same settings as an RLJob."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.rljob import RLJob
 from rlkube_api.validation import InvalidSpec, parse_rljob, parse_trainer_config
+from rlkube_api.verl.defaults import DEFAULTS, VERL_VERSION
 from rlkube_api.verl.keys import Ignored
-from rlkube_api.verl.resolve import VerlConfigError, resolve
+from rlkube_api.verl.resolve import MISSING, ComposedConfig, VerlConfigError
 from rlkube_api.verl.rules import RULES
 
 
@@ -22,23 +24,40 @@ class Conversion:
     config: TrainerConfig
     mapped: list[tuple[str, str]]  # (verl key, rlkube key)
     ignored: list[tuple[str, str]]  # (verl key, why)
+    at_default: list[str] = field(default_factory=list)  # keys without a rule, at verl's defaults
 
     def report(self) -> str:
         lines = [f"mapped {len(self.mapped)} keys:"]
         lines += [f"  {verl} -> {target}" for verl, target in self.mapped]
         lines.append(f"ignored {len(self.ignored)} keys (no counterpart, value has no effect here):")
         lines += [f"  {verl}: {why}" for verl, why in self.ignored]
+        lines.append(
+            f"ignored {len(self.at_default)} keys at verl {VERL_VERSION}'s defaults "
+            "(no counterpart here; another value would be refused):"
+        )
+        by_section: dict[str, list[str]] = {}
+        for key in self.at_default:
+            section, _, leaf = key.rpartition(".")
+            by_section.setdefault(section, []).append(leaf)
+        lines += [f"  {section}: {', '.join(leaves)}" for section, leaves in by_section.items()]
         return "\n".join(lines)
 
 
-def _leaves(node: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """(dotted key, value) of every leaf; a mapping that has a rule of its own is one leaf
-    (its rule judges it whole), as is an empty mapping."""
+# Keys with defaults below them (a mapping in one of verl's shipped configs).
+_BRANCHES = {key.rsplit(".", n)[0] for key in DEFAULTS for n in range(1, key.count(".") + 1)}
+
+
+def _leaves(node: Mapping[str, Any], written: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted key, resolved value) of every leaf; a mapping that has a rule of its own is one
+    leaf (its rule judges it whole), as are an empty mapping, a mapping an interpolation wrote,
+    and a mapping where verl's default is not one (an interpolation, null, {})."""
     out: list[tuple[str, Any]] = []
     for k, v in node.items():
         key = f"{prefix}.{k}" if prefix else str(k)
-        if isinstance(v, Mapping) and v and key not in RULES:
-            out += _leaves(v, key)
+        below = written.get(k) if isinstance(written, Mapping) else None
+        branch = key not in DEFAULTS or key in _BRANCHES
+        if isinstance(v, Mapping) and v and isinstance(below, Mapping) and key not in RULES and branch:
+            out += _leaves(v, below, key)
         else:
             out.append((key, v))
     return out
@@ -52,20 +71,54 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def _written(tree: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = tree
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, Mapping) else None
+    return node
+
+
+def _default_of(key: str, value: Any, composed: ComposedConfig) -> str | None:
+    """Why `key` (no rule of its own) is refused, or None where it holds verl's default: the
+    value verl ships as written (an interpolation is verl's wiring, whatever it resolves to
+    here), or a value that resolves to what verl's would resolve to in this config."""
+    defaults = DEFAULTS.get(key)
+    if defaults is None:
+        return f"{key}: unknown verl key (no rlkube counterpart known)"
+    if _written(composed.written, key) in defaults or value in defaults:
+        return None
+    if any(isinstance(d, str) and "${" in d and composed.evaluate(key, d) == value for d in defaults):
+        return None
+    return f"{key}: {value!r} is not verl {VERL_VERSION}'s default ({_shown(defaults)}), and rlkube has no counterpart"
+
+
+def _shown(defaults: tuple[Any, ...]) -> str:
+    return " or ".join(repr(d) for d in defaults)
+
+
 def convert(verl: Mapping[str, Any], source: str = "config") -> Conversion:
     """The trainer config a verl config describes, and what was mapped and ignored."""
     try:
-        resolved = resolve(verl)
+        composed = ComposedConfig(verl)
+        resolved = composed.resolved()
     except VerlConfigError as error:
         raise VerlConfigError(source, error.errors) from None
     tree: dict[str, Any] = {}
     mapped: list[tuple[str, str]] = []
     ignored: list[tuple[str, str]] = []
+    at_default: list[str] = []
     errors: list[str] = []
-    for key, value in _leaves(resolved):
+    for key, value in _leaves(resolved, composed.written):
         rule = RULES.get(key)
         if rule is None:
-            errors.append(f"{key}: unknown verl key (no rlkube counterpart known)")
+            refusal = _default_of(key, value, composed)
+            if refusal is None:
+                at_default.append(key)
+            else:
+                errors.append(refusal)
+            continue
+        if value == MISSING:
+            errors.append(f"{key}: ??? (verl requires a value: set it)")
             continue
         if isinstance(rule, Ignored):
             if not rule.accepts(value):
@@ -87,11 +140,15 @@ def convert(verl: Mapping[str, Any], source: str = "config") -> Conversion:
     if errors:
         raise VerlConfigError(source, errors)
     _place_roles(tree)
+    if "critic" not in tree["roles"] and tree.pop("critic", None) is not None:
+        # verl's critic section is read only when a critic runs; its model path (a placeholder
+        # in verl's yaml) would otherwise have to name a real model.
+        _unmap("critic.", "no critic runs: algorithm.adv_estimator is not gae", mapped, ignored)
     try:
         config = parse_trainer_config(tree, source)
     except InvalidSpec as invalid:
         raise VerlConfigError(source, [f"after mapping, {e}" for e in invalid.errors]) from None
-    return Conversion(config, mapped, ignored)
+    return Conversion(config, mapped, ignored, at_default)
 
 
 def _finish(
@@ -100,14 +157,15 @@ def _finish(
     """What depends on more than one key: which reward source verl would use, resume paths."""
     errors: list[str] = []
     reward = tree.setdefault("reward", {})
-    if not reward.get("function", {}).get("path"):
-        reward.pop("function", None)  # a name without a path (verl's default name) selects nothing
-    unused = "function" if (verl.get("reward_model") or {}).get("enable") else "model"
+    enabled = _reward_sources(reward, verl)
+    if not reward.get("function", {}).get("path") and reward.pop("function", None) is not None:
+        # A name without a path (verl's default name) selects nothing: with neither a function
+        # nor a model, verl and rlkube score each row with the built-in scorer of its data_source.
+        _unmap("reward.function.", "no reward function path: the built-in scorers by data_source", mapped, ignored)
+    unused = "function" if enabled else "model"
     if reward.pop(unused, None) is not None:
-        dropped = [(k, t) for k, t in mapped if t.startswith(f"reward.{unused}.")]
-        mapped[:] = [m for m in mapped if m not in dropped]
         why = "reward_model.enable wins" if unused == "function" else "reward_model.enable is false"
-        ignored += [(k, why) for k, _ in dropped]
+        _unmap(f"reward.{unused}.", why, mapped, ignored)
     trainer = verl.get("trainer") or {}
     if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
         # resume auto + resumeFrom: the path seeds the run, and a restart after this run's own
@@ -115,11 +173,31 @@ def _finish(
         _set(tree, "checkpoint.resume_from", trainer["resume_from_path"])
         mapped.append(("trainer.resume_from_path", "checkpoint.resume_from"))
     errors += _async_save(tree, verl, mapped, ignored)
-    if not reward:
-        errors.append(
-            "custom_reward_function.path: required (verl's built-in scorers by data_source have no counterpart)"
-        )
     return errors
+
+
+def _unmap(target: str, why: str, mapped: list[tuple[str, str]], ignored: list[tuple[str, str]]) -> None:
+    """The keys mapped under `target` (a prefix of rlkube keys) are ignored after all, for `why`."""
+    dropped = [(k, t) for k, t in mapped if t.startswith(target)]
+    mapped[:] = [m for m in mapped if m not in dropped]
+    ignored += [(k, why) for k, _ in dropped]
+
+
+def _reward_sources(reward: dict[str, Any], verl: Mapping[str, Any]) -> bool:
+    """verl 0.9.1's reading of its two reward layouts: a legacy custom_reward_function with any
+    key set replaces reward.custom_reward_function whole, and each legacy reward_model key set
+    wins over reward.reward_model's. Whether a reward model is enabled."""
+    legacy_function = verl.get("custom_reward_function") or {}
+    if any(v is not None for v in legacy_function.values()):
+        reward["function"] = {k: v for k in ("path", "name") if (v := legacy_function.get(k)) is not None}
+    legacy_model = verl.get("reward_model") or {}
+    path = (legacy_model.get("model") or {}).get("path")
+    if path is not None:
+        reward.setdefault("model", {})["path"] = path
+    enabled = legacy_model.get("enable")
+    if enabled is None:
+        enabled = ((verl.get("reward") or {}).get("reward_model") or {}).get("enable")
+    return bool(enabled)
 
 
 def _async_save(

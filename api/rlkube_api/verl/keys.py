@@ -72,7 +72,6 @@ def to_recompute_logits(use_fused_kernels: Any) -> str:
 DERIVED = "derived from other keys in rlkube"
 NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
-VAL = "rlkube validates with the training sampling settings"
 STRATEGIES = ("fsdp", "fsdp2")
 ACTOR_DECIDES = "actor.use_dynamic_bsz decides for the actor's and the reference's forward passes too"
 
@@ -84,22 +83,24 @@ def to_dtype(value: Any) -> str:
     return names[value]
 
 
-def fsdp_rules(role: str, target: str, optimizer: bool = True) -> dict[str, Rule]:
-    """A role's fsdp_config, mapped to the rlkube section `target` (`optimizer`: the role has one)."""
+def fsdp_rules(role: str, target: str, optimizer: bool = True, section: str = "fsdp_config") -> dict[str, Rule]:
+    """A role's FSDP settings (`role.section`), mapped to the rlkube section `target`
+    (`optimizer`: the role has one)."""
     fsdp = f"{target}.fsdp_config"
+    verl = f"{role}.{section}"
     return {
-        f"{role}.fsdp_config.param_offload": To(f"{fsdp}.param_offload"),
-        f"{role}.fsdp_config.optimizer_offload": To(f"{fsdp}.optimizer_offload")
+        f"{verl}.param_offload": To(f"{fsdp}.param_offload"),
+        f"{verl}.optimizer_offload": To(f"{fsdp}.optimizer_offload")
         if optimizer
         else Ignored("the reference has no optimizer"),
-        f"{role}.fsdp_config.offload_policy": Ignored(NO_OFFLOAD, falsy, "offload_policy is not supported"),
-        f"{role}.fsdp_config.wrap_policy": Ignored(FSDP),
-        f"{role}.fsdp_config.reshard_after_forward": To(f"{fsdp}.reshard_after_forward"),
-        f"{role}.fsdp_config.forward_prefetch": Ignored(FSDP),
-        f"{role}.fsdp_config.model_dtype": To(f"{fsdp}.model_dtype", to_dtype),
-        f"{role}.fsdp_config.mixed_precision.param_dtype": To(f"{fsdp}.mixed_precision.param_dtype", to_dtype),
-        f"{role}.fsdp_config.mixed_precision.reduce_dtype": To(f"{fsdp}.mixed_precision.reduce_dtype", to_dtype),
-        f"{role}.fsdp_config.mixed_precision.buffer_dtype": Ignored("buffers keep the model's dtype"),
+        f"{verl}.offload_policy": Ignored(NO_OFFLOAD, falsy, "offload_policy is not supported"),
+        f"{verl}.wrap_policy": Ignored(FSDP),
+        f"{verl}.reshard_after_forward": To(f"{fsdp}.reshard_after_forward"),
+        f"{verl}.forward_prefetch": Ignored(FSDP),
+        f"{verl}.model_dtype": To(f"{fsdp}.model_dtype", to_dtype),
+        f"{verl}.mixed_precision.param_dtype": To(f"{fsdp}.mixed_precision.param_dtype", to_dtype),
+        f"{verl}.mixed_precision.reduce_dtype": To(f"{fsdp}.mixed_precision.reduce_dtype", to_dtype),
+        f"{verl}.mixed_precision.buffer_dtype": Ignored("buffers keep the model's dtype"),
     }
 
 

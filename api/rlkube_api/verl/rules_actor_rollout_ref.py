@@ -11,7 +11,6 @@ from rlkube_api.verl.keys import (
     NO_OFFLOAD,
     PERF,
     STRATEGIES,
-    VAL,
     Ignored,
     Rule,
     To,
@@ -33,6 +32,8 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     # The model (actor, reference and rollout share it).
     f"{_MODEL}.path": To("model.path"),
     f"{_MODEL}.trust_remote_code": To("model.trust_remote_code"),
+    # verl 0.9.1's HFModelConfig: the tokenizer's own directory (data.tokenizer is the older key).
+    f"{_MODEL}.tokenizer_path": To("model.tokenizer_path"),
     f"{_MODEL}.enable_gradient_checkpointing": To("model.enable_gradient_checkpointing"),
     f"{_MODEL}.external_lib": Ignored("no extra imports", falsy, "external_lib is not supported"),
     f"{_MODEL}.override_config": Ignored("model config is used as saved", falsy, "override_config is not supported"),
@@ -142,9 +143,16 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
             "max_num_batched_tokens",
         )
     },
+    # verl 0.9.1 moved the weight-sync bucket under checkpoint_engine.
+    f"{_ROLLOUT}.checkpoint_engine.update_weights_bucket_megabytes": To("rollout.update_weights_bucket_megabytes"),
     f"{_ROLLOUT}.tensor_model_parallel_size": To("roles.rollout.tensor_parallel_size"),
+    # verl 0.9.1 accepts only async (its rollout replicas are vLLM/SGLang servers the agent loop
+    # sends requests to); sync, its older in-process engine, generated the same samples.
     f"{_ROLLOUT}.mode": Ignored(
-        "rlkube generates a batch at a time", one_of("sync", None), "async rollout is not supported"
+        "how verl reaches its engine; rlkube's rollout workers run theirs (trainer.v1.trainer_mode "
+        "decides when generation overlaps training)",
+        one_of("async", "sync", None),
+        "only verl's rollout modes async and sync are known",
     ),
     f"{_ROLLOUT}.do_sample": Ignored("sampling", one_of(True, None), "do_sample false: set rollout.temperature 0"),
     f"{_ROLLOUT}.prompt_length": Ignored("rlkube uses data.max_prompt_length"),
@@ -159,7 +167,12 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.log_prob_use_dynamic_bsz": Ignored(ACTOR_DECIDES),
     f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": To("actor.log_prob_max_token_len_per_gpu"),
     f"{_ROLLOUT}.engine_kwargs": Ignored(PERF),
-    f"{_ROLLOUT}.val_kwargs": Ignored(VAL),
+    # Validation's sampling: rlkube's rollout.val_kwargs, under verl's names.
+    **{
+        f"{_ROLLOUT}.val_kwargs.{k}": To(f"rollout.val_kwargs.{k}")
+        for k in ("n", "temperature", "top_p", "top_k", "do_sample")
+    },
+    f"{_ROLLOUT}.val_kwargs._target_": Ignored("verl's Hydra class"),
     # Every key of the API's MultiTurnConfig is verl's own, under the same name.
     # config_map and sandbox are rlkube's (an RLJob's ConfigMap, the code interpreter's limits).
     **{
@@ -176,6 +189,17 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     f"{_ROLLOUT}.multi_turn.num_repeat_rollouts": Ignored(
         "rollout.n repeats each prompt", one_of(None), "num_repeat_rollouts is not supported: set rollout.n"
     ),
-    f"{_ROLLOUT}.agent": Ignored("no agent loop"),
+    # verl's agent loops by name: rlkube's one rollout loop runs one turn or many
+    # (rollout.multi_turn.enable decides), as single_turn_agent and tool_agent do.
+    f"{_ROLLOUT}.agent._target_": Ignored("verl's Hydra class"),
+    f"{_ROLLOUT}.agent.num_workers": Ignored(PERF),
+    f"{_ROLLOUT}.agent.default_agent_loop": Ignored(
+        "rlkube's rollout loop runs one turn or many (rollout.multi_turn.enable decides)",
+        one_of("single_turn_agent", "tool_agent", None),
+        "only verl's single_turn_agent and tool_agent loops have a counterpart",
+    ),
+    f"{_ROLLOUT}.agent.agent_loop_config_path": Ignored(
+        "no agent loops of the user's own", falsy, "agent loops of the user's own are not supported"
+    ),
     f"{_ROLLOUT}.profiler": Ignored("profiling is a benchmark concern here"),
 }

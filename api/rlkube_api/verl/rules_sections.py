@@ -7,7 +7,6 @@ from rlkube_api.verl.keys import (
     DERIVED,
     FSDP,
     PERF,
-    VAL,
     Ignored,
     Rule,
     To,
@@ -33,7 +32,7 @@ DATA_RULES: dict[str, Rule] = {
     "data.seed": To("data.seed"),
     "data.tokenizer": To("model.tokenizer_path"),
     "data.use_shm": Ignored("models are read from a mounted volume"),
-    "data.val_batch_size": Ignored("deprecated in verl"),
+    "data.val_batch_size": To("data.val_batch_size"),
     "data.gen_batch_size": Ignored(
         "each round of dynamic sampling generates data.train_batch_size prompts",
         one_of(None),
@@ -53,7 +52,11 @@ DATA_RULES: dict[str, Rule] = {
         lambda v: not v or not v.get("path"),
         "custom dataset classes are not supported",
     ),
-    "data.sampler": Ignored("rlkube shuffles or keeps the order (data.shuffle)"),
+    "data.sampler": Ignored(
+        "rlkube shuffles or keeps the order (data.shuffle)",
+        lambda v: not v or not v.get("class_path"),
+        "sampler classes of the user's own (data.sampler.class_path, curricula) are not supported",
+    ),
 }
 
 CRITIC_RULES: dict[str, Rule] = {
@@ -98,12 +101,24 @@ CRITIC_RULES: dict[str, Rule] = {
     **micro_batch_rules("critic"),
     **optim_rules("critic.optim", "critic.optim"),
     **fsdp_rules("critic.model", "critic"),
+    # verl 0.9.1 moved the critic's FSDP settings from critic.model.fsdp_config to critic.fsdp.
+    **fsdp_rules("critic", "critic", section="fsdp"),
+    "critic.fsdp.fsdp_size": Ignored("a colocated critic shards like the actor"),
     "critic.model.fsdp_config.fsdp_size": Ignored("a colocated critic shards like the actor"),
 }
 
 REWARD_RULES: dict[str, Rule] = {
+    # verl <= 0.8's sections (custom_reward_function, reward_model), still read by 0.9.1, which
+    # moves any it finds set over its reward section (conversion._reward_sources does the same).
     "custom_reward_function.path": To("reward.function.path"),
     "custom_reward_function.name": To("reward.function.name"),
+    "reward.custom_reward_function.path": To("reward.function.path"),
+    "reward.custom_reward_function.name": To("reward.function.name"),
+    "reward.reward_model.enable": Ignored("reward.model is set from reward.reward_model.model_path when enabled"),
+    "reward.reward_model.model_path": To("reward.model.path"),
+    "reward.reward_manager.name": Ignored(
+        "one score per response", one_of("naive", None), "only the naive reward manager is supported"
+    ),
     "reward_model.enable": Ignored("reward.model is set from reward_model.model.path when enabled"),
     "reward_model.model.path": To("reward.model.path"),
     "reward_model.reward_manager": Ignored(
@@ -212,13 +227,15 @@ TRAINER_RULES: dict[str, Rule] = {
     "trainer.n_gpus_per_node": To("roles.actor.gpus_per_replica"),
     "trainer.balance_batch": Ignored(PERF),
     "trainer.critic_warmup": Ignored("the actor trains from step 1", one_of(0, None), "critic_warmup is not supported"),
-    "trainer.log_val_generations": Ignored(VAL),
+    "trainer.log_val_generations": To("trainer.log_val_generations"),
     "trainer.rollout_data_dir": Ignored(
         "metrics.jsonl holds the step metrics", falsy, "dumping rollouts is not supported"
     ),
-    "trainer.validation_data_dir": Ignored(VAL),
-    "trainer.val_before_train": Ignored(VAL),
-    "trainer.val_only": Ignored(VAL, falsy, "val_only is not supported"),
+    "trainer.validation_data_dir": Ignored(
+        "validation generations go to validation_generations.jsonl (trainer.log_val_generations rows)"
+    ),
+    "trainer.val_before_train": To("trainer.val_before_train"),
+    "trainer.val_only": To("trainer.val_only"),
     "trainer.default_hdfs_dir": Ignored("checkpoints stay on the checkpoint volume", falsy, "HDFS is not supported"),
     "trainer.del_local_ckpt_after_load": Ignored("checkpoints stay on the checkpoint volume"),
     "trainer.ray_wait_register_center_timeout": Ignored("rlkube's driver waits for its nodes itself"),
