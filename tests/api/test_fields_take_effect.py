@@ -2,7 +2,9 @@
 RLJobSpec (walked from the pydantic model, the CRD's source), a non-default value is
 set on the GPU example; the field passes if the operator's children (StatefulSets,
 Services, the trainer ConfigMap, ...) change, or if validation refuses the value with
-an error naming the field. A field that does neither fails the test by name.
+an error naming the field. A field that does neither fails the test by name. Any trainer field
+changes the trainer ConfigMap, so for those this walk only shows the value reaches the trainer;
+tests/trainer/test_trainer_fields_are_read.py shows the trainer reads each one.
 
 KNOWN_IGNORED lists what this check found ignored on 2026-12-02 and is not fixed yet;
 the test also fails when one of them starts to take effect (the list is stale)."""
