@@ -150,9 +150,9 @@ def write_config(workdir: Path, model: Path, train: list[dict[str, Any]], steps:
     return path
 
 
-def run(config: Path) -> subprocess.CompletedProcess[str]:
+def run(config: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress", *flags],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -168,7 +168,7 @@ def metrics(workdir: Path) -> list[dict[str, float]]:
 @pytest.mark.slow
 def test_the_tool_is_learned(tmp_path: Path) -> None:
     config = setup(tmp_path)
-    result = run(config)
+    result = run(config, "--in-process")  # the episodes over Ray: the next test
     assert result.returncode == 0, result.stderr[-4000:]
     rows = metrics(tmp_path)
     steps = [r for r in rows if "critic/score/mean" in r]

@@ -201,7 +201,8 @@ def test_the_trainer_runs_tool_calling_episodes(workdir: Path, tmp_path: Path) -
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
+        # In this process: the episodes over Ray are test_agent_learning.py's.
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--in-process", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=600,

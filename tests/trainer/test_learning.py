@@ -5,9 +5,11 @@ PPO with a critic, for DAPO (dynamic sampling, clip-higher, token-mean), for
 GSPO, for GRPO with LoRA (only the adapters train; the engine gets the merged
 weights), for ReMax (a greedy baseline response per prompt) and for the optimal
 token baseline (the actor's sum of pi^2); its greedy validation score on
-held-out prompts rises too. Runs
-`rlkube-trainer run` as users do, in a subprocess (vLLM wants one engine per
-process). Asserts the reward, never the time."""
+held-out prompts rises too. Runs `rlkube-trainer run --in-process` in a
+subprocess (vLLM wants one engine per process): the driver, ranks and engine are
+the code a job's pods run, without Ray's start-up in every run; the same learning
+through Ray rank groups is tests/trainer/test_distributed.py's. Asserts the
+reward, never the time."""
 
 from __future__ import annotations
 
@@ -69,7 +71,7 @@ def test_tiny_task_is_learned(tmp_path: Path, estimator: str, steps: int, overri
         raw[section].update(values)
     config.write_text(yaml.safe_dump(raw))
     result = subprocess.run(
-        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--no-progress"],
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--in-process", "--no-progress"],
         capture_output=True,
         text=True,
         timeout=1500,
