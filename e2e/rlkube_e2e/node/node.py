@@ -40,6 +40,7 @@ from rlkube_e2e.node.kubelet import (
 )
 from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
 from rlkube_e2e.pki import Pki, issue_client_cert, issue_node_client_cert, self_signed_server_cert
+from rlkube_e2e.polling import WaitTimedOut, poll_until
 
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -279,15 +280,21 @@ class RealNode:
         return running
 
     def _wait(self, deadline: float, ready: Callable[[], bool], what: str) -> None:
-        while not ready():
+        """Until `ready()`; a slow look (a command past its timeout, a refused connection) is
+        "not yet", one of the node's processes exiting ends the wait at once."""
+
+        def looked() -> bool:
             for running in self._running:
                 code = running.handle.poll() if running.handle is not None else None
                 if code is not None:
                     line = processes.log_error(self.logs_dir / f"{running.name}.log")
                     raise NodeError(f"node {self.name}: {running.name} exited with code {code}: {line}")
-            if time.monotonic() > deadline:
-                raise NodeError(f"node {self.name}: still waiting for {what}; logs in {self.logs_dir}")
-            time.sleep(0.2)
+            return ready()
+
+        try:
+            poll_until(looked, what, deadline=deadline)
+        except WaitTimedOut as error:
+            raise NodeError(f"node {self.name}: {error}; logs in {self.logs_dir}") from None
 
     def _in_own_mount_ns(self, pid: int) -> bool:
         # The holder's exec chain ends in `sleep` once the mounts are made (`exec "$@"`).
