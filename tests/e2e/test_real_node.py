@@ -358,3 +358,55 @@ def test_a_deleted_claim_and_its_volume_are_gone_once_nothing_uses_them(
         wait_for(lambda: gone("pv", volume), "the volume to be deleted", 30)
     finally:
         real_kubectl("delete", "pv", volume, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_running_pod_keeps_running_through_kubelet_and_containerd_restarts(
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str
+) -> None:
+    """As on a production node: the kubelet restarting leaves running containers alone (they
+    belong to containerd's shims), and so does containerd restarting (the shims outlive it and
+    it reconnects to them). The pod's container is the same one throughout, never restarted,
+    and once both are back the kubelet execs into it through containerd."""
+    node = real_cluster.nodes[0]
+    binaries = find_node_binaries()
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "steady", "namespace": real_namespace},
+        "spec": {
+            "nodeSelector": {"test/index": "0"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": real_cluster.images["base"].ref,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", "import time\nwhile True: time.sleep(1)"],
+                }
+            ],
+        },
+    }
+    real_kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def container() -> dict | None:
+        found = json.loads(real_kubectl("-n", real_namespace, "get", "pod", "steady", "-o", "json").stdout)
+        statuses = found.get("status", {}).get("containerStatuses") or [{}]
+        return statuses[0] if "running" in statuses[0].get("state", {}) else None
+
+    before = wait_for(container, "pod steady to run", 60)
+    for binary in (binaries.kubelet, binaries.containerd):
+        [old] = node.daemon_pids(binary)
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda b=binary, o=old: [p for p in node.daemon_pids(b) if p != o] or None, f"{binary.name} back", 30)
+    # exec goes apiserver -> kubelet -> containerd -> the container's shim: all of them answer again.
+    exec_ok = wait_for(
+        lambda: real_kubectl("-n", real_namespace, "exec", "steady", "--", "true", check=False).returncode == 0,
+        "kubectl exec into the pod through the restarted kubelet and containerd",
+        60,
+        interval=1,
+    )
+    assert exec_ok
+    after = container()
+    assert after is not None, "the pod's container stopped running"
+    assert after["containerID"] == before["containerID"]
+    assert after["restartCount"] == 0
