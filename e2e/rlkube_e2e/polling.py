@@ -36,7 +36,7 @@ def describe(error: BaseException) -> str:
     """One line for an error: its type when its text says little (a TimeoutExpired's does)."""
     if isinstance(error, subprocess.TimeoutExpired):
         command = error.cmd if isinstance(error.cmd, str) else " ".join(str(part) for part in error.cmd)
-        return f"`{command}` did not finish within {error.timeout:.3g} s"
+        return f"`{command}` did not finish within {error.timeout:.2g} s"
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"{type(error).__name__}: {text[:300]}" if text else type(error).__name__
 
