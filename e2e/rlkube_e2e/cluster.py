@@ -662,6 +662,10 @@ def main(argv: list[str] | None = None) -> int:
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except subprocess.TimeoutExpired as error:
+        # A one-shot set-up command (`ip`, `cp`) that a very busy machine did not finish.
+        print(f"error: {describe(error)}; the machine may be overloaded, try again", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
