@@ -44,6 +44,7 @@ from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
 from rlkube_e2e.node.node import RealNode, start_nodes
 from rlkube_e2e.pki import ensure_pki
+from rlkube_e2e.polling import WaitTimedOut, describe, poll_until
 from rlkube_e2e.pools import MANAGED_BY, MANAGED_BY_LABEL, POOL_LABEL, NodePool, load_pools
 from rlkube_e2e.state import ClusterState, ProcessRecord
 
@@ -336,16 +337,24 @@ class LocalCluster:
         self._wait(state, time.monotonic() + timeout, lambda: self._readiness_problem(state, None))
 
     def _wait(self, state: ClusterState, deadline: float, problem: Callable[[], str | None]) -> None:
-        while True:
+        """Until `problem()` says nothing is missing. A slow look is "not yet"; a component
+        that exited ends the wait at once."""
+        waiting_for = ["the cluster"]
+
+        def ready() -> bool:
             self._check_alive(state)
-            waiting_for = problem()
-            if waiting_for is None:
-                return
-            if time.monotonic() > deadline:
-                raise ClusterError(
-                    f"cluster not ready in time: still waiting for {waiting_for}; logs in {self.logs_dir}"
-                )
-            time.sleep(0.2)
+            missing = problem()
+            if missing is not None:
+                waiting_for[0] = missing
+            return missing is None
+
+        try:
+            poll_until(ready, "the cluster", deadline=deadline)
+        except WaitTimedOut as error:
+            last = f" (last error: {describe(error.last_error)})" if error.last_error is not None else ""
+            raise ClusterError(
+                f"cluster not ready in time: still waiting for {waiting_for[0]}{last}; logs in {self.logs_dir}"
+            ) from None
 
     def _check_alive(self, state: ClusterState) -> None:
         for record in state.processes:
@@ -652,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
         return _cmd_status(cluster)
     except ClusterError as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as error:
+        # A one-shot set-up command (`ip`, `cp`) that a very busy machine did not finish.
+        print(f"error: {describe(error)}; the machine may be overloaded, try again", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -18,12 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 from rlkube_e2e import release, tinyjob
 from rlkube_e2e.cluster import DEFAULT_STATE_DIR, NO_POOLS_FILE, LocalCluster
 from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.polling import SLOW, WaitTimedOut, describe, poll_until
 from rlkube_e2e.state import ClusterState
 from rlkube_e2e.testing import Kubectl, wait_established
 
@@ -90,7 +92,7 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
         release.uninstall(cluster.kubeconfig, OPERATOR_NAMESPACE, old)
     _step(f"helm install charts/rlkube (operator image {operator_image.ref})")
     name = release.install(cluster.kubeconfig, OPERATOR_NAMESPACE, [NAMESPACE], operator_image.ref, POOL)
-    kubectl("-n", OPERATOR_NAMESPACE, "rollout", "status", f"deployment/{name}", "--timeout=300s", timeout=320)
+    wait_rolled_out(kubectl, OPERATOR_NAMESPACE, f"deployment/{name}", timeout=300)
     _step(f"init step: tiny model and data in {workdir}/tiny")
     job = tinyjob.prepare(workdir, pool=POOL)
     tinyjob.from_image(job, trainer_image.ref)
@@ -128,6 +130,28 @@ def run(state_dir: Path, workdir: Path, timeout: float) -> int:
     return 0 if final.get("state") == "Succeeded" else 1
 
 
+def wait_rolled_out(kubectl: Kubectl, namespace: str, deployment: str, timeout: float) -> None:
+    """`kubectl rollout status` in short looks: one that times out or fails (an API server
+    too busy to answer) is "not yet" until `timeout`."""
+
+    def rolled_out() -> bool:
+        result = kubectl("-n", namespace, "rollout", "status", deployment, "--timeout=20s", check=False, timeout=40)
+        if result.returncode != 0:
+            raise RolloutNotYet(result.stderr.strip() or result.stdout.strip())
+        return True
+
+    try:
+        poll_until(
+            rolled_out, f"{deployment} to roll out", timeout=timeout, interval=2.0, transient=(*SLOW, RolloutNotYet)
+        )
+    except WaitTimedOut as error:
+        raise ClusterError(f"{error}; see `kubectl -n {namespace} describe {deployment}`") from None
+
+
+class RolloutNotYet(Exception):
+    """`kubectl rollout status` returned before the rollout finished."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
@@ -140,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(args.state_dir, args.workdir, args.timeout)
     except (ClusterError, TimeoutError) as error:
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired as error:
+        # A one-shot command (an apply, a helm install) that a very busy machine did not finish.
+        print(f"error: {describe(error)}; the machine may be overloaded, run `make demo` again", file=sys.stderr)
         return 1
 
 

@@ -24,7 +24,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -35,6 +34,7 @@ import yaml
 from rlkube_e2e.binaries import cache_dir
 from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.pki import self_signed_server_cert
+from rlkube_e2e.polling import WaitTimedOut, poll_until
 from rlkube_e2e.testing import Kubectl, wait_established
 
 KUEUE_VERSION = os.environ.get("KUEUE_VERSION", "0.17.0")
@@ -206,19 +206,20 @@ class KueueController:
 
     def _wait_ready(self, timeout: float) -> None:
         """readyz turns 200 once the webhook server listens (Kueue's own readiness check)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise ClusterError(f"Kueue exited with {self.process.returncode}: {self.log_tail()}")
-            try:
-                urllib.request.urlopen(f"http://{HOST}:{self.health_port}/readyz", timeout=1).close()
-                with socket.create_connection((HOST, self.webhook_port), timeout=1):
-                    return
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"Kueue was not ready within {timeout:.0f} s: {self.log_tail()}") from None
-                time.sleep(0.2)
+        process = self.process
+        assert process is not None
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise ClusterError(f"Kueue exited with {process.returncode}: {self.log_tail()}")
+            urllib.request.urlopen(f"http://{HOST}:{self.health_port}/readyz", timeout=1).close()
+            with socket.create_connection((HOST, self.webhook_port), timeout=1):
+                return True
+
+        try:
+            poll_until(ready, "Kueue's /readyz and webhook port", timeout=timeout)
+        except WaitTimedOut as error:
+            raise ClusterError(f"{error}: {self.log_tail()}") from None
 
     def stop(self) -> None:
         """The webhook configurations first (nothing may call a Kueue that is gone), then the process."""

@@ -12,17 +12,18 @@ it brings back the same server (port, data).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from rlkube_e2e.binaries import cache_dir
 from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.polling import WaitTimedOut, poll_until
 
 GOFAKES3_VERSION = os.environ.get("GOFAKES3_VERSION", "1.2.0")
 # Any key pair: gofakes3 does not check signatures (docs/reliability.md); the clients still sign.
@@ -80,21 +81,22 @@ class S3Server:
         log = open(self.data_dir / "server.log", "ab")  # noqa: SIM115  (the process keeps it)
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
+        process = self.process
+
+        def answers() -> bool:
+            if process.poll() is not None:
                 raise ClusterError(
-                    f"gofakes3 exited with {self.process.returncode}: {(self.data_dir / 'server.log').read_text()[-2000:]}"
+                    f"gofakes3 exited with {process.returncode}: {(self.data_dir / 'server.log').read_text()[-2000:]}"
                 )
-            try:
+            # It answers, even if it refuses an unsigned request: up.
+            with contextlib.suppress(urllib.error.HTTPError):
                 urllib.request.urlopen(f"{self.endpoint}/{self.bucket}", timeout=1).close()
-                return
-            except urllib.error.HTTPError:
-                return  # it answers (an unsigned request may be refused): up
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise ClusterError(f"gofakes3 did not answer on {self.endpoint} within {timeout} s") from None
-                time.sleep(0.1)
+            return True
+
+        try:
+            poll_until(answers, f"gofakes3 to answer on {self.endpoint}", timeout=timeout, interval=0.1)
+        except WaitTimedOut as error:
+            raise ClusterError(str(error)) from None
 
     def stop(self, kill: bool = False) -> None:
         """SIGTERM (or SIGKILL: a crash) and wait; the data stays in data_dir."""

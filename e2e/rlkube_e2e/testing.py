@@ -11,7 +11,6 @@ import re
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,10 @@ from typing import TypeVar
 
 from kubernetes.client import CoreV1Api, V1Namespace, V1ObjectMeta
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from rlkube_e2e.cluster import DEFAULT_POOLS_FILE, REPO_ROOT, LocalCluster
+from rlkube_e2e.polling import SLOW, WaitTimedOut, poll_until
 
 T = TypeVar("T")
 
@@ -72,19 +73,34 @@ def namespace_for_test(core: CoreV1Api, test_name: str, labels: dict[str, str]) 
                 raise
 
 
+class ApiBusy(Exception):
+    """An API call the server could not answer in time (429, 5xx, a client-side timeout)."""
+
+
+def _api_busy(error: ApiException) -> bool:
+    return not error.status or error.status == 429 or error.status >= 500
+
+
 def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 30.0, interval: float = 0.2) -> T:
     """Poll `probe` until it returns something other than None/False, and return that.
 
-    On timeout the AssertionError names `what`, so a failing test says what it waited for.
+    A look that is only slow (a command past its timeout, a refused connection, an API call
+    the server could not answer in time) counts as "not yet". On timeout the AssertionError
+    names `what` and the last such error, so a failing test says what it waited for.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+
+    def looked() -> T | None:
+        try:
+            return probe()
+        except ApiException as error:
+            if _api_busy(error):
+                raise ApiBusy(f"{error.status} {error.reason}") from error
+            raise
+
+    try:
+        return poll_until(looked, what, timeout=timeout, interval=interval, transient=(*SLOW, HTTPError, ApiBusy))
+    except WaitTimedOut as error:
+        raise AssertionError(str(error)) from None
 
 
 def kubectl_binary() -> Path:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import yaml
 
 from rlkube_e2e.cluster import REPO_ROOT
+from rlkube_e2e.polling import SLOW, WaitTimedOut, poll_until
 from rlkube_e2e.pools import POOL_LABEL
 from rlkube_e2e.testing import Kubectl
 
@@ -182,10 +182,11 @@ def wait_state(
     kubectl: Kubectl, namespace: str, name: str, states: tuple[str, ...], timeout: float, show: bool = False
 ) -> dict[str, Any]:
     """Polls the job's status until its state is one of `states`; prints progress with `show`."""
-    deadline = time.monotonic() + timeout
     last_line = ""
     current: dict[str, Any] = {}
-    while time.monotonic() < deadline:
+
+    def reached() -> dict[str, Any] | None:
+        nonlocal current, last_line
         current = status(kubectl, namespace, name)
         if show:
             progress = current.get("progress", {})
@@ -198,10 +199,19 @@ def wait_state(
             if line != last_line:
                 print(line, flush=True)
                 last_line = line
-        if current.get("state") in states:
-            return current
-        time.sleep(2)
-    raise TimeoutError(f"RLJob {namespace}/{name} not in {states} after {timeout:.0f} s; status {current}")
+        return current if current.get("state") in states else None
+
+    try:
+        # A `kubectl get` that times out or fails to parse (a busy API server) is "not yet".
+        return poll_until(
+            reached,
+            f"RLJob {namespace}/{name} in {states}",
+            timeout=timeout,
+            interval=2.0,
+            transient=(*SLOW, json.JSONDecodeError),
+        )
+    except WaitTimedOut as error:
+        raise TimeoutError(f"{error}; status {current}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

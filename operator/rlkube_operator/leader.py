@@ -9,7 +9,14 @@ Lease every `renew_every` seconds; a standby takes it once it has seen the same 
 `duration` seconds. Expiry is judged by the standby's own clock (how long the record stayed
 unchanged), never by comparing its clock with the holder's renewTime, so clock skew between
 nodes does not matter. A holder that cannot renew within `duration` stops (the pod restarts
-and becomes a standby); one that stops normally hands the Lease back at once."""
+and becomes a standby); one that stops normally hands the Lease back at once, and a standby
+takes a handed-back Lease at its next look (`retry_every`). `leaseTransitions` counts every
+change of holder, a take-over of a handed-back Lease included, as client-go counts them.
+
+Every API call has a deadline (`request_timeout`) and any failure of one (an API error, a
+refused or timed-out connection) counts as "not holding it this time": the election thread
+never dies of a network error, which would leave a standby that never takes over or a
+holder that reconciles without renewing."""
 
 from __future__ import annotations
 
@@ -34,6 +41,8 @@ class Timings:
     renew_every: float = 2.0
     # A standby looks this often.
     retry_every: float = 1.0
+    # The longest one Lease read or write may take (connect and read); a hung call counts as failed.
+    request_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -55,13 +64,13 @@ def may_take(record: LeaseRecord | None, me: str, unchanged_for: float) -> bool:
 
 
 def holding(record: LeaseRecord, me: str, timings: Timings, now: datetime) -> LeaseRecord:
-    """The record `me` writes to take or renew the Lease."""
-    taken_over = record.holder != me
+    """The record `me` writes to take or renew the Lease. Taking it from anyone else, or
+    taking one its holder handed back, is a transition (client-go counts both)."""
     return LeaseRecord(
         holder=me,
         duration_seconds=max(1, round(timings.duration)),
         renew_time=now,
-        transitions=record.transitions + (1 if taken_over and record.holder else 0),
+        transitions=record.transitions + (0 if record.holder == me else 1),
     )
 
 
@@ -96,9 +105,17 @@ class LeaderElector:
 
     def try_acquire_or_renew(self) -> bool:
         """One attempt; True while we hold the Lease. Conflicts (another replica wrote in
-        between) and API errors count as not holding it."""
+        between), API errors and connection failures count as not holding it."""
         try:
-            lease = self.leases.read_namespaced_lease(self.name, self.namespace)
+            return self._try_acquire_or_renew()
+        except Exception as exc:
+            log.warning("Lease %s/%s: the API call failed: %s", self.namespace, self.name, exc)
+            return False
+
+    def _try_acquire_or_renew(self) -> bool:
+        timeout = self.timings.request_timeout
+        try:
+            lease = self.leases.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("reading Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
@@ -121,7 +138,7 @@ class LeaderElector:
         try:
             # The resourceVersion read above makes this a compare-and-swap: of two replicas
             # taking an expired Lease at once, one gets 409.
-            self.leases.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.leases.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status != 409:
                 log.warning("writing Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
@@ -142,7 +159,7 @@ class LeaderElector:
             ),
         )
         try:
-            self.leases.create_namespaced_lease(self.namespace, lease)
+            self.leases.create_namespaced_lease(self.namespace, lease, _request_timeout=self.timings.request_timeout)
         except ApiException as exc:
             if exc.status != 409:  # another replica created it first
                 log.warning("creating Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
@@ -173,17 +190,19 @@ class LeaderElector:
                 return
 
     def release(self) -> None:
-        """Hands the Lease back (a standby takes it at its next look), if we still hold it."""
+        """Hands the Lease back (a standby takes it at its next look), if we still hold it.
+        The count of transitions stays: the next holder adds one."""
+        timeout = self.timings.request_timeout
         try:
-            lease = self.leases.read_namespaced_lease(self.name, self.namespace)
+            lease = self.leases.read_namespaced_lease(self.name, self.namespace, _request_timeout=timeout)
             if lease.spec is None or lease.spec.holder_identity != self.identity:
                 return
             lease.spec.holder_identity = None
             lease.spec.lease_duration_seconds = 1
-            self.leases.replace_namespaced_lease(self.name, self.namespace, lease)
+            self.leases.replace_namespaced_lease(self.name, self.namespace, lease, _request_timeout=timeout)
             log.info("released Lease %s/%s", self.namespace, self.name)
-        except ApiException as exc:
-            log.warning("releasing Lease %s/%s failed: %s", self.namespace, self.name, exc.reason)
+        except Exception as exc:
+            log.warning("releasing Lease %s/%s failed: %s", self.namespace, self.name, exc)
 
 
 class Election:
@@ -197,9 +216,11 @@ class Election:
         self.lost = threading.Event()
         self.leading = threading.Event()
         self._done = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def start(self, on_leading: Callable[[], object]) -> None:
-        threading.Thread(target=self._run, args=(on_leading,), name="lease", daemon=True).start()
+        self._thread = threading.Thread(target=self._run, args=(on_leading,), name="lease", daemon=True)
+        self._thread.start()
 
     def _run(self, on_leading: Callable[[], object]) -> None:
         if self.elector.wait_until_leader(self._done):
@@ -210,7 +231,11 @@ class Election:
                 self.on_lost()
 
     def stop(self) -> None:
-        """Stops standing by or renewing; a Lease still held is handed back."""
+        """Stops standing by or renewing; a Lease still held is handed back, once the renewing
+        thread has finished its last attempt (a renewal racing the release would take the
+        Lease again, and the standby would then wait for it to expire)."""
         self._done.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.elector.timings.request_timeout + 1)
         if self.leading.is_set() and not self.lost.is_set():
             self.elector.release()

@@ -6,7 +6,6 @@ import codecs
 import contextlib
 import json
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,18 +16,23 @@ from rlkube_e2e.kubeapi import KubeApi
 from rlkube_e2e.node import netns
 from rlkube_e2e.node.network import cluster_link
 from rlkube_e2e.node.node import RealNode, find_node_binaries, start_nodes
-from rlkube_e2e.testing import Kubectl
+from rlkube_e2e.testing import Kubectl, wait_for
 
 
 def wait_phase(api: KubeApi, path: str, phases: set[str], timeout: float) -> dict:
-    deadline = time.monotonic() + timeout
+    """The pod at `path` once its phase is one of `phases`; an API call that is refused or
+    times out is "not yet"."""
     pod: dict = {}
-    while time.monotonic() < deadline:
+
+    def in_phase() -> dict | None:
+        nonlocal pod
         pod = api.get(path)
-        if pod.get("status", {}).get("phase") in phases:
-            return pod
-        time.sleep(0.5)
-    raise AssertionError(f"{path} not in {phases} after {timeout} s: {json.dumps(pod.get('status'))[:2000]}")
+        return pod if pod.get("status", {}).get("phase") in phases else None
+
+    try:
+        return wait_for(in_phase, f"{path} in {phases}", timeout=timeout, interval=0.5)
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {json.dumps(pod.get('status'))[:2000]}") from None
 
 
 @dataclass(frozen=True)
@@ -79,17 +83,21 @@ def real_cluster(root: Path, image_names: tuple[str, ...]) -> Iterator[RealClust
 
 def wait_operator_ready(kubectl: Kubectl, namespace: str, replicas: int, timeout: float = 180) -> list[dict]:
     """The chart's operator pods once `replicas` of them pass the kubelet's readiness probe."""
-    deadline = time.monotonic() + timeout
-    while True:
+    pods: list[dict] = []
+
+    def all_ready() -> list[dict] | None:
+        nonlocal pods
         pods = json.loads(kubectl("-n", namespace, "get", "pods", "-o", "json").stdout)["items"]
         ready = [
             p for p in pods
             if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
         ]  # fmt: skip
-        if len(ready) == replicas:
-            return ready
-        assert time.monotonic() < deadline, json.dumps([p["status"] for p in pods])[:3000]
-        time.sleep(1)
+        return ready if len(ready) == replicas else None
+
+    try:
+        return wait_for(all_ready, f"{replicas} ready operator pods in {namespace}", timeout=timeout, interval=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}: {json.dumps([p['status'] for p in pods])[:3000]}") from None
 
 
 @contextlib.contextmanager

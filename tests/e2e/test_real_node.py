@@ -4,10 +4,12 @@ The two-node cluster is the package's (`tests/e2e/conftest.py`)."""
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +25,8 @@ from rlkube_e2e.node import netns
 from rlkube_e2e.node.containerd import containerd_paths
 from rlkube_e2e.node.image_store import stores_dir
 from rlkube_e2e.node.network import cluster_link
+from rlkube_e2e.node.node import find_node_binaries
+from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster, wait_phase
 
@@ -270,3 +274,139 @@ def test_the_charts_operator_runs_from_its_image_under_the_restricted_standard(r
                 break
             assert time.monotonic() < deadline, "the operator pod never reconciled the RLJob"
             time.sleep(1)
+
+
+def test_a_killed_kubelet_is_restarted_and_its_node_renews_its_lease_and_is_ready(real_cluster: RealCluster) -> None:
+    """SIGKILL the kubelet, as an OOM kill or a crash would: its supervisor starts it again
+    (as systemd does a real node's), and the new kubelet renews the node's Lease and reports
+    the node Ready."""
+    node = real_cluster.nodes[1]
+    kubelet = find_node_binaries().kubelet
+    [old] = node.daemon_pids(kubelet)
+    api = real_cluster.cluster.api()
+    killed_at = datetime.datetime.now(datetime.UTC)
+    os.kill(old, signal.SIGKILL)
+    new = wait_for(lambda: [p for p in node.daemon_pids(kubelet) if p != old] or None, "a new kubelet", 30)
+    assert len(new) == 1, new
+
+    def renewed_and_ready() -> bool:
+        status, text = api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node.name}")
+        if status == 404:  # a node that just registered writes its first Lease seconds later
+            return False
+        assert status == 200, text
+        lease = json.loads(text)
+        renewed = datetime.datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
+        conditions = api.get(f"/api/v1/nodes/{node.name}")["status"]["conditions"]
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        return renewed >= killed_at and ready
+
+    wait_for(renewed_and_ready, f"the restarted kubelet to renew node {node.name}'s Lease, Ready", 60)
+    log = (node.logs_dir / "kubelet.log").read_text()
+    assert "supervise: kubelet killed by SIGKILL" in log
+
+
+def test_a_deleted_claim_and_its_volume_are_gone_once_nothing_uses_them(
+    real_kubectl: Kubectl, real_namespace: str, tmp_path: Path
+) -> None:
+    """The controller-manager runs the PVC and PV protection controllers, as a real cluster's
+    does: they clear the protection finalizers the API server adds, so a delete completes
+    instead of hanging in Terminating."""
+    volume = f"pv-{real_namespace}"
+    manifests = [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(tmp_path)},
+                "claimRef": {"namespace": real_namespace, "name": "claim"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "claim", "namespace": real_namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    ]
+    real_kubectl("apply", "-f", "-", input=yaml.safe_dump_all(manifests))
+    try:
+
+        def bound() -> bool:
+            phase = real_kubectl("-n", real_namespace, "get", "pvc", "claim", "-o", "jsonpath={.status.phase}")
+            return phase.stdout == "Bound"
+
+        wait_for(bound, "the claim to bind to its volume", 30)
+        finalizers = real_kubectl("-n", real_namespace, "get", "pvc", "claim", "-o", "jsonpath={.metadata.finalizers}")
+        assert "kubernetes.io/pvc-protection" in finalizers.stdout
+        real_kubectl("-n", real_namespace, "delete", "pvc", "claim", "--wait=false")
+        real_kubectl("delete", "pv", volume, "--wait=false")
+
+        def gone(*args: str) -> bool:
+            return "NotFound" in real_kubectl("get", *args, check=False).stderr
+
+        wait_for(lambda: gone("-n", real_namespace, "pvc", "claim"), "the claim to be deleted", 30)
+        wait_for(lambda: gone("pv", volume), "the volume to be deleted", 30)
+    finally:
+        real_kubectl("delete", "pv", volume, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_a_running_pod_keeps_running_through_kubelet_and_containerd_restarts(
+    real_cluster: RealCluster, real_kubectl: Kubectl, real_namespace: str
+) -> None:
+    """As on a production node: the kubelet restarting leaves running containers alone (they
+    belong to containerd's shims), and so does containerd restarting (the shims outlive it and
+    it reconnects to them). The pod's container is the same one throughout, never restarted,
+    and once both are back the kubelet execs into it through containerd."""
+    node = real_cluster.nodes[0]
+    binaries = find_node_binaries()
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "steady", "namespace": real_namespace},
+        "spec": {
+            "nodeSelector": {"test/index": "0"},
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": real_cluster.images["base"].ref,
+                    "imagePullPolicy": "Never",
+                    "command": ["python3", "-c", "import time\nwhile True: time.sleep(1)"],
+                }
+            ],
+        },
+    }
+    real_kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+    def container() -> dict | None:
+        found = json.loads(real_kubectl("-n", real_namespace, "get", "pod", "steady", "-o", "json").stdout)
+        statuses = found.get("status", {}).get("containerStatuses") or [{}]
+        return statuses[0] if "running" in statuses[0].get("state", {}) else None
+
+    before = wait_for(container, "pod steady to run", 60)
+    for binary in (binaries.kubelet, binaries.containerd):
+        [old] = node.daemon_pids(binary)
+        os.kill(old, signal.SIGKILL)
+        wait_for(lambda b=binary, o=old: [p for p in node.daemon_pids(b) if p != o] or None, f"{binary.name} back", 30)
+    # exec goes apiserver -> kubelet -> containerd -> the container's shim: all of them answer again.
+    exec_ok = wait_for(
+        lambda: real_kubectl("-n", real_namespace, "exec", "steady", "--", "true", check=False).returncode == 0,
+        "kubectl exec into the pod through the restarted kubelet and containerd",
+        60,
+        interval=1,
+    )
+    assert exec_ok
+    after = container()
+    assert after is not None, "the pod's container stopped running"
+    assert after["containerID"] == before["containerID"]
+    assert after["restartCount"] == 0

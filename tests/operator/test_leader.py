@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError
 
 from rlkube_operator.leader import Election, LeaderElector, LeaseRecord, Timings, holding, may_take
 
@@ -39,7 +41,9 @@ def test_holding_counts_a_transition_only_when_the_holder_changes() -> None:
     assert holding(theirs, "me", TIMINGS, NOW) == LeaseRecord("me", 10, NOW, 4)
     mine = LeaseRecord("me", 10, NOW, 4)
     assert holding(mine, "me", TIMINGS, NOW).transitions == 4
-    assert holding(LeaseRecord(None, None, None, 0), "me", TIMINGS, NOW).transitions == 0
+    # A Lease its holder handed back: taking it is a change of holder too, as in client-go.
+    assert holding(LeaseRecord(None, 1, NOW, 4), "me", TIMINGS, NOW).transitions == 5
+    assert holding(LeaseRecord("", 1, NOW, 4), "me", TIMINGS, NOW).transitions == 5
 
 
 class FakeLeases:
@@ -49,17 +53,17 @@ class FakeLeases:
         self.lease: client.V1Lease | None = None
         self.version = 0
 
-    def read_namespaced_lease(self, name: str, namespace: str) -> client.V1Lease:
+    def read_namespaced_lease(self, name: str, namespace: str, **_options: object) -> client.V1Lease:
         if self.lease is None:
             raise ApiException(status=404)
         return copy.deepcopy(self.lease)
 
-    def create_namespaced_lease(self, namespace: str, body: client.V1Lease) -> None:
+    def create_namespaced_lease(self, namespace: str, body: client.V1Lease, **_options: object) -> None:
         if self.lease is not None:
             raise ApiException(status=409)
         self._store(body)
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: client.V1Lease) -> None:
+    def replace_namespaced_lease(self, name: str, namespace: str, body: client.V1Lease, **_options: object) -> None:
         assert self.lease is not None
         if body.metadata.resource_version != self.lease.metadata.resource_version:
             raise ApiException(status=409)
@@ -127,10 +131,10 @@ class ReadBefore(FakeLeases):
     def __init__(self, real: FakeLeases, seen: client.V1Lease) -> None:
         self.real, self.seen = real, seen
 
-    def read_namespaced_lease(self, name: str, namespace: str) -> client.V1Lease:
+    def read_namespaced_lease(self, name: str, namespace: str, **_options: object) -> client.V1Lease:
         return copy.deepcopy(self.seen)
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: client.V1Lease) -> None:
+    def replace_namespaced_lease(self, name: str, namespace: str, body: client.V1Lease, **_options: object) -> None:
         self.real.replace_namespaced_lease(name, namespace, body)
 
 
@@ -156,6 +160,61 @@ def test_a_released_lease_is_taken_at_the_next_look() -> None:
     a.release()
     assert leases.holder is None
     assert b.try_acquire_or_renew()
+    lease: Any = leases.lease
+    assert lease.spec.lease_transitions == 1
+    # b renewing is no transition; a taking it back after b hands it back is the second.
+    assert b.try_acquire_or_renew()
+    b.release()
+    assert a.try_acquire_or_renew()
+    assert leases.lease is not None and leases.lease.spec is not None
+    assert leases.lease.spec.lease_transitions == 2
+
+
+class Unreachable(FakeLeases):
+    """The Lease API behind a network that refuses the first `failures` calls the way urllib3
+    does (not an ApiException)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def read_namespaced_lease(self, name: str, namespace: str, **_options: object) -> client.V1Lease:
+        if self.failures > 0:
+            self.failures -= 1
+            raise MaxRetryError(None, f"/leases/{name}", ConnectionRefusedError(111, "Connection refused"))  # type: ignore[arg-type]
+        return super().read_namespaced_lease(name, namespace)
+
+
+def test_a_connection_error_counts_as_not_holding_and_the_standby_keeps_looking() -> None:
+    leases = Unreachable(failures=3)
+    leases.create_namespaced_lease(
+        "ops", client.V1Lease(metadata=client.V1ObjectMeta(name="lease"), spec=client.V1LeaseSpec(holder_identity=None))
+    )
+    standby = Election(LeaderElector(client.ApiClient(), "ops", "lease", "b", Timings(10.0, 0.05, 0.01)))
+    standby.elector.leases = leases  # type: ignore[assignment]
+    leading = threading.Event()
+    standby.start(on_leading=leading.set)
+    try:
+        assert leading.wait(5), "the election thread gave up after a connection error"
+        assert leases.failures == 0
+        assert leases.holder == "b"
+    finally:
+        standby.stop()
+
+
+def test_a_stopped_election_does_not_take_the_lease_again_after_handing_it_back() -> None:
+    """The renewing thread ends before the release: a renewal after it would take the Lease
+    back, and the standby would wait a whole duration for it to expire."""
+    for _ in range(20):
+        leases = FakeLeases()
+        election = Election(LeaderElector(client.ApiClient(), "ops", "lease", "a", Timings(10.0, 0.001, 0.001)))
+        election.elector.leases = leases  # type: ignore[assignment]
+        leading = threading.Event()
+        election.start(on_leading=leading.set)
+        assert leading.wait(5)
+        election.stop()
+        time.sleep(0.01)
+        assert leases.holder is None
 
 
 def test_an_election_calls_back_when_leading_and_hands_the_lease_back_on_stop() -> None:

@@ -31,6 +31,7 @@ from rlkube_e2e import processes
 from rlkube_e2e.binaries import cache_dir
 from rlkube_e2e.components import Component
 from rlkube_e2e.errors import ClusterError
+from rlkube_e2e.polling import WaitTimedOut, poll_until
 
 # containerd's CRI plugin keeps the kubelet's images in this namespace.
 K8S_NAMESPACE = "k8s.io"
@@ -164,15 +165,20 @@ def import_archive(ctr: list[str], archive: Path) -> float:
 
 
 def _wait_serving(enter: list[str], handle: subprocess.Popen[bytes], work: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while subprocess.run([*enter, "version"], capture_output=True, check=False, timeout=10).returncode != 0:
+    """Until `ctr version` answers. A look that times out (a busy machine) is "not yet"; the
+    store's containerd exiting ends the wait at once."""
+
+    def serving() -> bool:
         code = handle.poll()
         if code is not None:
             line = processes.log_error(work / "logs" / "containerd.log")
             raise ImageStoreError(f"the node image store's containerd exited with code {code}: {line}")
-        if time.monotonic() > deadline:
-            raise ImageStoreError(f"the node image store's containerd did not serve; log in {work / 'logs'}")
-        time.sleep(0.2)
+        return subprocess.run([*enter, "version"], capture_output=True, check=False, timeout=10).returncode == 0
+
+    try:
+        poll_until(serving, "the node image store's containerd to serve", timeout=timeout)
+    except WaitTimedOut as error:
+        raise ImageStoreError(f"{error}; log in {work / 'logs'}") from None
 
 
 def _config(work: Path) -> str:

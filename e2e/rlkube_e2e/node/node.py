@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from rlkube_e2e.node.kubelet import (
 )
 from rlkube_e2e.node.network import NodeNetwork, cni_conflist, node_network
 from rlkube_e2e.pki import Pki, issue_client_cert, issue_node_client_cert, self_signed_server_cert
+from rlkube_e2e.polling import WaitTimedOut, poll_until
 
 CGROUP_MOUNTS = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -105,6 +107,10 @@ class _Running:
     pid: int
     binary: Path
     handle: subprocess.Popen[bytes] | None
+    # A daemon under `supervise`: `pid` and `binary` are the supervisor's; its log's size at
+    # the start, after which a "supervise:" line means the daemon died.
+    supervised: bool = False
+    log_start: int = 0
 
 
 class RealNode:
@@ -193,7 +199,7 @@ class RealNode:
         paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
         (paths.cni_conf_dir / "10-rlkube.conflist").write_text(cni_conflist(self.net))
         enter = self._enter(binaries, holder.pid)
-        self._spawn("containerd", binaries.containerd, [*enter, str(binaries.containerd), f"--config={paths.config}"])
+        self._spawn_supervised("containerd", enter, holder.pid, [str(binaries.containerd), f"--config={paths.config}"])
         ctr = [*enter, str(binaries.ctr), f"--address={paths.socket}"]
         self._wait(deadline, lambda: self._containerd_serving(ctr), "containerd's socket")
         # Through the holder's root: the socket's path from here may be too long for a unix socket.
@@ -205,7 +211,8 @@ class RealNode:
         binaries = find_node_binaries()
         deadline = time.monotonic() + timeout
         inputs = self._write_files()
-        enter = self._enter(binaries, int(self._holder_file.read_text()))
+        holder = int(self._holder_file.read_text())
+        enter = self._enter(binaries, holder)
         config = self.state_dir / "kubelet" / "config.json"
         write_kubelet_config(config, inputs)
         args = kubelet_args(binaries.kubelet, config, inputs)
@@ -213,10 +220,10 @@ class RealNode:
             args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
         if self.taints:
             args.append("--register-with-taints=" + ",".join(self.taints))
-        self._spawn("kubelet", binaries.kubelet, [*enter, *args])
+        self._spawn_supervised("kubelet", enter, holder, args)
         proxy_config = self.state_dir / "kube-proxy" / "config.json"
         write_kube_proxy_config(proxy_config, self._kube_proxy_inputs())
-        self._spawn("kube-proxy", binaries.kube_proxy, [*enter, *kube_proxy_args(binaries.kube_proxy, proxy_config)])
+        self._spawn_supervised("kube-proxy", enter, holder, kube_proxy_args(binaries.kube_proxy, proxy_config))
         self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
         self._log(f"node {self.name} Ready at {self.address} (pods {self.net.pod_cidr}); logs in {self.logs_dir}")
 
@@ -278,16 +285,53 @@ class RealNode:
         self._log(f"  {self.name} {name:<12} pid {handle.pid:<8} log {log}")
         return running
 
+    def _spawn_supervised(self, name: str, enter: list[str], holder: int, command: list[str]) -> _Running:
+        """`command` inside the node's namespaces under `supervise`, which restarts it when it
+        dies, as systemd restarts a real node's kubelet and containerd."""
+        log = self.logs_dir / f"{name}.log"
+        log_start = log.stat().st_size if log.exists() else 0
+        supervise = [sys.executable, "-m", "rlkube_e2e.node.supervise", f"--name={name}", f"--holder={holder}", "--"]
+        running = self._spawn(name, Path(sys.executable).resolve(), [*enter, *supervise, *command])
+        running.supervised = True
+        running.log_start = log_start
+        return running
+
     def _wait(self, deadline: float, ready: Callable[[], bool], what: str) -> None:
-        while not ready():
+        """Until `ready()`; a slow look (a command past its timeout, a refused connection) is
+        "not yet". One of the node's processes exiting ends the wait at once, and so does a
+        supervised daemon dying while the node starts (a bad flag would only restart it)."""
+
+        def looked() -> bool:
             for running in self._running:
                 code = running.handle.poll() if running.handle is not None else None
-                if code is not None:
+                if code is not None or (running.supervised and self._restarted(running)):
                     line = processes.log_error(self.logs_dir / f"{running.name}.log")
-                    raise NodeError(f"node {self.name}: {running.name} exited with code {code}: {line}")
-            if time.monotonic() > deadline:
-                raise NodeError(f"node {self.name}: still waiting for {what}; logs in {self.logs_dir}")
-            time.sleep(0.2)
+                    exited = f"exited with code {code}" if code is not None else "died"
+                    raise NodeError(f"node {self.name}: {running.name} {exited}: {line}")
+            return ready()
+
+        try:
+            poll_until(looked, what, deadline=deadline)
+        except WaitTimedOut as error:
+            raise NodeError(f"node {self.name}: {error}; logs in {self.logs_dir}") from None
+
+    def _restarted(self, running: _Running) -> bool:
+        try:
+            with (self.logs_dir / f"{running.name}.log").open("rb") as log:
+                log.seek(running.log_start)
+                return b" supervise: " in log.read()
+        except OSError:
+            return False
+
+    def daemon_pids(self, binary: Path) -> list[int]:
+        """The node's processes running `binary` (the kubelet's, containerd's), for tests that
+        kill one and watch it come back."""
+        found = []
+        for pid in sorted(self._namespace_pids()):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)") == str(binary.resolve()):
+                    found.append(pid)
+        return found
 
     def _in_own_mount_ns(self, pid: int) -> bool:
         # The holder's exec chain ends in `sleep` once the mounts are made (`exec "$@"`).
@@ -420,8 +464,10 @@ class RealNode:
         return found
 
     def stop(self) -> None:
-        """Stop the kubelet (it lets go of its Lease), then kill every process of the node,
-        its pods' included, and remove its cgroups and network; idempotent."""
+        """Stop the kubelet (it lets go of its Lease; its supervisor passes SIGTERM on and does
+        not restart it), then kill every process of the node, its pods', the other daemons'
+        and their supervisors' included, and remove its cgroups and network; idempotent. A
+        supervisor never restarts a daemon once the holder is gone."""
         kubelet = next((r for r in self._running if r.name == "kubelet"), None)
         if kubelet is not None:
             processes.stop(kubelet.pid, str(kubelet.binary), kubelet.handle, timeout=10)
