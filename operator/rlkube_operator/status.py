@@ -30,7 +30,8 @@ settles the job's fate ends it (RULES below):
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
-A terminal job never gets pods again; its children go after ttlSecondsAfterFinished.
+A terminal job never gets pods again: once its end is written, its StatefulSets go to zero and
+every pod is deleted with FINISHED_GRACE_SECONDS; its children go after ttlSecondsAfterFinished.
 """
 
 from __future__ import annotations
