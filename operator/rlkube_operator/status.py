@@ -915,19 +915,25 @@ def _finished(p: _Pass) -> Plan:
 
 
 def _release(job: RLJob, pods: list[PodView]) -> list[Action]:
-    """An ended job lets go of its pods at once: its StatefulSets at zero replicas (so that
-    nothing recreates them), then every pod still there deleted with FINISHED_GRACE_SECONDS,
-    those being deleted too: the StatefulSet controller deletes with the pods' own grace
-    period, and a shorter one given later shortens it. Nothing once the pods are gone."""
+    """An ended job lets go of its pods at once: every pod still there is deleted with
+    FINISHED_GRACE_SECONDS (those whose containers ended at once), then its StatefulSets go to
+    zero replicas so that nothing recreates them. Deleted first, the pods get the short grace
+    period as their only one: scaled down first, the StatefulSet controller would delete them
+    with the pods' own (the job's, for saving a step), and only a kubelet that honours a
+    shortened grace period would cut that. A StatefulSet recreates no pod while its
+    predecessor terminates, so the scale-down right after comes in time. Pods already being
+    deleted get the short grace period too (it shortens a longer one); nothing once the pods
+    are gone."""
     if not pods:
         return []
     ended = tuple((pod.name, pod.uid) for pod in pods if pod.failed or (pod.succeeded and not pod.run_finished))
     running = tuple((pod.name, pod.uid) for pod in pods if (pod.name, pod.uid) not in ended)
-    actions: list[Action] = [ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job)))]
+    actions: list[Action] = []
     if ended:
         actions.append(DeletePods(ended))
     if running:
         actions.append(DeletePods(running, FINISHED_GRACE_SECONDS))
+    actions.append(ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job))))
     return actions
 
 

@@ -129,6 +129,13 @@ def _pods_until_gone(kubectl: Kubectl, namespace: str, job: str, completed: str,
         seen += pods["items"]
         if not pods["items"]:
             return seen
-        names = [p["metadata"]["name"] for p in pods["items"]]
-        assert time.time() < deadline, f"pods still there {within:.0f}s after the job ended: {names}"
+        left = {
+            p["metadata"]["name"]: (
+                p["metadata"].get("deletionTimestamp"),
+                p["metadata"].get("deletionGracePeriodSeconds"),
+                [c.get("state") for c in p["status"].get("containerStatuses") or []],
+            )
+            for p in pods["items"]
+        }
+        assert time.time() < deadline, f"pods still there {within:.0f}s after the job ended: {left}"
         time.sleep(0.25)

@@ -47,9 +47,9 @@ def uids(pods: list[Obj]) -> tuple[tuple[str, str], ...]:
 
 
 def released(pods: list[Obj]) -> list[Action]:
-    """What an ended job does with pods still running: its StatefulSets to zero, each pod deleted
-    with the short grace period."""
-    return [ScaleToZero(SETS), DeletePods(uids(pods), FINISHED_GRACE_SECONDS)]
+    """What an ended job does with pods still running: each pod deleted with the short grace
+    period, then its StatefulSets to zero."""
+    return [DeletePods(uids(pods), FINISHED_GRACE_SECONDS), ScaleToZero(SETS)]
 
 
 def plan(
@@ -143,8 +143,8 @@ def test_past_deadline_writes_the_failure_then_lets_the_pods_go() -> None:
 
 def test_a_finished_run_on_the_driver_pod_is_the_jobs_success_and_every_pod_goes_at_once() -> None:
     """The driver records its finished run on its pod and idles (an exit would be restarted):
-    the success is written first (the pods are its evidence), then the StatefulSets go to zero
-    and every pod, the idle driver too, is deleted with the short grace period, not the job's."""
+    the success is written first (the pods are its evidence), then every pod, the idle driver
+    too, is deleted with the short grace period, not the job's, and the StatefulSets go to zero."""
     job = running(load_job(CPU, set_path("spec.runPolicy.ttlSecondsAfterFinished", 600)))
     driver = pod("tiny-cpu", "controller")
     driver["metadata"]["annotations"][ANNOTATION_RUN_FINISHED] = "2026-12-01T12:08:20Z"
@@ -167,9 +167,9 @@ def test_a_driver_that_exited_0_and_was_restarted_is_deleted_without_grace() -> 
     others = [q for q in pods if q is not driver]
     assert p.actions == [
         WriteStatus(p.status),
-        ScaleToZero(SETS),
         DeletePods(uids([driver]), 0),
         DeletePods(uids(others), FINISHED_GRACE_SECONDS),
+        ScaleToZero(SETS),
     ]
 
 
@@ -224,9 +224,9 @@ def test_gang_failed_past_the_backoff_limit_fails_the_job() -> None:
     others = [q for q in pods if q is not failed]
     assert p.actions == [
         WriteStatus(p.status),
-        ScaleToZero(SETS),
         DeletePods(uids([failed]), 0),
         DeletePods(uids(others), FINISHED_GRACE_SECONDS),
+        ScaleToZero(SETS),
     ]
 
 

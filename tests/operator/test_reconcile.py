@@ -225,16 +225,16 @@ def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:
     assert result.state == State.RESTARTING
 
 
-def test_finishing_writes_the_end_then_scales_to_zero_and_deletes_the_pods_without_applying() -> None:
+def test_finishing_writes_the_end_then_deletes_the_pods_and_scales_to_zero_without_applying() -> None:
     kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
     first = reconcile(kube, tracked, body_of(), [], 0)
     assert first.written is not None
     kube.calls.clear()
     pods = gang_pods(JOB)
     result = reconcile(kube, tracked, first.written, pods, 1800)  # activeDeadlineSeconds
-    assert kube.kinds() == ["patch_status", "scale_to_zero", "delete_pods"]
-    assert kube.calls[1] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
-    deleted = kube.calls[2]
+    assert kube.kinds() == ["patch_status", "delete_pods", "scale_to_zero"]
+    assert kube.calls[2] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
+    deleted = kube.calls[1]
     assert sorted(deleted[2]) == sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods)
     assert deleted[3] == FINISHED_GRACE_SECONDS
     assert result.state == State.FAILED
