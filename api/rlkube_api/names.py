@@ -21,6 +21,16 @@ ANNOTATION_PROGRESS: Final = "rlkube.dev/progress"
 # operator watched still has its exit code and message on record.
 ANNOTATION_EXIT_CODE: Final = "rlkube.dev/exit-code"
 EVENT_TRAINER_EXITED: Final = "TrainerExited"
+# The driver sets this on its own pod (the time, RFC 3339) once its run has ended with success,
+# its last checkpoint written, and then idles instead of exiting: StatefulSet pods restart every
+# container that exits (restartPolicy Always), so an exit would start the run again. The
+# operator takes the annotation for the driver's success, as it takes an exit code 0.
+ANNOTATION_RUN_FINISHED: Final = "rlkube.dev/run-finished"
+# In checkpoint.dir, on the job's volume: the step rows (one JSON object a line) and the
+# driver's log. They outlive the pods, so `kubectl rlkube curves` and `logs` read a finished
+# job's from there.
+METRICS_FILE: Final = "metrics.jsonl"
+DRIVER_LOG_FILE: Final = "driver.log"
 # StatefulSet pods carry their ordinal in this label (Kubernetes >= 1.28).
 LABEL_POD_INDEX: Final = "apps.kubernetes.io/pod-index"
 

@@ -46,6 +46,7 @@ from rlkube_api.kube_syntax import (
     cel_is_label_key,
 )
 from rlkube_api.names import AGENT_DIR, CONFIG_DIR, REWARD_DIR, SHM_DIR, Env
+from rlkube_api.security_context import ContainerSecurityContext, PodSecurityContext
 from rlkube_api.volumes import VolumeSource
 
 # The trainer container's name; sidecars may not take it.
@@ -352,10 +353,10 @@ class PodTemplate(ApiModel):
     service_account_name: Annotated[str, LONG_NAME] | None = Field(
         None, max_length=253, description="The pods' ServiceAccount (role templates only)."
     )
-    pod_security_context: dict[str, Any] | None = Field(
+    pod_security_context: PodSecurityContext | None = Field(
         None, description="The pod's securityContext (a Kubernetes PodSecurityContext), merged key by key."
     )
-    security_context: dict[str, Any] | None = Field(
+    security_context: ContainerSecurityContext | None = Field(
         None, description="The trainer container's securityContext (a Kubernetes SecurityContext), merged key by key."
     )
     init_containers: list[ContainerOverride] | None = Field(

@@ -6,8 +6,13 @@
   role's pod of that rank, with kubectl's -f/--tail/--previous;
 - `curves NAME [-o curves.png]`: the reward, KL and response-length curves of a
   running job, from the step lines the driver logs (`kubectl logs`, so it works
-  wherever logs do, the local cluster's real nodes included; the driver's metrics.jsonl has
-  every metric but lives on the checkpoint volume);
+  wherever logs do, the local cluster's real nodes included);
+- a finished job's pods are deleted at its end, and their logs with them; what stays is
+  checkpoint.dir on the job's volume, where the driver keeps metrics.jsonl and a copy of
+  its log. `logs` (of the driver) and `curves` read them there once the controller pod is
+  gone, through a short-lived pod of the job's image with that volume mounted read-only
+  (deleted once read), as a user would with `kubectl debug`: no pod of the job is kept
+  around, holding its nodes, only for its log;
 - `suspend NAME` / `resume NAME`: sets spec.suspend (the operator scales the pods to
   zero and back, from the last checkpoint).
 
@@ -19,19 +24,27 @@ Kubernetes client. The formatting and parsing are pure functions.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import json
 import os
+import posixpath
+import re
+import secrets
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.names import CONTROLLER_ROLE, DRIVER_LOG_FILE, METRICS_FILE, child_name
 from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import PLURAL
 from rlkube_api.roles import ALL_ROLES
 from rlkube_api.step_rows import parse_step_lines, plot_curves
+from rlkube_api.validation import InvalidSpec, parse_rljob
+from rlkube_operator.children.statefulset import CONTAINER_SECURITY_CONTEXT, volumes_and_mounts
 
 Obj = dict[str, Any]
 
@@ -84,6 +97,93 @@ def pod_name(job: str, role: str, rank: int) -> str:
     return f"{child_name(job, role)}-{rank}"
 
 
+# What kubectl puts before the API server's message: "error: ", "Error from server (NotFound): ",
+# or both ("error: error from server ..." from `kubectl logs`).
+_KUBECTL_PREFIX = re.compile(r"^(?:error:\s*)*(?:error from server(?: \(\w+\))?:\s*)?", re.IGNORECASE)
+
+
+def kubectl_message(stderr: str) -> str:
+    """kubectl's error as one line of the plugin's own, which says "error: " once."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not line.startswith("Warning:")]
+    # The API server's own message says what failed ('pods "x" not found', '... is forbidden: ...').
+    return _KUBECTL_PREFIX.sub("", "; ".join(lines))
+
+
+def metrics_rows(text: str) -> list[dict[str, float]]:
+    """metrics.jsonl's rows, one per step (a step a restarted run redid keeps its latest row);
+    a line cut short by a write in progress is skipped."""
+    rows: dict[int, dict[str, float]] = {}
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int | float):
+            rows[int(row["step"])] = {k: v for k, v in row.items() if isinstance(v, int | float)}
+    return [rows[step] for step in sorted(rows)]
+
+
+# How long the pod that reads a file from a finished job's volume may take to start and end.
+READER_TIMEOUT_SECONDS = 180.0
+
+
+def reader_pod(job: Obj, name: str, file: str) -> Obj:
+    """A pod that prints `file` of the job's checkpoint.dir and ends: the job's image (which the
+    job's nodes hold) and pull secrets, the controller's pool, and the job's volume that holds
+    checkpoint.dir, mounted read-only where the job's pods mount it. Under the restricted Pod
+    Security Standard, as the job's pods are. Not labelled as the job's: the operator's view of
+    the job's pods must not count it. Raises PluginError when checkpoint.dir is on no volume
+    of the job (an object store keeps the checkpoints, a pod's own disk the rest)."""
+    meta = job["metadata"]
+    try:
+        rljob = parse_rljob(job, f"RLJob {meta['name']}", admitted=True)
+    except InvalidSpec as exc:
+        raise PluginError(str(exc)) from None
+    folder = rljob.spec.checkpoint.dir
+    volumes, mounts = volumes_and_mounts(rljob)
+    holding = [m for m in mounts if _under(folder, m["mountPath"])]
+    if not holding:
+        raise PluginError(
+            f"RLJob {meta['name']}'s pods are gone and its checkpoint.dir {folder} is on none of its volumes: "
+            f"{file} went with them"
+        )
+    mount = max(holding, key=lambda m: len(m["mountPath"]))
+    volume = next(v for v in volumes if v["name"] == mount["name"])
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "reader",
+                "image": rljob.spec.image,
+                "imagePullPolicy": rljob.spec.image_pull_policy,
+                "command": ["cat", posixpath.join(folder, file)],
+                "volumeMounts": [{**mount, "readOnly": True}],
+                "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+                "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}},
+            }
+        ],
+        "volumes": [volume],
+        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+        "automountServiceAccountToken": False,
+    }
+    if rljob.spec.image_pull_secrets:
+        pod["imagePullSecrets"] = [secret.to_wire() for secret in rljob.spec.image_pull_secrets]
+    if rljob.spec.controller.pool is not None:
+        pool = rljob.spec.controller.pool.to_wire()
+        pod.update({key: pool[key] for key in ("nodeSelector", "tolerations", "affinity") if key in pool})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": meta.get("namespace")},
+        "spec": pod,
+    }
+
+
+def _under(path: str, folder: str) -> bool:
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
 # --- kubectl --------------------------------------------------------------------------------------
 
 
@@ -92,15 +192,43 @@ class Kubectl:
         self.binary = os.environ.get("KUBECTL", "kubectl")
         self.flags = list(flags)
 
-    def run(self, *args: str, capture: bool = True) -> str:
+    def run(self, *args: str, capture: bool = True, stdin: str | None = None) -> str:
         command = [self.binary, *self.flags, *args]
         try:
-            result = subprocess.run(command, capture_output=capture, text=True, check=False)
+            result = subprocess.run(command, capture_output=capture, text=True, check=False, input=stdin)
         except FileNotFoundError:
             raise PluginError(f"{self.binary} not found (set KUBECTL to its path)") from None
         if result.returncode != 0:
-            raise PluginError((result.stderr or "").strip() or f"kubectl {' '.join(args)} failed")
+            raise PluginError(kubectl_message(result.stderr or "") or f"kubectl {' '.join(args)} failed")
         return result.stdout or ""
+
+    def pod_exists(self, name: str) -> bool:
+        return bool(self.run("get", "pods", "--field-selector", f"metadata.name={name}", "-o", "name").strip())
+
+    def read_from_volume(self, job: Obj, file: str) -> str:
+        """`file` of a job's checkpoint.dir, printed by a short-lived pod (`reader_pod`)."""
+        name = f"{job['metadata']['name']}-reader-{secrets.token_hex(3)}"
+        self.run("create", "-f", "-", stdin=json.dumps(reader_pod(job, name, file)))
+        try:
+            deadline = time.monotonic() + READER_TIMEOUT_SECONDS
+            phase = ""
+            while phase not in ("Succeeded", "Failed"):
+                if time.monotonic() > deadline:
+                    raise PluginError(
+                        f"pod {name}, reading {file} from the job's volume, did not end within "
+                        f"{READER_TIMEOUT_SECONDS:.0f}s (kubectl describe pod {name})"
+                    )
+                time.sleep(0.5)
+                phase = self.run("get", "pod", name, "-o", "jsonpath={.status.phase}").strip()
+            text = self.run("logs", name)
+            if phase == "Failed":
+                raise PluginError(
+                    f"cannot read {file} from the job's volume: {text.strip() or 'the reader pod failed'}"
+                )
+            return text
+        finally:
+            with contextlib.suppress(PluginError):
+                self.run("delete", "pod", name, "--wait=false", "--ignore-not-found")
 
     def rljob(self, name: str) -> Obj:
         job: Obj = json.loads(self.run("get", f"{PLURAL}.rlkube.dev", name, "-o", "json"))
@@ -121,19 +249,43 @@ def _status(kubectl: Kubectl, args: argparse.Namespace) -> int:
     return 0
 
 
+def tail(text: str, lines: int | None) -> str:
+    """The last `lines` lines of `text`, as `kubectl logs --tail` counts them (-1 or None: all)."""
+    kept = text.splitlines(keepends=True)
+    if lines is None or lines < 0:
+        return text
+    return "".join(kept[len(kept) - lines :]) if lines else ""
+
+
 def _logs(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    pod = pod_name(args.name, args.role, args.rank)
+    if not kubectl.pod_exists(pod):
+        job = kubectl.rljob(args.name)  # a missing job is named as kubectl names it
+        state = (job.get("status") or {}).get("state") or "Pending"
+        if args.role != CONTROLLER_ROLE:
+            raise PluginError(
+                f"pod {pod} does not exist (RLJob {args.name} is {state}): a role pod's log goes with the pod; "
+                f"the driver's is kept (kubectl rlkube logs {args.name})"
+            )
+        sys.stdout.write(tail(kubectl.read_from_volume(job, DRIVER_LOG_FILE), args.tail))
+        return 0
     extra = ["-f"] if args.follow else []
     extra += [f"--tail={args.tail}"] if args.tail is not None else []
     extra += ["--previous"] if args.previous else []
-    kubectl.run("logs", pod_name(args.name, args.role, args.rank), "-c", TRAINER_CONTAINER, *extra, capture=False)
+    kubectl.run("logs", pod, "-c", TRAINER_CONTAINER, *extra, capture=False)
     return 0
 
 
 def _curves(kubectl: Kubectl, args: argparse.Namespace) -> int:
-    log = kubectl.run("logs", pod_name(args.name, CONTROLLER_ROLE, 0), "-c", TRAINER_CONTAINER)
-    rows = parse_step_lines(log)
+    driver = pod_name(args.name, CONTROLLER_ROLE, 0)
+    if kubectl.pod_exists(driver):
+        rows = parse_step_lines(kubectl.run("logs", driver, "-c", TRAINER_CONTAINER))
+        where = f"the driver's log ({driver})"
+    else:
+        rows = metrics_rows(kubectl.read_from_volume(kubectl.rljob(args.name), METRICS_FILE))
+        where = f"{METRICS_FILE} on the job's volume"
     if not rows:
-        raise PluginError(f"no step lines in the driver's log yet ({pod_name(args.name, CONTROLLER_ROLE, 0)})")
+        raise PluginError(f"no steps in {where} yet")
     if not plot_curves(rows, args.output):
         raise PluginError("matplotlib is not installed (pip install 'rlkube[trainer]')")
     print(f"{args.output}: {len(rows)} steps, {rows[0]['step']:.0f} to {rows[-1]['step']:.0f}")

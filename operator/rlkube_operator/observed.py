@@ -12,6 +12,7 @@ from rlkube_api.names import (
     ANNOTATION_ATTEMPT,
     ANNOTATION_EXIT_CODE,
     ANNOTATION_PROGRESS,
+    ANNOTATION_RUN_FINISHED,
     EVENT_TRAINER_EXITED,
     LABEL_ROLE,
 )
@@ -71,6 +72,8 @@ class PodView:
     progress: dict[str, Any] = field(default_factory=dict)
     # Rebuilt from the Events about a pod replaced while no operator watched (`departed_pod`).
     departed: bool = False
+    # The driver recorded its run's success on its pod and idles (ANNOTATION_RUN_FINISHED).
+    run_finished: bool = False
 
     @property
     def index(self) -> int | None:
@@ -86,7 +89,7 @@ class PodView:
 
     @property
     def succeeded(self) -> bool:
-        if self.phase == "Succeeded":
+        if self.phase == "Succeeded" or self.run_finished:
             return True
         return self.terminated is not None and self.terminated[0] == 0
 
@@ -163,6 +166,7 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         restarts=restarts,
         progress=progress if isinstance(progress, dict) else {},
         lost_reason=status.get("message") if status.get("reason") == LOST_REASON else None,
+        run_finished=ANNOTATION_RUN_FINISHED in annotations,
     )
 
 
@@ -179,7 +183,9 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         key: meta[key] for key in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp") if key in meta
     }
     slim_meta["labels"] = {k: v for k, v in labels.items() if k == LABEL_ROLE}
-    slim_meta["annotations"] = {k: v for k, v in annotations.items() if k in (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS)}
+    slim_meta["annotations"] = {
+        k: v for k, v in annotations.items() if k in (ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, ANNOTATION_RUN_FINISHED)
+    }
     slim_status = {key: status[key] for key in ("phase", "reason", "message") if key in status}
     # Every condition: podFailurePolicy rules may name any type (DisruptionTarget, say).
     slim_status["conditions"] = [

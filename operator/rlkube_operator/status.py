@@ -30,7 +30,8 @@ settles the job's fate ends it (RULES below):
 - unschedulable: pods Pending with no node that fits for that long → the Unschedulable
   condition, naming the role;
 - readiness: Running once every pod is ready.
-A terminal job never gets pods again; its children go after ttlSecondsAfterFinished.
+A terminal job never gets pods again: once its end is written, its StatefulSets go to zero and
+every pod is deleted with FINISHED_GRACE_SECONDS; its children go after ttlSecondsAfterFinished.
 """
 
 from __future__ import annotations
@@ -99,6 +100,12 @@ COUNTS_WRITE_INTERVAL = 1.0
 _WARNING_WHEN_TRUE = frozenset({ConditionType.FAILED, ConditionType.RESTARTING, ConditionType.UNSCHEDULABLE})
 # Reasons that announce trouble whatever the condition says: the job waits on something a user must fix.
 _WARNING_REASONS = frozenset({PODS_NOT_CREATED})
+# SIGTERM to SIGKILL for the pods of a job that has ended. Its pods have nothing left to save: a
+# succeeded driver wrote its last checkpoint before it recorded its success, and a failed job
+# never runs again. A few seconds let the processes end cleanly; the job's own grace period
+# (runPolicy.terminationGracePeriodSeconds, for saving the step in progress) would hold every
+# pod, and the resources it asked for, that long after the end.
+FINISHED_GRACE_SECONDS = 5
 
 
 @dataclass(frozen=True)
@@ -868,12 +875,12 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     if is_terminal(status.state):
         status.progress = _without_estimate(status.progress)
 
-    actions: list[Action] = []
     if fate is Fate.FINISHING:
-        actions.append(ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job))))
-    else:
-        # For a restart: the new templates first (the attempt annotation), then the old gang goes.
-        actions.append(ApplyChildren(status.restart_count, pods_wanted=fate not in (Fate.SUSPENDED, Fate.HELD)))
+        # The terminal state is written first: the pods are its evidence (the driver's exit
+        # code or finished run) until it is stored.
+        return _with_write(p, [], fate, then=_release(job, observed.pods))
+    # For a restart: the new templates first (the attempt annotation), then the old gang goes.
+    actions: list[Action] = [ApplyChildren(status.restart_count, pods_wanted=fate not in (Fate.SUSPENDED, Fate.HELD))]
     actions += _stale_pods(observed, status, job.spec.run_policy.termination_grace_period_seconds)
     return _with_write(p, actions, fate)
 
@@ -923,10 +930,10 @@ def _spec_fixed(p: _Pass) -> bool:
 
 
 def _finished(p: _Pass) -> Plan:
-    """A terminal job: no children applied; they are deleted once the TTL elapses."""
-    actions: list[Action] = list(
-        _stale_pods(p.observed, p.status, p.job.spec.run_policy.termination_grace_period_seconds)
-    )
+    """A terminal job: no children applied, no pod left (those still there, say after the
+    operator stopped between writing the terminal state and deleting them, are deleted);
+    the children are deleted once the TTL elapses."""
+    actions = _release(p.job, p.observed.pods)
     ttl = p.job.spec.run_policy.ttl_seconds_after_finished
     done = parse_time(p.prev.completion_time)
     if ttl is not None and done is not None:
@@ -936,6 +943,29 @@ def _finished(p: _Pass) -> Plan:
         else:
             p.requeue.append(left)
     return _with_write(p, actions, None)
+
+
+def _release(job: RLJob, pods: list[PodView]) -> list[Action]:
+    """An ended job lets go of its pods at once: every pod still there is deleted with
+    FINISHED_GRACE_SECONDS (those whose containers ended at once), then its StatefulSets go to
+    zero replicas so that nothing recreates them. Deleted first, the pods get the short grace
+    period as their only one: scaled down first, the StatefulSet controller would delete them
+    with the pods' own (the job's, for saving a step), and only a kubelet that honours a
+    shortened grace period would cut that. A StatefulSet recreates no pod while its
+    predecessor terminates, so the scale-down right after comes in time. Pods already being
+    deleted get the short grace period too (it shortens a longer one); nothing once the pods
+    are gone."""
+    if not pods:
+        return []
+    ended = tuple((pod.name, pod.uid) for pod in pods if pod.failed or (pod.succeeded and not pod.run_finished))
+    running = tuple((pod.name, pod.uid) for pod in pods if (pod.name, pod.uid) not in ended)
+    actions: list[Action] = []
+    if ended:
+        actions.append(DeletePods(ended))
+    if running:
+        actions.append(DeletePods(running, FINISHED_GRACE_SECONDS))
+    actions.append(ScaleToZero(tuple(child_name(job.metadata.name or "", r.name) for r in pod_roles(job))))
+    return actions
 
 
 def _stale_pods(observed: Observed, status: RLJobStatus, grace_period_seconds: int) -> list[Action]:
@@ -952,8 +982,9 @@ def _stale_pods(observed: Observed, status: RLJobStatus, grace_period_seconds: i
     return actions
 
 
-def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:
-    """Adds the status write (now, or a requeue for when it is due) and the metrics."""
+def _with_write(p: _Pass, actions: list[Action], fate: Fate | None, then: Iterable[Action] = ()) -> Plan:
+    """Adds the status write (now, or a requeue for when it is due), the actions that come
+    after it (`then`) and the metrics."""
     events = p.conds.events if fate is not None else []
     requeue = list(p.requeue)
     delay = status_write_delay(p.prev, p.status, p.observed.since_last_write, COUNTS_WRITE_INTERVAL)
@@ -962,6 +993,7 @@ def _with_write(p: _Pass, actions: list[Action], fate: Fate | None) -> Plan:
     elif delay is not None:
         # Nothing is lost: the next pass computes the status afresh from the pods.
         requeue.append(delay)
+    actions += then
     if fate is Fate.RESTART:
         actions.append(CountRestart())
     first_run = state_of(p.prev.state) in (None, State.PENDING, State.CREATED) and p.status.restart_count == 0

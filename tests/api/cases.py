@@ -415,6 +415,7 @@ INVALID = [
             _set("spec.trainer.v1.trainerMode", "colocate_async"),
             _set("spec.trainer.testFreq", -1),
             _set("spec.roles.rollout", {"placement": "colocated"}),
+            _set("spec.rollout.freeCacheEngine", True),
         ),
         ("spec.rollout.freeCacheEngine", "colocate_async"),
     ),
@@ -739,6 +740,16 @@ VALID = [
         (),
     ),
     Case("reference-colocated-without-kl", _set("spec.actor.useKlLoss", False), ()),
+    # Unset, rollout.freeCacheEngine takes the mode's default (false in colocate_async).
+    Case(
+        "colocate-async-engine-default",
+        _all(
+            _set("spec.trainer.v1.trainerMode", "colocate_async"),
+            _set("spec.roles.rollout", {"placement": "colocated"}),
+            _set("spec.trainer.testFreq", -1),
+        ),
+        (),
+    ),
     Case(
         "colocate-async",
         _all(

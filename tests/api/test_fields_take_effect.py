@@ -150,7 +150,10 @@ def test_every_spec_field_takes_effect_or_is_refused_by_name() -> None:
     base_obj = example(GPU)
     base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
     ignored: dict[str, str] = {}
-    for path, info, current in _leaves(RLJobSpec, base_obj["spec"], ""):
+    # The values as validated: a default that depends on other fields (the trainer mode's) is
+    # filled in there, and the other value is the one that differs from it.
+    effective = parse_rljob(copy.deepcopy(base_obj)).spec.to_wire()
+    for path, info, current in _leaves(RLJobSpec, effective, ""):
         if path in ELSEWHERE:
             continue
         value = _other_value(info, current)

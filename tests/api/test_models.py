@@ -204,3 +204,20 @@ def test_rollout_correction_is_token_tis_by_default_only_in_the_asynchronous_mod
     assert asynchronous.algorithm.rollout_correction.rollout_is is None  # the spec itself is unchanged
     job["spec"].setdefault("algorithm", {})["rolloutCorrection"] = {"rolloutIs": "sequence"}
     assert parse_rljob(job).spec.rollout_correction.rollout_is == "sequence"  # an explicit choice stands
+
+
+def test_free_cache_engine_defaults_by_trainer_mode_and_an_explicit_value_is_judged() -> None:
+    """Unset, rollout.freeCacheEngine is the mode's default (true; false in colocate_async,
+    whose engine generates while the actor trains), in the RLJob and in the trainer's config
+    the operator writes from it; an explicit true there is still refused by name."""
+    assert parse_rljob(base_job()).spec.rollout.free_cache_engine is True
+    job = base_job()
+    job["spec"].setdefault("trainer", {})["v1"] = {"trainerMode": "colocate_async"}
+    job["spec"]["trainer"]["testFreq"] = -1
+    job["spec"].setdefault("roles", {})["rollout"] = {"placement": "colocated"}
+    spec = parse_rljob(job).spec
+    assert spec.rollout.free_cache_engine is False
+    assert spec.to_config()["rollout"]["free_cache_engine"] is False
+    job["spec"].setdefault("rollout", {})["freeCacheEngine"] = True
+    with pytest.raises(InvalidSpec, match=r"spec\.rollout\.freeCacheEngine.*colocate_async"):
+        parse_rljob(job)

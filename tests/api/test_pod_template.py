@@ -75,6 +75,28 @@ CORE_RULES = [
     Case("checkpoint-volume-sources", _set("spec.checkpoint.volume", {"persistentVolumeClaim": {"claimName": "c"}, "emptyDir": {}}), ("spec.checkpoint.volume", "exactly one volume source")),
 ]  # fmt: skip
 REFUSED += CORE_RULES
+# Security settings that cannot combine with the operator's own (the restricted Pod Security
+# Standard's: allowPrivilegeEscalation false, runAsNonRoot), or that the core API does not know.
+SECURITY = [
+    Case("privileged", _set(TEMPLATE, {"securityContext": {"privileged": True}}), ("spec.podTemplate.securityContext.privileged", "allowPrivilegeEscalation: true")),
+    Case("role-privileged", _set(ACTOR, {"securityContext": {"privileged": True, "allowPrivilegeEscalation": False}}), ("spec.roles.actor.podTemplate.securityContext.privileged",)),
+    Case("sys-admin", _set(TEMPLATE, {"securityContext": {"capabilities": {"add": ["IPC_LOCK", "CAP_SYS_ADMIN"]}}}), ("spec.podTemplate.securityContext.capabilities.add", "SYS_ADMIN")),
+    Case("root-container", _set("spec.controller.podTemplate", {"securityContext": {"runAsUser": 0}}), ("spec.controller.podTemplate.securityContext.runAsUser", "runAsNonRoot: false")),
+    Case("root-pod", _set(TEMPLATE, {"podSecurityContext": {"runAsUser": 0}}), ("spec.podTemplate.podSecurityContext.runAsUser", "runAsNonRoot: false")),
+    Case("unknown-key", _set(TEMPLATE, {"securityContext": {"privilegd": True}}), ("spec.podTemplate.securityContext", "privilegd")),
+    Case("wrong-type", _set(TEMPLATE, {"securityContext": {"privileged": "yes"}}), ("spec.podTemplate.securityContext.privileged",)),
+    Case("seccomp-type", _set(TEMPLATE, {"podSecurityContext": {"seccompProfile": {"type": "runtime/default"}}}), ("spec.podTemplate.podSecurityContext.seccompProfile.type",)),
+    Case("negative-group", _set(TEMPLATE, {"podSecurityContext": {"fsGroup": -1}}), ("spec.podTemplate.podSecurityContext.fsGroup",)),
+]  # fmt: skip
+REFUSED += SECURITY
+
+
+def test_security_settings_that_combine_with_the_operators_are_accepted() -> None:
+    allowed = {"privileged": True, "allowPrivilegeEscalation": True, "capabilities": {"add": ["IPC_LOCK"]}}
+    job = example("tiny-cpu.yaml")
+    _set(TEMPLATE, {"securityContext": allowed, "podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False}})(job)
+    template = parse_rljob(job).spec.pod_template
+    assert template is not None and template.to_wire()["securityContext"] == allowed
 
 
 @pytest.mark.parametrize("case", REFUSED, ids=lambda c: c.id)

@@ -7,15 +7,19 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from rlkube_api.names import LABEL_JOB
 from rlkube_e2e import tinyjob
 from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
+from tests.e2e.test_kubectl_plugin_logs import _plugin
 
 pytestmark = [
     pytest.mark.cluster,
@@ -60,8 +64,10 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
     restricted Pod Security Standard. The controller and the rollout pod run on one node and
     the actors on the other, so Ray's, torch.distributed's and the weight sync's connections
     cross between the nodes; the job trains to Succeeded. Inside a trainer container meanwhile:
-    the image's non-root user with writable caches and a memory-backed /dev/shm."""
-    trainer = real_cluster.images["trainer-cpu"]
+    the image's non-root user with writable caches and a memory-backed /dev/shm. Once it has
+    succeeded, every pod of it is gone within seconds with no container run again, and
+    `kubectl rlkube logs` and `curves` read the finished job's log and metrics from its volume."""
+    trainer, kubeconfig = real_cluster.images["trainer-cpu"], real_cluster.cluster.kubeconfig
     namespace = "tiny-restricted"
     with real_node_kit.restricted_operator(real_cluster, namespace) as kubectl:
         workdir = tmp_path / "work"
@@ -85,3 +91,51 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert final["progress"]["step"] == STEPS
         assert len(job.metrics()) == STEPS
         assert final.get("restartCount", 0) == 0
+        # A finished job lets go at once: no container of it runs again (the driver idles
+        # rather than exit, which the kubelet would restart) and every pod is gone within
+        # seconds, not the job's grace period (120 s).
+        seen = _pods_until_gone(kubectl, namespace, job.name, final["completionTime"], FINISHED_WITHIN)
+        restarted = {
+            f"{p['metadata']['name']}/{c['name']}": c["restartCount"]
+            for p in seen
+            for c in p["status"].get("containerStatuses") or []
+            if c.get("restartCount")
+        }
+        assert not restarted, f"containers restarted after the job succeeded: {restarted}"
+        # Its log and curves stay readable from its volume.
+        log = _plugin(kubeconfig, "-n", namespace, "logs", job.name)
+        assert log.returncode == 0 and f"step {STEPS} " in log.stdout, log.stderr
+        png = tmp_path / "curves.png"
+        curves = _plugin(kubeconfig, "-n", namespace, "curves", job.name, "-o", str(png))
+        assert curves.returncode == 0, curves.stderr
+        assert f"{STEPS} steps, 1 to {STEPS}" in curves.stdout
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        role = _plugin(kubeconfig, "-n", namespace, "logs", job.name, "--role", "actor")
+        assert role.returncode == 1 and role.stderr.count("error") == 1 and "is Succeeded" in role.stderr
+
+
+# After a job's end (its completionTime), every pod of it is gone within this many seconds.
+FINISHED_WITHIN = 15.0
+
+
+def _pods_until_gone(kubectl: Kubectl, namespace: str, job: str, completed: str, within: float) -> list[dict[str, Any]]:
+    """Every observation of the job's pods from now until none is left (polled 4 times a second);
+    fails if any is still there `within` seconds after `completed` (whole seconds, so the bound
+    is kept with up to a second to spare)."""
+    deadline = datetime.fromisoformat(completed.replace("Z", "+00:00")).timestamp() + within
+    seen: list[dict[str, Any]] = []
+    while True:
+        pods = json.loads(kubectl("-n", namespace, "get", "pods", "-l", f"{LABEL_JOB}={job}", "-o", "json").stdout)
+        seen += pods["items"]
+        if not pods["items"]:
+            return seen
+        left = {
+            p["metadata"]["name"]: (
+                p["metadata"].get("deletionTimestamp"),
+                p["metadata"].get("deletionGracePeriodSeconds"),
+                [c.get("state") for c in p["status"].get("containerStatuses") or []],
+            )
+            for p in pods["items"]
+        }
+        assert time.time() < deadline, f"pods still there {within:.0f}s after the job ended: {left}"
+        time.sleep(0.25)

@@ -13,9 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from rlkube_api.names import LABEL_JOB
 from rlkube_api.step_rows import parse_step_lines, plot_curves, step_line
-from rlkube_operator.kubectl_plugin import format_status, pod_name
+from rlkube_operator.kubectl_plugin import (
+    PluginError,
+    format_status,
+    kubectl_message,
+    metrics_rows,
+    pod_name,
+    reader_pod,
+    tail,
+)
 from tests.operator.cluster_kit import TINY_PODS, Jobs, tiny_job
+from tests.operator.helpers import CPU, NAMESPACE, example, set_path
 
 JOB = "plug"
 LOG = """\
@@ -50,6 +60,64 @@ def test_the_curves_are_drawn_from_log_rows(tmp_path: Path) -> None:
     png = tmp_path / "curves"
     assert plot_curves(parse_step_lines(LOG), png)
     assert png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_kubectls_error_is_said_once_in_one_line() -> None:
+    logs = 'error: error from server (NotFound): pods "tiny-cpu-controller-0" not found\n'
+    assert kubectl_message(logs) == 'pods "tiny-cpu-controller-0" not found'
+    get = 'Warning: a deprecation\nError from server (NotFound): rljobs.rlkube.dev "nope" not found\n'
+    assert kubectl_message(get) == 'rljobs.rlkube.dev "nope" not found'
+    assert kubectl_message('error: the server doesn\'t have a resource type "rljobs"') == (
+        'the server doesn\'t have a resource type "rljobs"'
+    )
+
+
+def test_metrics_rows_keep_each_steps_latest_row_and_skip_a_cut_line() -> None:
+    text = '{"step": 1, "critic/score/mean": 0.25, "note": "x"}\n{"step": 2, "critic/score/mean": 0.5}\n'
+    text += '{"step": 2, "critic/score/mean": 0.75}\n{"step": 3, "crit'
+    assert metrics_rows(text) == [{"step": 1, "critic/score/mean": 0.25}, {"step": 2, "critic/score/mean": 0.75}]
+
+
+def test_tail_counts_lines_as_kubectl_logs_does() -> None:
+    text = "a\nb\nc\n"
+    assert (tail(text, None), tail(text, -1), tail(text, 2), tail(text, 0), tail(text, 9)) == (
+        text,
+        text,
+        "b\nc\n",
+        "",
+        text,
+    )
+
+
+def test_the_reader_pod_mounts_the_volume_holding_checkpoint_dir_read_only_under_the_restricted_standard() -> None:
+    job = example(CPU)
+    job["metadata"]["namespace"] = NAMESPACE
+    set_path("spec.controller.pool", {"nodeSelector": {"pool": "cpu"}})(job)
+    pod = reader_pod(job, "tiny-cpu-reader-1", "metrics.jsonl")
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert container["command"] == ["cat", "/rlkube/checkpoints/tiny-cpu/metrics.jsonl"]
+    assert container["image"] == job["spec"]["image"]
+    assert spec["volumes"] == [
+        {"name": "work", "hostPath": {"path": "/var/tmp/rlkube-demo", "type": "DirectoryOrCreate"}}
+    ]
+    assert container["volumeMounts"] == [{"name": "work", "mountPath": "/rlkube", "readOnly": True}]
+    assert spec["restartPolicy"] == "Never" and spec["nodeSelector"] == {"pool": "cpu"}
+    # What the restricted Pod Security Standard asks of every container.
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # Not one of the job's pods: the operator must not count it.
+    assert LABEL_JOB not in (pod["metadata"].get("labels") or {})
+    assert pod["metadata"] == {"name": "tiny-cpu-reader-1", "namespace": NAMESPACE}
+
+
+def test_a_checkpoint_dir_on_no_volume_is_one_error_naming_it() -> None:
+    job = example(CPU)
+    set_path("spec.checkpoint.dir", "/elsewhere/ckpt")(job)
+    with pytest.raises(PluginError, match=r"checkpoint.dir /elsewhere/ckpt is on none of its volumes"):
+        reader_pod(job, "r", "metrics.jsonl")
 
 
 def test_the_plugin_runs_without_the_trainer_package() -> None:
@@ -158,5 +226,9 @@ def test_a_missing_job_or_pod_is_one_line_naming_it(jobs: Jobs) -> None:
     missing = _kubectl_rlkube(kubeconfig, "-n", jobs.namespace, "status", "nope")
     assert missing.returncode == 1
     assert missing.stderr.startswith("error: ") and '"nope" not found' in missing.stderr
-    curves = _kubectl_rlkube(kubeconfig, "-n", jobs.namespace, "curves", "nope", "-o", "/dev/null")
-    assert curves.returncode == 1 and "nope-controller-0" in curves.stderr
+    for command in (["curves", "nope", "-o", "/dev/null"], ["logs", "nope"]):
+        result = _kubectl_rlkube(kubeconfig, "-n", jobs.namespace, *command)
+        assert result.returncode == 1
+        assert result.stderr.startswith("error: ") and '"nope" not found' in result.stderr, result.stderr
+        assert "error: error" not in result.stderr.lower(), result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr

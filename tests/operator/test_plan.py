@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
+from rlkube_api.names import ANNOTATION_RUN_FINISHED
 from rlkube_api.rljob import RLJob, RunPolicy
 from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import view_pod
@@ -23,6 +24,7 @@ from rlkube_operator.plan import (
 from rlkube_operator.status import (
     APPLY_RETRY_SECONDS,
     COUNTS_WRITE_INTERVAL,
+    FINISHED_GRACE_SECONDS,
     REFERENCE_RECHECK_SECONDS,
     RULES,
     Observed,
@@ -38,6 +40,16 @@ JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activ
 PODS = gang_pods(JOB)
 SETS = ("tiny-cpu-controller", "tiny-cpu-actor", "tiny-cpu-rollout")
 STUCK = "0/2 nodes are available: 2 Insufficient cpu."
+
+
+def uids(pods: list[Obj]) -> tuple[tuple[str, str], ...]:
+    return tuple((q["metadata"]["name"], q["metadata"]["uid"]) for q in pods)
+
+
+def released(pods: list[Obj]) -> list[Action]:
+    """What an ended job does with pods still running: each pod deleted with the short grace
+    period, then its StatefulSets to zero."""
+    return [DeletePods(uids(pods), FINISHED_GRACE_SECONDS), ScaleToZero(SETS)]
 
 
 def plan(
@@ -122,20 +134,57 @@ def test_suspended_keeps_the_children_at_zero_replicas() -> None:
     assert not p.pods_wanted
 
 
-def test_past_deadline_scales_to_zero_and_applies_nothing() -> None:
+def test_past_deadline_writes_the_failure_then_lets_the_pods_go() -> None:
     p = plan(running(), PODS, 1800)
     assert p.status.state == State.FAILED
-    assert p.actions == [ScaleToZero(SETS), WriteStatus(p.status)]
+    assert p.actions == [WriteStatus(p.status), *released(PODS)]
     assert p.requeue_after is None  # no TTL: nothing left to do
 
 
-def test_driver_succeeded_scales_to_zero_and_comes_back_for_the_ttl() -> None:
+def test_a_finished_run_on_the_driver_pod_is_the_jobs_success_and_every_pod_goes_at_once() -> None:
+    """The driver records its finished run on its pod and idles (an exit would be restarted):
+    the success is written first (the pods are its evidence), then every pod, the idle driver
+    too, is deleted with the short grace period, not the job's, and the StatefulSets go to zero."""
     job = running(load_job(CPU, set_path("spec.runPolicy.ttlSecondsAfterFinished", 600)))
-    driver = pod("tiny-cpu", "controller", phase="Succeeded", ready=False, terminated=(0, "Completed"))
-    p = plan(job, replace_pod(PODS, driver), 500)
+    driver = pod("tiny-cpu", "controller")
+    driver["metadata"]["annotations"][ANNOTATION_RUN_FINISHED] = "2026-12-01T12:08:20Z"
+    pods = replace_pod(PODS, driver)
+    p = plan(job, pods, 500)
     assert p.status.state == State.SUCCEEDED
-    assert p.actions == [ScaleToZero(SETS), WriteStatus(p.status)]
+    assert p.actions == [WriteStatus(p.status), *released(pods)]
+    assert FINISHED_GRACE_SECONDS < GRACE
     assert p.requeue_after == 600
+
+
+def test_a_driver_that_exited_0_and_was_restarted_is_deleted_without_grace() -> None:
+    """Without the annotation (the driver could not write it) the kubelet restarts a driver that
+    exited 0; the success stands, and the restarted driver has nothing to save."""
+    job = running()
+    driver = pod("tiny-cpu", "controller", last_terminated=(0, "Completed"), restarts=1)
+    pods = replace_pod(PODS, driver)
+    p = plan(job, pods, 500)
+    assert p.status.state == State.SUCCEEDED
+    others = [q for q in pods if q is not driver]
+    assert p.actions == [
+        WriteStatus(p.status),
+        DeletePods(uids([driver]), 0),
+        DeletePods(uids(others), FINISHED_GRACE_SECONDS),
+        ScaleToZero(SETS),
+    ]
+
+
+def test_pods_of_an_ended_job_are_deleted_until_they_are_gone() -> None:
+    """A pod still there after the terminal state was written (the operator stopped before
+    deleting, or the StatefulSet controller deletes it with the job's long grace period) is
+    deleted with the short one; once they are all gone, nothing."""
+    job = running()
+    done = after(job, plan(job, PODS, 1800))
+    assert is_terminal(done.status.state if done.status else None)
+    left = [pod("tiny-cpu", "actor", 1), pod("tiny-cpu", "rollout", 0, deleting=True)]
+    again = plan(done, left, 1801)
+    assert [a for a in again.actions if not isinstance(a, WriteStatus)] == released(left)
+    gone = plan(after(done, again), [], 1802)
+    assert not any(isinstance(a, ScaleToZero | DeletePods) for a in gone.actions)
 
 
 def test_gang_failed_applies_the_new_attempt_then_deletes_the_old_gang() -> None:
@@ -169,9 +218,16 @@ def test_the_old_gang_is_deleted_until_it_is_gone_without_counting_again() -> No
 def test_gang_failed_past_the_backoff_limit_fails_the_job() -> None:
     job = running(load_job(CPU, set_path("spec.runPolicy.backoffLimit", 0)))
     failed = pod("tiny-cpu", "actor", 0, phase="Failed", ready=False, terminated=(1, "Error"))
-    p = plan(job, replace_pod(PODS, failed), 100)
+    pods = replace_pod(PODS, failed)
+    p = plan(job, pods, 100)
     assert p.status.state == State.FAILED
-    assert p.actions == [ScaleToZero(SETS), WriteStatus(p.status)]
+    others = [q for q in pods if q is not failed]
+    assert p.actions == [
+        WriteStatus(p.status),
+        DeletePods(uids([failed]), 0),
+        DeletePods(uids(others), FINISHED_GRACE_SECONDS),
+        ScaleToZero(SETS),
+    ]
 
 
 def test_missing_reference_applies_the_children_at_zero_replicas_and_looks_again_soon() -> None:
@@ -187,7 +243,7 @@ def test_missing_reference_applies_the_children_at_zero_replicas_and_looks_again
     # Never found: Failed after pendingTimeoutSeconds (300), scaled to zero.
     late = compute_status(after(JOB, p), Observed([], at(300), missing_references=missing))
     assert late.status.state == State.FAILED
-    assert late.actions == [ScaleToZero(SETS), WriteStatus(late.status)]
+    assert late.actions == [WriteStatus(late.status)]  # no pod to let go of
 
 
 def test_bad_image_past_the_pending_timeout_fails_the_job() -> None:
@@ -201,7 +257,7 @@ def test_bad_image_past_the_pending_timeout_fails_the_job() -> None:
     assert early.requeue_after == pytest.approx(timeout - 10)
     late = plan(created(), pods, timeout)
     assert late.status.state == State.FAILED
-    assert late.actions == [ScaleToZero(SETS), WriteStatus(late.status)]
+    assert late.actions == [WriteStatus(late.status), *released(pods)]
 
 
 def test_unschedulable_only_reports_and_keeps_the_pods() -> None:

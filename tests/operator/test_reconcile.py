@@ -15,7 +15,12 @@ from rlkube_api.conditions import State
 from rlkube_api.rljob import Condition, Progress, RLJobStatus, RoleStatus, RunPolicy
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult, status_patch
-from rlkube_operator.status import CREATE_FAILURE_GRACE_SECONDS, REFERENCE_RECHECK_SECONDS, name_volume_source
+from rlkube_operator.status import (
+    CREATE_FAILURE_GRACE_SECONDS,
+    FINISHED_GRACE_SECONDS,
+    REFERENCE_RECHECK_SECONDS,
+    name_volume_source,
+)
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
 JOB = load_job(CPU)
@@ -220,14 +225,18 @@ def test_a_failed_pod_restarts_the_gang_new_templates_first() -> None:
     assert result.state == State.RESTARTING
 
 
-def test_finishing_scales_to_zero_without_applying() -> None:
+def test_finishing_writes_the_end_then_deletes_the_pods_and_scales_to_zero_without_applying() -> None:
     kube, tracked = FakeKube(), TrackedJob(NAMESPACE, NAME)
     first = reconcile(kube, tracked, body_of(), [], 0)
     assert first.written is not None
     kube.calls.clear()
-    result = reconcile(kube, tracked, first.written, gang_pods(JOB), 1800)  # activeDeadlineSeconds
-    assert kube.kinds() == ["scale_to_zero", "patch_status"]
-    assert kube.calls[0] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
+    pods = gang_pods(JOB)
+    result = reconcile(kube, tracked, first.written, pods, 1800)  # activeDeadlineSeconds
+    assert kube.kinds() == ["patch_status", "delete_pods", "scale_to_zero"]
+    assert kube.calls[2] == ("scale_to_zero", NAMESPACE, tuple(sorted(SETS)))
+    deleted = kube.calls[1]
+    assert sorted(deleted[2]) == sorted((p["metadata"]["name"], p["metadata"]["uid"]) for p in pods)
+    assert deleted[3] == FINISHED_GRACE_SECONDS
     assert result.state == State.FAILED
     # Finished: what was kept to apply children is dropped.
     assert tracked.child_keys == [] and tracked.applied == {}

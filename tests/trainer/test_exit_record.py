@@ -86,15 +86,18 @@ def test_an_api_server_that_does_not_answer_does_not_hold_the_exit_up(tmp_path: 
 # --- against the API server ------------------------------------------------------------------
 
 
-def pod_env(cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path) -> tuple[dict[str, str], Path, str]:
-    """A role pod of a job as the operator sets it up: its ServiceAccount and the job's Role
-    (the operator's own builder), the pod's environment and mounted token; and the pod's UID."""
+def pod_env(
+    cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Path, pod: str = POD
+) -> tuple[dict[str, str], Path, str]:
+    """A pod of a job as the operator sets it up (a role pod unless named): its ServiceAccount
+    and the job's Role (the operator's own builder), the pod's environment and mounted token;
+    and the pod's UID."""
     job = load_job(CPU)
     job.metadata.namespace = namespace
     for child in rbac_children(job):
         kubectl("apply", "-f", "-", input=json.dumps(child))
-    create_pod(kubectl, namespace, POD)
-    uid = json.loads(kubectl("get", "pod", POD, "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
+    create_pod(kubectl, namespace, pod)
+    uid = json.loads(kubectl("get", "pod", pod, "-n", namespace, "-o", "json").stdout)["metadata"]["uid"]
     token = kubectl("create", "token", "tiny-cpu-trainer", "-n", namespace).stdout.strip()
     config = yaml.safe_load(cluster.kubeconfig.read_text())
     host, port = config["clusters"][0]["cluster"]["server"].removeprefix("https://").rsplit(":", 1)
@@ -103,7 +106,7 @@ def pod_env(cluster: ClusterInfo, kubectl: Kubectl, namespace: str, tmp_path: Pa
     env = {
         "KUBERNETES_SERVICE_HOST": host,
         "KUBERNETES_SERVICE_PORT": port,
-        Env.POD_NAME: POD,
+        Env.POD_NAME: pod,
         Env.POD_UID: uid,
         Env.NAMESPACE: namespace,
     }

@@ -40,7 +40,12 @@ class RolloutConfig(ApiModel):
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="Engine dtype.")
     enforce_eager: bool = Field(False, description="Disable CUDA graphs / compilation.")
-    free_cache_engine: bool = Field(True, description="Colocated: release the engine's memory while the actor trains.")
+    # Unset: the trainer mode's default, filled in by TrainerConfig (a bool once validated).
+    free_cache_engine: bool | None = Field(
+        None,
+        description="Colocated: release the engine's memory while the actor trains. Unset: true, except in "
+        "trainer.v1.trainerMode colocate_async, where the engine generates while the actor trains (false).",
+    )
     calculate_log_probs: bool = Field(
         False,
         description="Also return the engine's log-probs of sampled tokens and report how far they are from "

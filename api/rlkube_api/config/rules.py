@@ -152,9 +152,9 @@ ASYNC_RULES: tuple[CelRule, ...] = (
     # A colocated engine put to sleep after each generation is woken by reloading the actor's
     # weights, which would then happen on the rollout thread while the actor updates them.
     CelRule(
-        f"{_MODE} != 'colocate_async' || !self.rollout.freeCacheEngine",
+        f"{_MODE} != 'colocate_async' || !has(self.rollout.freeCacheEngine) || !self.rollout.freeCacheEngine",
         "trainer.v1.trainerMode colocate_async needs rollout.freeCacheEngine false (the engine generates "
-        "while the actor trains)",
+        "while the actor trains; unset, it is false in that mode)",
         ".rollout.freeCacheEngine",
     ),
 )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config.actor import ActorConfig
@@ -109,6 +109,16 @@ class TrainerConfig(ApiModel):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     roles: Roles = Field(description="Workers per role: replicas, GPUs, parallelism, placement.")
+
+    @model_validator(mode="after")
+    def _mode_defaults(self) -> Self:
+        """Defaults that depend on the trainer mode, for the fields left unset: a colocated engine
+        frees its memory while the actor trains (rollout.freeCacheEngine), except in
+        colocate_async, where it generates meanwhile. An explicit value stays, and the mode's
+        rules (rules.ASYNC_RULES) judge it."""
+        if self.rollout.free_cache_engine is None:
+            self.rollout.free_cache_engine = self.trainer.v1.trainer_mode != "colocate_async"
+        return self
 
     @property
     def rollout_correction(self) -> RolloutCorrectionConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlkube_api.config import TrainerConfig
+from rlkube_api.names import METRICS_FILE
 from rlkube_api.placement import Placement, Role
 from rlkube_trainer.checkpoint.integrity import Written, written
 from rlkube_trainer.checkpoint.manager import CheckpointManager
@@ -87,9 +88,6 @@ def layout_of(files: Iterable[str]) -> dict[str, dict[str, Any]]:
             entry["world_size"] += rest.startswith("rank_")
             entry["sharded"] |= rest.startswith("sharded/")
     return layout
-
-
-METRICS_FILE = "metrics.jsonl"
 
 
 def checkpoint_root(config: TrainerConfig) -> CheckpointPath:

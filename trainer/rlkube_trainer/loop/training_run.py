@@ -17,7 +17,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from rlkube_api.config import TrainerConfig
-from rlkube_api.names import Env
+from rlkube_api.names import METRICS_FILE, Env
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath
 from rlkube_trainer.checkpoint.state import capture_rng, load_torch, restore_rng
@@ -32,7 +32,7 @@ from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, Taken
 from rlkube_trainer.loop.ppo import PPOTrainer, Timer
 from rlkube_trainer.loop.progress import NullReporter, ProgressReporter, progress_payload
 from rlkube_trainer.loop.prometheus import DriverMetrics
-from rlkube_trainer.loop.saves import METRICS_FILE, GroupState, Saves, fetch_metrics
+from rlkube_trainer.loop.saves import GroupState, Saves, fetch_metrics
 from rlkube_trainer.loop.termination import TERMINATION, Terminated, Termination
 from rlkube_trainer.loop.tracking import Tracker
 from rlkube_trainer.loop.validation import Validation, headline_score

@@ -24,11 +24,12 @@ from types import FrameType
 
 from rlkube_api.config import ADV_ESTIMATORS, TrainerConfig
 from rlkube_api.exit_codes import ExitCode
-from rlkube_api.names import NODE_HEALTH_PORT, Env
+from rlkube_api.names import DRIVER_LOG_FILE, NODE_HEALTH_PORT, Env
 from rlkube_api.validation import InvalidSpec, load_trainer_config
 from rlkube_api.verl import command as verl_convert
 
 log = logging.getLogger("rlkube.trainer")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # The driver waits this long for every role pod to join before giving up.
 NODES_TIMEOUT = 900.0
 
@@ -159,6 +160,7 @@ def _driver(args: argparse.Namespace) -> int:
     # ends the job at once (the operator does not restart ExitCode.CONFIG).
     if (code := _preflight(config)) is not None:
         return code
+    _log_to_checkpoint_dir(Path(config.checkpoint.dir))
     from rlkube_api.placement import placement_of  # noqa: PLC0415
     from rlkube_trainer.loop import driver  # noqa: PLC0415
     from rlkube_trainer.loop.progress import reporter_from_env  # noqa: PLC0415
@@ -170,11 +172,33 @@ def _driver(args: argparse.Namespace) -> int:
         # leaves no termination message): ours again.
         signal.signal(signal.SIGTERM, _exit_on_sigterm)
         ray_node.wait_for_nodes(placement_of(config), NODES_TIMEOUT)
-        return _finish(driver.run_distributed(config, reporter_from_env(), None, False))
+        code = _finish(driver.run_distributed(config, reporter_from_env(), None, False))
     except Exception as exc:
         # Each class its own code: the operator fails the job at once on a permanent one and
         # restarts the gang (from the last checkpoint) on a lost rank or missing pods.
         return _classified(exc)
+    from rlkube_trainer.pod.finished_run import idle_until_stopped, record_finished  # noqa: PLC0415
+
+    # An exit would be restarted by the kubelet (restartPolicy Always): the finished run is
+    # recorded on the pod and the driver idles until the operator deletes the pods.
+    if code == 0 and record_finished():
+        idle_until_stopped()
+    return code
+
+
+def _log_to_checkpoint_dir(folder: Path) -> None:
+    """The driver's log goes to checkpoint.dir too (appended to by each container start), beside
+    metrics.jsonl: the pod's own log goes with the pod, and a finished job's pods are deleted
+    at its end (`kubectl rlkube logs` reads this file then). Best effort: a folder that cannot
+    be written to fails the run later, naming it, where checkpoints are written."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(folder / DRIVER_LOG_FILE)
+    except OSError as exc:
+        log.warning("the driver's log is not kept in %s: %s", folder, exc)
+        return
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    logging.getLogger().addHandler(handler)
 
 
 def _node(args: argparse.Namespace) -> int:
@@ -279,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("dest", type=Path, help="folder for <split>.parquet")
     data.set_defaults(handler=_data)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return int(args.handler(args))
 
 

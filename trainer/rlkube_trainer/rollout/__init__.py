@@ -95,7 +95,7 @@ def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_si
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         max_model_len=config.data.max_prompt_length + config.data.max_response_length,
         enforce_eager=rollout.enforce_eager or on_cpu,
-        enable_sleep_mode=rollout.free_cache_engine and not on_cpu,
+        enable_sleep_mode=bool(rollout.free_cache_engine) and not on_cpu,
         enable_prefix_caching=rollout.enable_prefix_caching,
         max_num_seqs=rollout.max_num_seqs,
         max_num_batched_tokens=rollout.max_num_batched_tokens,
