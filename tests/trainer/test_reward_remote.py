@@ -26,6 +26,7 @@ class Verifier(ThreadingHTTPServer):
     is the ground truth}, after `delay`)."""
 
     daemon_threads = True
+    request_queue_size = 64  # the listen backlog: concurrent connections wait, none is refused
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Handler)

@@ -2,13 +2,16 @@
 
 A reward function is user code that may be slow (a verifier running tests), hang or crash the
 interpreter. Each worker imports the function once, when it starts, then serves calls over its
-own pipe; the driver sends it the next row when it answers. Because the driver knows which row
+own pipes; the driver sends it the next row when it answers. Because the driver knows which row
 each worker holds, a call that runs past reward.timeoutSeconds or a process that dies is pinned
 to its row: the worker is killed (or found dead) and replaced, and the row gets a CallFailed.
 
-Workers are spawned, not forked: the driver runs threads (Ray, the generation thread of the
-asynchronous schedule) that a fork would copy mid-operation. They import only this package's
-torch-free modules and the user's file.
+A worker is a fresh interpreter running this module (`python -m rlkube_trainer.reward.pool`),
+not a fork: the driver runs threads (Ray, the asynchronous schedule's generation thread) that a
+fork would copy mid-operation, and multiprocessing's spawn would import the driver's own main
+module (torch and all) in every worker. A worker imports this package's torch-free modules and
+the user's file, nothing else. Its stdout and stderr are the driver's: a function's prints go to
+the driver's log.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import math
-import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
@@ -24,24 +29,27 @@ from typing import Any
 
 from rlkube_trainer.reward.function import Call, CallFailed, FunctionSource, RewardFunctionError
 
-_CONTEXT = multiprocessing.get_context("spawn")
-# How long a worker asked to stop may take before it is terminated.
+# How long a worker asked to stop may take before it is killed.
 _STOP_GRACE_SECONDS = 2.0
+# How often the driver looks at its workers' processes even when no pipe speaks: a worker whose
+# function started processes of its own that hold its pipe open does not close the pipe by dying.
+_LIVENESS_SECONDS = 1.0
 _READY, _LOAD_FAILED = "ready", "load failed"
 
 
-def _serve(conn: Connection, source: FunctionSource) -> None:
+def _serve(requests: Connection, answers: Connection) -> None:
     """A worker process: imports the function once, then calls it on each row it is sent."""
+    source: FunctionSource = requests.recv()
     try:
         function = source.load()
     except Exception as err:
         why = str(err) if isinstance(err, RewardFunctionError) else f"{type(err).__name__}: {err}"
-        conn.send((_LOAD_FAILED, why))
+        answers.send((_LOAD_FAILED, why))
         return
-    conn.send((_READY, None))
+    answers.send((_READY, None))
     while True:
         try:
-            message = conn.recv()
+            message = requests.recv()
         except EOFError:  # the driver is gone
             return
         if message is None:
@@ -50,22 +58,28 @@ def _serve(conn: Connection, source: FunctionSource) -> None:
         try:
             result = function(**call)
         except Exception as err:
-            conn.send((index, CallFailed(f"raised {type(err).__name__}: {err}")))
+            answers.send((index, CallFailed(f"raised {type(err).__name__}: {err}")))
             continue
         try:
-            conn.send((index, result))  # pickled whole before anything is written
+            answers.send((index, result))  # pickled whole before anything is written
         except Exception as err:
-            conn.send((index, CallFailed(f"returned a {type(result).__name__} that cannot be pickled: {err}")))
+            answers.send((index, CallFailed(f"returned a {type(result).__name__} that cannot be pickled: {err}")))
 
 
 class _Worker:
     def __init__(self, source: FunctionSource) -> None:
-        parent, child = _CONTEXT.Pipe()
-        # Not a daemon: a reward function may start processes of its own.
-        self.process = _CONTEXT.Process(target=_serve, args=(child, source), name="rlkube-reward-worker")
-        self.process.start()
-        child.close()
-        self.conn = parent
+        to_worker, requests = os.pipe()[::-1]
+        answers_read, answers = os.pipe()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(requests), str(answers)],
+            pass_fds=(requests, answers),
+            stdin=subprocess.DEVNULL,
+        )
+        os.close(requests)
+        os.close(answers)
+        self.requests = Connection(to_worker, readable=False)
+        self.answers = Connection(answers_read, writable=False)
+        self.requests.send(source)
         self.ready = False
         self.row: int | None = None
         self.deadline = math.inf
@@ -73,23 +87,28 @@ class _Worker:
     def send(self, row: int, call: Call, timeout: float | None) -> None:
         self.row = row
         self.deadline = math.inf if timeout is None else time.monotonic() + timeout
-        self.conn.send((row, call))
+        self.requests.send((row, call))
 
     def done(self) -> None:
         self.row, self.deadline = None, math.inf
 
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
     def ask_to_stop(self) -> None:
         with contextlib.suppress(OSError):  # already gone
-            self.conn.send(None)
+            self.requests.send(None)
 
     def stop(self, kill: bool = False) -> None:
         if kill:
             self.process.kill()
-        self.process.join(_STOP_GRACE_SECONDS)
-        if self.process.is_alive():
+        try:
+            self.process.wait(_STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.join()
-        self.conn.close()
+            self.process.wait()
+        self.requests.close()
+        self.answers.close()
 
 
 class RewardPool:
@@ -121,7 +140,10 @@ class RewardPool:
             waiting = [w for w in self.workers if w.row is not None or not w.ready]
             deadline = min(w.deadline for w in waiting)
             wait_for = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
-            wait([w.conn for w in waiting] + [w.process.sentinel for w in waiting], wait_for)
+            wait(
+                [w.answers for w in waiting],
+                _LIVENESS_SECONDS if wait_for is None else min(wait_for, _LIVENESS_SECONDS),
+            )
             for i, worker in enumerate(self.workers):
                 row, result, replace = self._outcome(worker)
                 if replace:
@@ -137,11 +159,12 @@ class RewardPool:
     def _outcome(self, worker: _Worker) -> tuple[int | None, Any, bool]:
         """The row a worker finished now and its result, if any, and whether the worker was
         stopped and needs replacing."""
-        if worker.conn.poll():
+        gone = False
+        if worker.answers.poll():
             try:
-                tag, value = worker.conn.recv()
-            except EOFError:
-                tag, value = None, None
+                tag, value = worker.answers.recv()
+            except (EOFError, OSError):  # its end of the pipe closed: the process is exiting
+                tag, value, gone = None, None, True
             if tag == _READY:
                 worker.ready = True
                 return None, None, False
@@ -151,15 +174,13 @@ class RewardPool:
             if isinstance(tag, int):
                 worker.done()
                 return tag, value, False
-        if not worker.process.is_alive():
-            worker.process.join()
-            code = worker.process.exitcode
+        if gone or not worker.alive():
+            worker.stop()
+            code = worker.process.returncode
             if worker.row is None:
                 self.close()
                 raise RewardFunctionError(f"a reward worker process exited with code {code} while loading the function")
-            row = worker.row
-            worker.stop()
-            return row, CallFailed(f"crashed its worker process (exit code {code})"), True
+            return worker.row, CallFailed(f"crashed its worker process (exit code {code})"), True
         if worker.row is not None and time.monotonic() >= worker.deadline:
             row = worker.row
             worker.stop(kill=True)
@@ -174,3 +195,10 @@ class RewardPool:
                 worker.ask_to_stop()
         for worker in workers:
             worker.stop(kill=worker.row is not None)
+
+
+if __name__ == "__main__":
+    # The pipes' ends this worker was given; not passed on to processes the function may start.
+    for fd in map(int, sys.argv[1:3]):
+        os.set_inheritable(fd, False)
+    _serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))
