@@ -62,7 +62,7 @@ class SlowVerifier(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(answer)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (http.server's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
@@ -128,7 +128,9 @@ def main() -> None:
 
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         report = {
             "rows": args.rows,
             "seconds_per_row": args.seconds,
