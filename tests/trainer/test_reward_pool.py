@@ -148,6 +148,12 @@ def test_zero_workers_call_the_function_in_this_process(reward_file: Path) -> No
     assert result.extra["pid"] == [float(os.getpid())] * 2
 
 
-def test_unset_num_workers_is_the_cpus_this_process_may_use() -> None:
-    assert reward_workers(None) == len(os.sched_getaffinity(0))
-    assert reward_workers(3) == 3
+def test_unset_num_workers_is_the_cpus_this_process_may_use_within_its_cpu_limit(tmp_path: Path) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    limit = tmp_path / "cpu.max"
+    assert reward_workers(3, limit) == 3
+    assert reward_workers(None, limit) == cpus  # no cgroup file
+    limit.write_text("max 100000\n")
+    assert reward_workers(None, limit) == cpus
+    limit.write_text("50000 100000\n")  # half a CPU: one worker
+    assert reward_workers(None, limit) == 1

@@ -157,8 +157,8 @@ class RewardConfig(ApiModel):
         ge=0,
         le=1024,
         description="Worker processes calling the reward function, each importing its file once (unset: "
-        "the CPUs this process may use). 0 calls it in the driver's own process, one row after another "
-        "(for debugging; no timeoutSeconds).",
+        "the CPUs the driver may use, no more than its container's CPU limit). 0 calls it in the driver's "
+        "own process, one row after another (for debugging; no timeoutSeconds).",
     )
     timeout_seconds: float | None = Field(
         None,

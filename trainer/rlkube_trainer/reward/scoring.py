@@ -1,4 +1,5 @@
-"""Scores for responses: a user's Python reward function, or a sequence-classification reward model.
+"""Scores for responses: a user's Python reward function (run in this process, in a pool of worker
+processes, or by a remote verifier's endpoint), or a sequence-classification reward model.
 
 Both scorers take a batch of `RewardInput` (verl's `data_source, solution_str, ground_truth, extra_info`,
 plus the row's raw prompt for reward models) and return `RewardScores(scores, extra)`: one float per
@@ -7,6 +8,7 @@ row, and per-row metrics keyed by name (from reward functions that return a dict
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -336,9 +338,14 @@ def _function_scorer(cfg: RewardConfig) -> FunctionRewardScorer:
     return FunctionRewardScorer(function, source=source, on_failure=cfg.on_failure, calls=pool)
 
 
-def reward_workers(num_workers: int | None) -> int:
-    """reward.numWorkers, unset meaning the CPUs this process may use (its affinity, which a
-    container's CPU set limits)."""
+def reward_workers(num_workers: int | None, cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """reward.numWorkers; unset, the CPUs this process may use: its affinity, and no more than a
+    container's CPU limit (cgroup v2's cpu.max) where one is set."""
     if num_workers is not None:
         return num_workers
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cgroup.read_text().split()
+        return max(1, min(cpus, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no limit
+        return cpus
