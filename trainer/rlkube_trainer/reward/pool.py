@@ -20,6 +20,7 @@ import atexit
 import contextlib
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -113,7 +114,8 @@ class _Worker:
 
 class RewardPool:
     """`num_workers` processes calling the function of `source`; started at the first call and
-    kept across steps. `timeout_seconds` bounds each call (None: no bound)."""
+    kept across steps. `timeout_seconds` bounds each call (None: no bound). One batch at a time:
+    the driver scores from one thread at a time (the schedule quiesces before validation)."""
 
     def __init__(self, source: FunctionSource, num_workers: int, timeout_seconds: float | None = None) -> None:
         if num_workers < 1:
@@ -138,7 +140,7 @@ class RewardPool:
                     worker.send(sent, calls[sent], self.timeout_seconds)
                     sent += 1
             waiting = [w for w in self.workers if w.row is not None or not w.ready]
-            deadline = min(w.deadline for w in waiting)
+            deadline = min((w.deadline for w in waiting), default=math.inf)
             wait_for = None if deadline == math.inf else max(0.0, deadline - time.monotonic())
             wait(
                 [w.answers for w in waiting],
@@ -198,6 +200,8 @@ class RewardPool:
 
 
 if __name__ == "__main__":
+    # Ctrl-C reaches the whole process group; the driver stops its workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # The pipes' ends this worker was given; not passed on to processes the function may start.
     for fd in map(int, sys.argv[1:3]):
         os.set_inheritable(fd, False)
