@@ -117,6 +117,8 @@ def test_with_on_failure_zero_failed_rows_score_zero_and_are_counted(reward_file
         scorer.close()
     assert result.scores == [1.0, 0.0, 0.0, 0.0, 1.0, 0.0]
     assert result.extra[FAILED_METRIC] == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    # Their other numbers are 0 too: a NaN would make the batch's means NaN.
+    assert result.extra["row"] == [0.0, 0.0, 0.0, 0.0, 4.0, 5.0]
     assert after.scores == [1.0, 0.0, 1.0]
     assert after.extra[FAILED_METRIC] == [0.0, 0.0, 0.0]
 

@@ -84,7 +84,7 @@ class FunctionRewardScorer:
     in this process, one row after another, unless `calls` runs the rows elsewhere (a RewardPool of
     worker processes, a RemoteVerifier). A call that fails (raises, times out, crashes its worker)
     fails the batch with its row named, or with on_failure "zero" scores 0 and is counted in the
-    per-row metric FAILED_METRIC.
+    per-row metric FAILED_METRIC (its other numbers 0 too).
     """
 
     def __init__(
@@ -146,7 +146,10 @@ class FunctionRewardScorer:
             labels.append(text_entries(result))
         extra = align_metrics(metrics)
         if not stop:
-            extra[FAILED_METRIC] = [float(isinstance(r, CallFailed)) for r in results]
+            failed = [isinstance(r, CallFailed) for r in results]
+            # A failed row scores 0 in every number, not NaN: a NaN would make the batch's mean NaN.
+            extra = {k: [0.0 if f else v for v, f in zip(values, failed, strict=True)] for k, values in extra.items()}
+            extra[FAILED_METRIC] = [float(f) for f in failed]
         names = list(dict.fromkeys(name for row in labels for name in row))
         return RewardScores(scores, extra), {name: [row.get(name, "") for row in labels] for name in names}
 
