@@ -101,6 +101,11 @@ class Env:
     RAY_AUTH_TOKEN: Final = "RAY_AUTH_TOKEN"
 
 
+# reward.remote.secretHeaders[i] reaches the driver as RLKUBE_REWARD_HEADER_<i>, set by the
+# operator from the header's Secret key (the controller pod's env) and read by the trainer.
+REWARD_HEADER_ENV_PREFIX: Final = "RLKUBE_REWARD_HEADER_"
+
+
 # Set by users (spec.env), not the operator, so not in Env (whose names RLJobs may not set):
 # extra `ray start` flags (shell words) for the head and the role pods, e.g. object store size.
 RAY_START_ARGS_ENV: Final = "RLKUBE_RAY_START_ARGS"

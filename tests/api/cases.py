@@ -191,6 +191,46 @@ INVALID = [
         _set("spec.reward.function.path", "/rewards/gsm8k.py"),
         ("spec.reward.function", "exactly one of path and configMap"),
     ),
+    Case(
+        "reward-remote-and-function",
+        _set("spec.reward.remote", {"url": "https://verifier.example/score"}),
+        ("spec.reward.remote", "reward.remote replaces reward.function"),
+    ),
+    Case(
+        "reward-remote-fields-without-url",
+        _all(_delete("spec.reward.function"), _set("spec.reward.remote", {"timeoutSeconds": 5})),
+        ("spec.reward.remote.url",),
+    ),
+    Case(
+        "reward-remote-url-not-http",
+        _all(_delete("spec.reward.function"), _set("spec.reward.remote", {"url": "ftp://verifier/score"})),
+        ("spec.reward.remote.url",),
+    ),
+    Case(
+        "reward-num-workers-with-a-reward-model",
+        _all(
+            _delete("spec.reward.function"),
+            _set("spec.reward.model", {"path": "/models/rm"}),
+            _set("spec.reward.numWorkers", 4),
+        ),
+        ("spec.reward.numWorkers",),
+    ),
+    Case(
+        "reward-timeout-without-worker-processes",
+        _all(_set("spec.reward.numWorkers", 0), _set("spec.reward.timeoutSeconds", 10)),
+        ("spec.reward.timeoutSeconds", "cannot be stopped"),
+    ),
+    Case(
+        "reward-secret-header-name",
+        _all(
+            _delete("spec.reward.function"),
+            _set(
+                "spec.reward.remote",
+                {"url": "https://v/score", "secretHeaders": [{"header": "Bad Header", "secret": "t", "key": "k"}]},
+            ),
+        ),
+        ("spec.reward.remote.secretHeaders", ".header"),
+    ),
     Case("image-missing", _delete("spec.image"), ("spec.image",)),
     Case("resume-unknown", _set("spec.checkpoint.resume", "latest"), ("spec.checkpoint.resume",)),
     Case("unknown-field", _set("spec.algorithm.advEstimatr", "grpo"), ("advEstimatr",)),
@@ -594,6 +634,33 @@ INVALID = [
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    Case(
+        "reward-function-in-worker-processes",
+        _all(
+            _set("spec.reward.numWorkers", 8),
+            _set("spec.reward.timeoutSeconds", 30),
+            _set("spec.reward.onFailure", "zero"),
+        ),
+        (),
+    ),
+    Case(
+        "reward-remote-verifier",
+        _all(
+            _delete("spec.reward.function"),
+            _set(
+                "spec.reward.remote",
+                {
+                    "url": "https://verifier.example/score",
+                    "headers": {"X-Task": "math"},
+                    "secretHeaders": [{"header": "Authorization", "secret": "verifier-token", "key": "token"}],
+                    "timeoutSeconds": 10,
+                    "retries": 2,
+                    "maxConcurrent": 32,
+                },
+            ),
+        ),
+        (),
+    ),
     # Separate rollout pods: the base spec's placement (tests/e2e/test_agent_job.py runs such a job).
     Case(
         "multi-turn-on-separate-rollout-pods",

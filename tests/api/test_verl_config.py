@@ -130,6 +130,18 @@ def test_verl_091s_reward_section_is_read_and_its_legacy_sections_win() -> None:
     assert config.roles.reward is not None
 
 
+def test_the_reward_loops_worker_count_is_the_reward_functions_processes() -> None:
+    """verl's reward.num_workers (its legacy reward_model.num_workers wins where set) is
+    reward.numWorkers; with a reward model, which scores on its ranks, it is ignored."""
+    assert convert(variant(**{"reward.num_workers": 4})).config.reward.num_workers == 4
+    legacy = convert(variant(**{"reward.num_workers": 4, "reward_model.num_workers": 2}))
+    assert legacy.config.reward.num_workers == 2
+    model = {"custom_reward_function": None, "reward_model.enable": True, "reward_model.model.path": "/models/rm"}
+    result = convert(variant(**model, **{"reward.num_workers": 4}))
+    assert result.config.reward.num_workers is None
+    assert ("reward.num_workers", "a reward model scores on its ranks, not in worker processes") in result.ignored
+
+
 def test_the_critic_section_is_read_only_where_a_critic_runs() -> None:
     changes = {"algorithm.adv_estimator": "grpo", "actor_rollout_ref.rollout.n": 4, "critic.model.path": "~/models/x"}
     result = convert(variant(**changes))

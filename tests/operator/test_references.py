@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from rlkube_api.names import CONTROLLER_ROLE
 from rlkube_operator.children.references import Reference, job_references, pod_references
+from rlkube_operator.children.statefulset import pod_template
+from rlkube_operator.children.topology import pod_roles
+from rlkube_operator.gang import plugin_for
 from tests.operator.helpers import CPU, GPU, Obj, load_job, set_path
 
 
@@ -168,3 +172,37 @@ def test_the_object_stores_secret_is_a_reference() -> None:
         set_path("spec.checkpoint.credentialsSecret", "ckpt-s3"),
     )
     assert refs(job_references(job)) == [("Secret", "ckpt-s3", "envFrom of container trainer")]
+
+
+def test_a_remote_verifiers_secret_headers_reach_the_driver_and_are_references() -> None:
+    """reward.remote.secretHeaders: each header's Secret key becomes a variable of the
+    controller pod alone (the driver sends the requests), and a missing Secret is reported."""
+    job = load_job(
+        CPU,
+        set_path(
+            "spec.reward",
+            {
+                "remote": {
+                    "url": "https://verifier.example/score",
+                    "secretHeaders": [
+                        {"header": "Authorization", "secret": "verifier-token", "key": "token"},
+                        {"header": "X-Tenant", "secret": "verifier-tenant", "key": "tenant"},
+                    ],
+                }
+            },
+        ),
+    )
+    assert refs(job_references(job)) == [
+        ("Secret", "verifier-tenant", "env RLKUBE_REWARD_HEADER_1 of container trainer"),
+        ("Secret", "verifier-token", "env RLKUBE_REWARD_HEADER_0 of container trainer"),
+    ]
+    for role in pod_roles(job):
+        container = pod_template(job, role, 0, plugin_for(job).pod_patch(job, role.name, 0))["spec"]["containers"][0]
+        headers = [e for e in container["env"] if e["name"].startswith("RLKUBE_REWARD_HEADER_")]
+        if role.name == CONTROLLER_ROLE:
+            assert headers[0] == {
+                "name": "RLKUBE_REWARD_HEADER_0",
+                "valueFrom": {"secretKeyRef": {"name": "verifier-token", "key": "token"}},
+            }
+        else:
+            assert headers == [], role.name

@@ -94,6 +94,34 @@ def test_lr_warmup_starts_from_zero(tmp_path: Path) -> None:
     assert [round(h["actor/lr"], 9) for h in history] == [0.0, 5e-4]
 
 
+# Fails every second call its process makes: with one worker, every second row of each batch.
+FLAKY_REWARD = """
+calls = 0
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global calls
+    calls += 1
+    if calls % 2 == 0:
+        raise TimeoutError("the verifier's sandbox did not answer")
+    return 1.0
+"""
+
+
+@pytest.mark.trainer
+def test_reward_failures_scored_zero_are_counted_per_step(tmp_path: Path) -> None:
+    """A reward function in a worker process (reward.numWorkers 1), its failures scored 0 under
+    onFailure zero: the step reports how many rows of the batch failed."""
+    reward = tmp_path / "flaky.py"
+    reward.write_text(FLAKY_REWARD)
+    config = _config(
+        tmp_path, "grpo", reward={"function": {"path": str(reward)}, "num_workers": 1, "on_failure": "zero"}
+    )
+    history = run_in_process(config, progress=False).history
+    samples = config.data.train_batch_size * config.rollout.n
+    assert [h["reward/failed_samples"] for h in history] == [samples / 2] * 2
+    assert [h["critic/score/mean"] for h in history] == [0.5] * 2
+
+
 @pytest.mark.trainer
 def test_the_vllm_engine_is_seeded_once_per_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One seed per generate call (no per-request generators); vLLM itself is not started."""

@@ -42,6 +42,8 @@ EXCEPTIONS: dict[str, str] = {
     "(tests/trainer/test_fsdp.py, test_distributed.py)",
     "critic.fsdp_config.": "as actor.fsdp_config",
     "ref.fsdp_config.": "as actor.fsdp_config; its optimizerOffload is refused unless false (no optimizer)",
+    "reward.remote.": "the remote verifier's settings, read where reward.remote is set "
+    "(tests/trainer/test_reward_remote.py runs it against a local HTTP server)",
     "reward.model.": "the reward model's settings, read by its ranks (tests/trainer/test_reward_model_roles.py)",
     "rollout.multi_turn.": "the agent loop's settings: tests/trainer/test_agent_*.py run episodes with "
     "each (test_agent_sandbox_fields.py: every sandbox limit reaches the tool)",

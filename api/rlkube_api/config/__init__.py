@@ -40,9 +40,11 @@ from rlkube_api.config.reference import ReferenceConfig
 from rlkube_api.config.reward import (
     ConfigMapKeyRef,
     OverlongBufferConfig,
+    RemoteVerifierConfig,
     RewardConfig,
     RewardFunctionConfig,
     RewardModelConfig,
+    SecretHeader,
 )
 from rlkube_api.config.rollout import RolloutConfig, ValidationSampling
 from rlkube_api.config.rollout_correction import (
@@ -103,6 +105,7 @@ __all__ = [
     "PolicyLoss",
     "RecomputeLogits",
     "ReferenceConfig",
+    "RemoteVerifierConfig",
     "RewardConfig",
     "RewardFunctionConfig",
     "RewardModelConfig",
@@ -110,6 +113,7 @@ __all__ = [
     "RolloutCorrectionConfig",
     "SamplerConfig",
     "SandboxConfig",
+    "SecretHeader",
     "SeparateAsyncConfig",
     "Strategy",
     "TokenBudget",

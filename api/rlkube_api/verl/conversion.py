@@ -166,6 +166,8 @@ def _finish(
     if reward.pop(unused, None) is not None:
         why = "reward_model.enable wins" if unused == "function" else "reward_model.enable is false"
         _unmap(f"reward.{unused}.", why, mapped, ignored)
+    if enabled and reward.pop("num_workers", None) is not None:
+        _unmap("reward.num_workers", "a reward model scores on its ranks, not in worker processes", mapped, ignored)
     trainer = verl.get("trainer") or {}
     if trainer.get("resume_mode") == "resume_path" and trainer.get("resume_from_path"):
         # resume auto + resumeFrom: the path seeds the run, and a restart after this run's own
@@ -191,6 +193,8 @@ def _reward_sources(reward: dict[str, Any], verl: Mapping[str, Any]) -> bool:
     if any(v is not None for v in legacy_function.values()):
         reward["function"] = {k: v for k in ("path", "name") if (v := legacy_function.get(k)) is not None}
     legacy_model = verl.get("reward_model") or {}
+    if (workers := legacy_model.get("num_workers")) is not None:
+        reward["num_workers"] = workers
     path = (legacy_model.get("model") or {}).get("path")
     if path is not None:
         reward.setdefault("model", {})["path"] = path

@@ -114,6 +114,10 @@ REWARD_RULES: dict[str, Rule] = {
     "custom_reward_function.name": To("reward.function.name"),
     "reward.custom_reward_function.path": To("reward.function.path"),
     "reward.custom_reward_function.name": To("reward.function.name"),
+    # The processes scoring with the reward function (verl: its reward loop's workers); the
+    # legacy reward_model.num_workers, where set, wins (conversion._reward_sources).
+    "reward.num_workers": To("reward.num_workers"),
+    "reward_model.num_workers": To("reward.num_workers"),
     "reward.reward_model.enable": Ignored("reward.model is set from reward.reward_model.model_path when enabled"),
     "reward.reward_model.model_path": To("reward.model.path"),
     "reward.reward_manager.name": Ignored(

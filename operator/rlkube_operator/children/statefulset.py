@@ -18,6 +18,7 @@ from rlkube_api.names import (
     RAY_PORT,
     RENDEZVOUS_PORT,
     REWARD_DIR,
+    REWARD_HEADER_ENV_PREFIX,
     SHM_DIR,
     WEIGHT_SYNC_PORT,
     Env,
@@ -83,6 +84,21 @@ def container_env_from(job: RLJob, role: str) -> list[dict[str, Any]]:
     return [{"secretRef": {"name": secret}}]
 
 
+def reward_header_env(job: RLJob, role: str) -> list[dict[str, Any]]:
+    """reward.remote.secretHeaders, each from its Secret key, in the driver's pod: the driver
+    sends the requests (trainer: reward/remote.py)."""
+    remote = job.spec.reward.remote
+    if remote is None or role != CONTROLLER_ROLE:
+        return []
+    return [
+        {
+            "name": f"{REWARD_HEADER_ENV_PREFIX}{index}",
+            "valueFrom": {"secretKeyRef": {"name": header.secret, "key": header.key}},
+        }
+        for index, header in enumerate(remote.secret_headers or [])
+    ]
+
+
 def container_command(role: str) -> list[str]:
     if role == CONTROLLER_ROLE:
         return ["rlkube-trainer", "driver"]
@@ -100,6 +116,7 @@ def container_env(job: RLJob, role: PodRole, attempt: int) -> list[dict[str, Any
     )
     env.append({"name": Env.CONFIG, "value": f"{CONFIG_DIR}/{CONFIG_FILE}"})
     env.append({"name": Env.METRICS_PORT, "value": str(DRIVER_METRICS_PORT)})
+    env += reward_header_env(job, role.name)
     user = {e.name: e.value for e in job.spec.env or []}
     env += [{"name": k, "value": v} for k, v in NCCL_DEFAULTS.items() if k not in user]
     env += [{"name": k, "value": v} for k, v in user.items()]

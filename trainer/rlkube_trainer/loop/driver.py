@@ -37,7 +37,7 @@ from rlkube_trainer.loop.saves import GroupState, checkpoint_root
 from rlkube_trainer.loop.training_run import RunResult, TrainingRun, total_steps_of
 from rlkube_trainer.loop.validation import Validation, validation_prompts
 from rlkube_trainer.model.loading import load_tokenizer
-from rlkube_trainer.reward.scoring import RewardScorer, build_reward_scorer
+from rlkube_trainer.reward.scoring import FunctionRewardScorer, RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout.agent.sampler import episode_sampler
 from rlkube_trainer.workers.rank import RankSpec
 
@@ -82,8 +82,8 @@ def train(
             return of(placement.group(Role.ROLLOUT), spec_of, config.model_dump(mode="json"))
 
     elastic: ElasticRollout | None = None
+    function_reward: RewardScorer | None = None
     try:
-        function_reward: RewardScorer | None = None
         if config.reward.model is None:  # a function, or the built-in scorers by data_source
             function_reward = build_reward_scorer(config.reward)
         roles = build_roles(config, placement, groups, function_reward, fleet)
@@ -110,6 +110,8 @@ def train(
     finally:
         if elastic is not None:
             elastic.close()
+        if isinstance(function_reward, FunctionRewardScorer):
+            function_reward.close()  # its worker processes
         close(groups)
 
 

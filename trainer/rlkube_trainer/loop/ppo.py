@@ -35,7 +35,7 @@ from rlkube_trainer.data.prompts import Prompt
 from rlkube_trainer.loop.metrics import compute_data_metrics, compute_throughput_metrics, compute_variance_proxy_metrics
 from rlkube_trainer.loop.roles import Episodes, Metrics, Roles
 from rlkube_trainer.loop.scored import Scored, greedy_reward_baselines, reward_components
-from rlkube_trainer.reward.scoring import RewardInput, overlong_reward, score_with_labels
+from rlkube_trainer.reward.scoring import FAILED_METRIC, RewardInput, overlong_reward, score_with_labels
 from rlkube_trainer.rollout import RolloutBatch, RolloutSample, SamplingConfig
 
 # tokenizer.decode: token ids -> text (the response the reward function reads).
@@ -267,6 +267,8 @@ class PPOTrainer:
         if self.greedy_baseline:
             batch.reward_baselines = torch.cat(kept_baselines)
         metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
+        if FAILED_METRIC in scored.extra:  # reward.onFailure zero: the rows scored 0 for want of a result
+            metrics["reward/failed_samples"] = sum(scored.extra[FAILED_METRIC])
         if filter_groups.enable:
             metrics["train/num_gen_batches"] = float(rounds)
             metrics["train/kept_groups_ratio"] = len(kept_prompts) / generated_groups

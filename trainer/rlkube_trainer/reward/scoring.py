@@ -1,4 +1,5 @@
-"""Scores for responses: a user's Python reward function, or a sequence-classification reward model.
+"""Scores for responses: a user's Python reward function (run in this process, in a pool of worker
+processes, or by a remote verifier's endpoint), or a sequence-classification reward model.
 
 Both scorers take a batch of `RewardInput` (verl's `data_source, solution_str, ground_truth, extra_info`,
 plus the row's raw prompt for reward models) and return `RewardScores(scores, extra)`: one float per
@@ -7,31 +8,41 @@ row, and per-row metrics keyed by name (from reward functions that return a dict
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import inspect
 import math
-import sys
-from collections.abc import Callable, Mapping, Sequence
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any, NamedTuple, Protocol, SupportsFloat, cast
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rlkube_api.config import RewardConfig
+from rlkube_api.config.reward import RewardFailurePolicy
 from rlkube_trainer.data.prompts import Message, RawPrompt, as_chat_messages, join_message_contents
 from rlkube_trainer.model.packing import enable_packed_attention, packed_rows, token_bins
+from rlkube_trainer.reward.function import (
+    REWARD_FUNCTION_PARAMETERS,
+    Call,
+    CallFailed,
+    FunctionSource,
+    RewardFunction,
+    RewardFunctionError,
+    align_metrics,
+    load_reward_function,
+    parse_result,
+    serial_calls,
+    text_entries,
+)
+from rlkube_trainer.reward.pool import RewardPool
+from rlkube_trainer.reward.remote import RemoteVerifier
 
-RewardFunction = Callable[..., Any]
+__all__ = ["REWARD_FUNCTION_PARAMETERS", "RewardFunctionError", "load_reward_function"]
 
-# verl calls reward functions with these keywords, so a function must accept them by name.
-REWARD_FUNCTION_PARAMETERS = ("data_source", "solution_str", "ground_truth", "extra_info")
-
-
-class RewardFunctionError(RuntimeError):
-    """A reward function that cannot be loaded, or that failed or returned something unusable on a row."""
+# Rows run elsewhere: their results (or CallFailed) in row order; the bool stops at a failure.
+Calls = Callable[[Sequence[Call], bool], list[Any]]
+# The per-row metric of on_failure "zero": 1 where the call failed and the row scored 0.
+FAILED_METRIC = "reward_failed"
 
 
 class RewardConfigError(ValueError):
@@ -65,96 +76,90 @@ class RewardScorer(Protocol):
 # --------------------------------------------------------------------------- reward functions
 
 
-def load_reward_function(path: str | Path, name: str = "compute_score") -> RewardFunction:
-    """Imports a Python file and returns its function `name`, checked to accept verl's arguments."""
-    file = Path(path)
-    if not file.is_file():
-        raise RewardFunctionError(f"reward function file {path} does not exist")
-    module = _import_file(file)
-    function = getattr(module, name, None)
-    if function is None:
-        defined = sorted(attr for attr, value in vars(module).items() if inspect.isfunction(value))
-        raise RewardFunctionError(f"{path} defines no {name!r} (functions defined: {defined})")
-    if not callable(function):
-        raise RewardFunctionError(f"{path}: {name!r} is a {type(function).__name__}, not a function")
-    _check_signature(function, f"{path}: {name}")
-    return cast(RewardFunction, function)
-
-
-def _import_file(file: Path) -> ModuleType:
-    # An explicit source loader imports any file name: a ConfigMap key need not end in ".py".
-    module_name = f"rlkube_reward_{abs(hash(str(file.resolve())))}"
-    loader = importlib.machinery.SourceFileLoader(module_name, str(file))
-    spec = importlib.util.spec_from_file_location(module_name, file, loader=loader)
-    if spec is None:
-        raise RewardFunctionError(f"reward function file {file} cannot be imported")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before running, as a normal import would be: dataclasses and pickling in the user's
-    # file look their module up in sys.modules.
-    sys.modules[module_name] = module
-    try:
-        loader.exec_module(module)
-    except SyntaxError as err:
-        del sys.modules[module_name]
-        raise RewardFunctionError(f"{file}:{err.lineno}: syntax error: {err.msg}") from err
-    except Exception as err:
-        del sys.modules[module_name]
-        raise RewardFunctionError(f"importing reward function file {file} failed: {type(err).__name__}: {err}") from err
-    return module
-
-
-def _check_signature(function: RewardFunction, what: str) -> None:
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):  # some builtins and extension functions have none to inspect
-        return
-    try:
-        signature.bind(**dict.fromkeys(REWARD_FUNCTION_PARAMETERS))
-    except TypeError as err:
-        raise RewardFunctionError(
-            f"{what}{signature} must accept (data_source, solution_str, ground_truth, extra_info=None): {err}"
-        ) from err
-
-
 class FunctionRewardScorer:
     """Scores each row with a reward function returning a number or a dict with a "score" key.
 
     As in verl, the other numeric entries of a dict become per-row metrics in `extra`; a row that lacks
-    a metric others have gets NaN there, so every list stays aligned with the rows.
+    a metric others have gets NaN there, so every list stays aligned with the rows. The function runs
+    in this process, one row after another, unless `calls` runs the rows elsewhere (a RewardPool of
+    worker processes, a RemoteVerifier). A call that fails (raises, times out, crashes its worker)
+    fails the batch with its row named, or with on_failure "zero" scores 0 and is counted in the
+    per-row metric FAILED_METRIC (its other numbers 0 too).
     """
 
-    def __init__(self, function: RewardFunction, source: str | None = None) -> None:
+    def __init__(
+        self,
+        function: RewardFunction | None,
+        source: str | None = None,
+        *,
+        on_failure: RewardFailurePolicy = "fail",
+        calls: Calls | None = None,
+        description: str | None = None,
+    ) -> None:
+        if function is None and calls is None:
+            raise ValueError("a reward function or a way to call one is needed")
         self.function = function
+        self.calls = calls
+        self.on_failure = on_failure
         name = getattr(function, "__name__", repr(function))
-        self.description = f"{name} ({source})" if source else name
+        self.description = description or (
+            f"reward function {name} ({source})" if source else f"reward function {name}"
+        )
 
     def score(self, batch: Sequence[RewardInput]) -> RewardScores:
         return self.score_labeled(batch)[0]
 
     def score_labeled(self, batch: Sequence[RewardInput]) -> tuple[RewardScores, Labels]:
         """The scores, and the text entries of dict results (such as `pred`)."""
+        calls = [
+            {
+                "data_source": i.data_source,
+                "solution_str": i.solution_str,
+                "ground_truth": i.ground_truth,
+                "extra_info": i.extra_info,
+            }
+            for i in batch
+        ]
+        stop = self.on_failure == "fail"
+        if self.calls is not None:
+            results = self.calls(calls, stop)
+        else:
+            assert self.function is not None
+            results = serial_calls(self.function, calls, stop)
+        results += [None] * (len(batch) - len(results))  # the rows a failure stopped
+        failure = next((row for row, r in enumerate(results) if isinstance(r, CallFailed)), None)
+        if failure is not None and stop:
+            failed = results[failure]
+            raise RewardFunctionError(f"{self._where(batch, failure)} {failed.why}") from failed.error
         scores: list[float] = []
         metrics: list[dict[str, float]] = []
         labels: list[dict[str, str]] = []
-        for row, item in enumerate(batch):
-            where = f"reward function {self.description} on batch row {row} (data_source {item.data_source!r})"
-            try:
-                result = self.function(
-                    data_source=item.data_source,
-                    solution_str=item.solution_str,
-                    ground_truth=item.ground_truth,
-                    extra_info=item.extra_info,
-                )
-            except Exception as err:
-                raise RewardFunctionError(f"{where} raised {type(err).__name__}: {err}") from err
-            score, row_metrics = _parse_result(result, where)
+        for row, result in enumerate(results):
+            if isinstance(result, CallFailed):
+                scores.append(0.0)
+                metrics.append({})
+                labels.append({})
+                continue
+            score, row_metrics = parse_result(result, self._where(batch, row))
             scores.append(score)
             metrics.append(row_metrics)
-            labels.append(_text_entries(result))
+            labels.append(text_entries(result))
+        extra = align_metrics(metrics)
+        if not stop:
+            failed = [isinstance(r, CallFailed) for r in results]
+            # A failed row scores 0 in every number, not NaN: a NaN would make the batch's mean NaN.
+            extra = {k: [0.0 if f else v for v, f in zip(values, failed, strict=True)] for k, values in extra.items()}
+            extra[FAILED_METRIC] = [float(f) for f in failed]
         names = list(dict.fromkeys(name for row in labels for name in row))
-        return RewardScores(scores, _align_metrics(metrics)), {
-            name: [row.get(name, "") for row in labels] for name in names
-        }
+        return RewardScores(scores, extra), {name: [row.get(name, "") for row in labels] for name in names}
+
+    def _where(self, batch: Sequence[RewardInput], row: int) -> str:
+        return f"{self.description} on batch row {row} (data_source {batch[row].data_source!r})"
+
+    def close(self) -> None:
+        close = getattr(self.calls, "close", None)
+        if close is not None:
+            close()
 
 
 def score_with_labels(scorer: RewardScorer, batch: Sequence[RewardInput]) -> tuple[RewardScores, Labels]:
@@ -164,47 +169,12 @@ def score_with_labels(scorer: RewardScorer, batch: Sequence[RewardInput]) -> tup
     return scorer.score(batch), {}
 
 
-def _parse_result(result: Any, where: str) -> tuple[float, dict[str, float]]:
-    if isinstance(result, Mapping):
-        if "score" not in result:
-            raise RewardFunctionError(f"{where} returned a dict without a 'score' key: {sorted(result)}")
-        row_metrics = {
-            str(key): float(value)
-            for key, value in result.items()
-            if key != "score" and isinstance(value, SupportsFloat)
-        }
-        return _as_score(result["score"], where), row_metrics
-    return _as_score(result, where), {}
-
-
-def _text_entries(result: Any) -> dict[str, str]:
-    if not isinstance(result, Mapping):
-        return {}
-    return {str(key): value for key, value in result.items() if isinstance(value, str)}
-
-
 def overlong_reward(response_length: int, max_response_length: int, buffer_length: int, penalty_factor: float) -> float:
     """DAPO's soft overlong punishment: 0 up to `max_response_length - buffer_length` tokens,
     then falling linearly to `-penalty_factor` at `max_response_length`."""
     expected = max_response_length - buffer_length
     exceed = response_length - expected
     return min(-exceed / buffer_length * penalty_factor, 0.0)
-
-
-def _as_score(value: Any, where: str) -> float:
-    # SupportsFloat covers Python and numpy numbers and one-element tensors, but not strings.
-    if not isinstance(value, SupportsFloat):
-        raise RewardFunctionError(f"{where} returned {value!r}; expected a number or a dict with a 'score'")
-    score = float(value)
-    # A NaN or infinite reward would silently poison every advantage in the batch.
-    if not math.isfinite(score):
-        raise RewardFunctionError(f"{where} returned a non-finite score {score}")
-    return score
-
-
-def _align_metrics(metrics: Sequence[Mapping[str, float]]) -> dict[str, list[float]]:
-    names = list(dict.fromkeys(name for row in metrics for name in row))
-    return {name: [row.get(name, math.nan) for row in metrics] for name in names}
 
 
 # --------------------------------------------------------------------------- reward models
@@ -325,30 +295,60 @@ def _load_reward_model(model_path: str, dtype: torch.dtype) -> Any:
 def build_reward_scorer(
     cfg: RewardConfig, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
 ) -> RewardScorer:
-    """The scorer for reward.function or reward.model, or with neither the built-in scorers
-    chosen by each row's data_source (`rlkube_trainer.scorers`).
+    """The scorer for reward.function, reward.remote or reward.model, or with none of them the
+    built-in scorers chosen by each row's data_source (`rlkube_trainer.scorers`).
 
     A reward model runs in float32 on CPU and bfloat16 on GPU unless `dtype` says otherwise.
     """
     if cfg.function is not None and cfg.model is not None:
         raise RewardConfigError("at most one of reward.function and reward.model may be set")
-    if cfg.function is None and cfg.model is None:
+    if cfg.remote is not None:
+        verifier = RemoteVerifier.from_config(cfg.remote)
+        return FunctionRewardScorer(
+            None, on_failure=cfg.on_failure, calls=verifier, description=f"remote verifier {cfg.remote.url}"
+        )
+    if cfg.model is None:
+        return _function_scorer(cfg)
+    model = cfg.model
+    if dtype is None:
+        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    budget = model.forward_max_token_len_per_gpu if model.use_dynamic_bsz else None
+    return ModelRewardScorer(
+        model.path, device=device, dtype=dtype, packed=model.use_remove_padding, token_budget=budget
+    )
+
+
+def _function_scorer(cfg: RewardConfig) -> FunctionRewardScorer:
+    """reward.function, or the built-in scorers; loaded here first, so that a broken file fails at
+    start, and in each worker process of the pool (reward.numWorkers) once more."""
+    if cfg.function is None:
         from rlkube_trainer.scorers import default_compute_score  # noqa: PLC0415  (math-verify: only when used)
 
-        return FunctionRewardScorer(default_compute_score, source="built-in, by data_source")
-    if cfg.function is not None:
+        function: RewardFunction = default_compute_score
+        where = FunctionSource("default_compute_score", module="rlkube_trainer.scorers")
+        source = "built-in, by data_source"
+    else:
         if cfg.function.path is None:
             raise RewardConfigError(
                 "reward.function.configMap is resolved to a file path by the operator inside RLJob pods; "
                 "outside a cluster set reward.function.path"
             )
         function = load_reward_function(cfg.function.path, cfg.function.name)
-        return FunctionRewardScorer(function, source=cfg.function.path)
-    assert cfg.model is not None
-    if dtype is None:
-        dtype = torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    model = cfg.model
-    budget = model.forward_max_token_len_per_gpu if model.use_dynamic_bsz else None
-    return ModelRewardScorer(
-        model.path, device=device, dtype=dtype, packed=model.use_remove_padding, token_budget=budget
-    )
+        where = FunctionSource(cfg.function.name, path=cfg.function.path)
+        source = cfg.function.path
+    workers = reward_workers(cfg.num_workers)
+    pool = RewardPool(where, workers, cfg.timeout_seconds) if workers > 0 else None
+    return FunctionRewardScorer(function, source=source, on_failure=cfg.on_failure, calls=pool)
+
+
+def reward_workers(num_workers: int | None, cgroup: Path = Path("/sys/fs/cgroup/cpu.max")) -> int:
+    """reward.numWorkers; unset, the CPUs this process may use: its affinity, and no more than a
+    container's CPU limit (cgroup v2's cpu.max) where one is set."""
+    if num_workers is not None:
+        return num_workers
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = cgroup.read_text().split()
+        return max(1, min(cpus, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):  # no cgroup v2 file, or "max": no limit
+        return cpus
