@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,23 @@ def sigterm() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+class RecordedReports:
+    """A progress reporter that keeps what it is given (the driver's pod annotation, in a pod)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Mapping[str, Any]] = []
+
+    @property
+    def last(self) -> Mapping[str, Any]:
+        return self.reports[-1]
+
+    def report(self, progress: Mapping[str, Any], *, force: bool = False) -> None:
+        self.reports.append(progress)
+
+    def flush(self) -> None:
+        pass
+
+
 def rows(history: list[dict[str, float]]) -> dict[int, dict[str, float]]:
     return {int(row["step"]): row for row in history}
 
@@ -94,11 +111,14 @@ def test_sigterm_saves_the_step_in_progress_and_the_run_resumes_from_it(
         return when
 
     on(monkeypatch, Rank, phase, second_step(phase), sigterm)
+    reports = RecordedReports()
     with pytest.raises(Terminated) as stopped:
-        run_in_process(config, progress=False)
+        run_in_process(config, progress=False, reporter=reports)
     assert stopped.value.code == 128 + signal.SIGTERM, phase
     assert "at step 2" in stopped.value.message, (phase, stopped.value.message)
     assert checkpoints.latest() is not None and checkpoints.latest().step == 2, phase  # type: ignore[union-attr]
+    # The last progress report (the status's) names the save on SIGTERM, not a periodic one.
+    assert (reports.last["step"], reports.last.get("lastCheckpointStep")) == (2, 2), reports.last
     assert len(updates) == 2, phase
     assert not TERMINATION.armed and TERMINATION.requested  # disarmed after the loop
     monkeypatch.undo()

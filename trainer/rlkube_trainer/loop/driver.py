@@ -149,7 +149,12 @@ def run_distributed(
 
 
 def run_in_process(
-    config: TrainerConfig, max_steps: int | None = None, progress: bool = True, job: JobIdentity | None = None
+    config: TrainerConfig,
+    max_steps: int | None = None,
+    progress: bool = True,
+    job: JobIdentity | None = None,
+    reporter: ProgressReporter | None = None,
 ) -> RunResult:
     """Every role on one rank in this process (CPU or one GPU)."""
-    return train(config, placement_of(config).in_one_process(), launch_local, None, max_steps, progress, job=job)
+    placement = placement_of(config).in_one_process()
+    return train(config, placement, launch_local, reporter, max_steps, progress, job=job)

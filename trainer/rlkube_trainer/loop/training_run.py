@@ -176,12 +176,15 @@ class TrainingRun:
         }
         return self.saves.begin(self.step, driver)
 
-    def stop(self, last_path: CheckpointPath | None) -> None:
+    def stop(self, last_path: CheckpointPath | None, metrics: dict[str, float]) -> None:
         """SIGTERM (termination.py): this step's checkpoint unless it has one, then the exit."""
         # A save in flight is written already (the loop waits for it on SIGTERM).
         last_path = self.saves.commit_when_written() or last_path
         if self.saves.last_step != self.step:
             last_path = self.save()
+            # The status names the checkpoint a resume starts from: this one, not the last
+            # periodic save the step's report named.
+            self.publish(metrics, final=True)
         assert self.termination.signum is not None
         log.warning("stopping at step %d on signal %d, checkpoint %s", self.step, self.termination.signum, last_path)
         raise Terminated(self.termination.signum, self.step, str(last_path) if last_path else None)
@@ -363,7 +366,7 @@ class TrainingRun:
                     bar.update(1)
                     bar.set_postfix(score=f"{metrics.get('critic/score/mean', 0.0):.3f}")
                     if self.termination.requested:
-                        self.stop(last_path)
+                        self.stop(last_path, metrics)
             # Not left behind, should a loop end without its last save.
             last_path = self.saves.commit_when_written() or last_path
             if config.checkpoint.export_hf != "never":
