@@ -136,7 +136,28 @@ class _PodRole(ApiModel):
     pod_template: PodTemplate | None = Field(None, description="Additions to this role's pods, over the job's.")
 
 
-class ActorRoleSpec(_PodRole):
+class _ModelParallel(ApiModel):
+    """How a training role's ranks divide one model besides FSDP2's data-parallel sharding:
+    tensor parallel (each layer's weights split across ranks), pipeline parallel (consecutive
+    layers on consecutive stages) and Ulysses sequence parallel (each sequence split across
+    ranks, attention heads exchanged). The remaining factor of the role's world size is the data-
+    parallel dimension FSDP2 shards over; all of them form one device mesh."""
+
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="Ranks each layer's weights are split over (tensor parallel)."
+    )
+    pipeline_parallel_size: int = Field(
+        1, ge=1, le=64, description="Pipeline stages the model's layers are divided into."
+    )
+    virtual_pipeline_parallel_size: int | None = Field(
+        None, ge=1, le=64, description="Model chunks per pipeline stage (interleaved schedule)."
+    )
+    ulysses_sequence_parallel_size: int = Field(
+        1, ge=1, le=64, description="Ranks each sequence is split over (Ulysses sequence parallel)."
+    )
+
+
+class ActorRoleSpec(_PodRole, _ModelParallel):
     """The actor: the policy being trained."""
 
     cel_rules = (
@@ -160,7 +181,7 @@ class ActorRoleSpec(_PodRole):
     )
 
 
-class RoleSpec(_PodRole):
+class RoleSpec(_PodRole, _ModelParallel):
     """Critic, reference or reward: pods of their own, or colocated with the actor."""
 
     cel_rules = (
