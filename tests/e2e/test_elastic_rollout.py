@@ -27,12 +27,12 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.slow]
 
-STEPS = 400
+STEPS = 200
 TIMEOUT = 600.0
 # A quiet machine trains the tiny job at about 3 steps a second, faster than a new rollout pod
 # starts (a minute or more): while the pace file exists, the job's reward function sleeps this
 # long per sample (256 a step), so the scaling happens while it trains; removed afterwards.
-PACE_S_PER_SAMPLE = 0.004
+PACE_S_PER_SAMPLE = 0.008
 PACED_REWARD = f"""
 import os
 import time

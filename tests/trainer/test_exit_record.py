@@ -23,7 +23,8 @@ from rlkube_e2e.testing import ClusterInfo, Kubectl
 from rlkube_operator.children.rbac import rbac_children
 from rlkube_operator.kube import Kube
 from rlkube_operator.observed import departed_pod, view_pod
-from rlkube_trainer.pod import cli, exit_record
+from rlkube_trainer.loop import progress
+from rlkube_trainer.pod import cli
 from rlkube_trainer.pod.exit_record import exit_event, record_exit
 from tests.operator.helpers import CPU, load_job
 from tests.trainer.test_reporting import create_pod, fake_service_account_dir
@@ -138,7 +139,7 @@ def test_the_cli_records_a_config_error_and_an_uncaught_one(
     env, sa_dir, uid = pod_env(cluster, kubectl, namespace, tmp_path)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(exit_record, "SERVICE_ACCOUNT_DIR", sa_dir)
+    monkeypatch.setattr(progress, "SERVICE_ACCOUNT_DIR", sa_dir)
     bad = tmp_path / "config.yaml"
     bad.write_text("model: {path: 3}\nno_such_key: 1\n")
     monkeypatch.setenv(Env.CONFIG, str(bad))

@@ -147,6 +147,21 @@ def in_cluster_api(env: Mapping[str, str] | None = None, sa_dir: Path = SERVICE_
     return client.ApiClient(configuration)
 
 
+def pod_core_api(
+    env: Mapping[str, str], sa_dir: Path | None = None, api: client.ApiClient | None = None
+) -> client.CoreV1Api | None:
+    """The core API as this pod's ServiceAccount reaches it (or through `api`, given in tests);
+    None outside a pod with a mounted token, where there is nothing to record on."""
+    from kubernetes import client  # noqa: PLC0415
+
+    if api is None:
+        sa_dir = sa_dir or SERVICE_ACCOUNT_DIR
+        if not (sa_dir / "token").is_file():
+            return None
+        api = in_cluster_api(env, sa_dir)
+    return client.CoreV1Api(api)
+
+
 def kubeconfig_api(path: Path | str, context: str | None = None) -> client.ApiClient:
     """The cluster and user of a kubeconfig context (the kubernetes client's loader)."""
     from kubernetes import config  # noqa: PLC0415

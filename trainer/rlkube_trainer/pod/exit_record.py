@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from rlkube_api.event_message import fit_event_message
 from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env
-from rlkube_trainer.loop.progress import SERVICE_ACCOUNT_DIR, in_cluster_api
+from rlkube_trainer.loop.progress import pod_core_api
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -78,16 +78,11 @@ def record_exit(
     if not (pod and uid and namespace):
         return False
     try:
-        if api is None:
-            sa_dir = sa_dir or SERVICE_ACCOUNT_DIR
-            if not (sa_dir / "token").is_file():
-                return False
-            api = in_cluster_api(env, sa_dir)
-        from kubernetes import client  # noqa: PLC0415
-
+        events = pod_core_api(env, sa_dir, api)
+        if events is None:
+            return False
         body = exit_event(code, message, pod, uid, namespace, datetime.now(UTC))
         # The client serialises a plain dict as it would its own model.
-        events = client.CoreV1Api(api)
         events.create_namespaced_event(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
     except Exception as exc:
         log.warning("could not record the exit (code %d) as an Event on pod %s/%s: %s", code, namespace, pod, exc)

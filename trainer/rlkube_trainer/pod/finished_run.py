@@ -26,7 +26,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from rlkube_api.names import ANNOTATION_RUN_FINISHED, Env
-from rlkube_trainer.loop.progress import FIELD_MANAGER, SERVICE_ACCOUNT_DIR, in_cluster_api
+from rlkube_trainer.loop.progress import FIELD_MANAGER, pod_core_api
 
 if TYPE_CHECKING:
     from kubernetes import client
@@ -52,16 +52,11 @@ def record_finished(
     if not (pod and namespace):
         return False
     try:
-        if api is None:
-            sa_dir = sa_dir or SERVICE_ACCOUNT_DIR
-            if not (sa_dir / "token").is_file():
-                return False
-            api = in_cluster_api(env, sa_dir)
-        from kubernetes import client  # noqa: PLC0415
-
-        core = client.CoreV1Api(api)
+        core = pod_core_api(env, sa_dir, api)
     except Exception as exc:
         log.warning("cannot record the finished run on pod %s/%s: %s", namespace, pod, exc)
+        return False
+    if core is None:
         return False
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     patch = {"metadata": {"annotations": {ANNOTATION_RUN_FINISHED: stamp}}}
