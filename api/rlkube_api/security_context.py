@@ -30,8 +30,8 @@ class SELinuxOptions(ApiModel):
     user: str | None = Field(None, max_length=253, description="User label.")
 
 
-class SeccompProfile(ApiModel):
-    """The seccomp profile the containers run under."""
+class _Profile(ApiModel):
+    """A profile the kubelet applies by name: the runtime's default, none, or one on the node."""
 
     cel_rules: ClassVar[tuple[CelRule, ...]] = (
         CelRule(
@@ -42,21 +42,17 @@ class SeccompProfile(ApiModel):
     )
 
     type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(description="Which profile.")
+
+
+class SeccompProfile(_Profile):
+    """The seccomp profile the containers run under."""
+
     localhost_profile: str | None = Field(None, max_length=4096, description="Path of a Localhost profile.")
 
 
-class AppArmorProfile(ApiModel):
+class AppArmorProfile(_Profile):
     """The AppArmor profile the containers run under."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            "self.type == 'Localhost' ? has(self.localhostProfile) : !has(self.localhostProfile)",
-            "localhostProfile is set exactly when type is Localhost",
-            ".localhostProfile",
-        ),
-    )
-
-    type: Literal["RuntimeDefault", "Unconfined", "Localhost"] = Field(description="Which profile.")
     localhost_profile: str | None = Field(None, max_length=4096, description="Name of a Localhost profile.")
 
 
