@@ -202,16 +202,23 @@ def test_a_connection_error_counts_as_not_holding_and_the_standby_keeps_looking(
         standby.stop()
 
 
+def leading_election(leases: FakeLeases, every: float) -> Election:
+    """An election of candidate "a" over `leases`, renewing and retrying `every` seconds,
+    started and already leading."""
+    election = Election(LeaderElector(client.ApiClient(), "ops", "lease", "a", Timings(10.0, every, every)))
+    election.elector.leases = leases  # type: ignore[assignment]
+    leading = threading.Event()
+    election.start(on_leading=leading.set)
+    assert leading.wait(5)
+    return election
+
+
 def test_a_stopped_election_does_not_take_the_lease_again_after_handing_it_back() -> None:
     """The renewing thread ends before the release: a renewal after it would take the Lease
     back, and the standby would wait a whole duration for it to expire."""
     for _ in range(20):
         leases = FakeLeases()
-        election = Election(LeaderElector(client.ApiClient(), "ops", "lease", "a", Timings(10.0, 0.001, 0.001)))
-        election.elector.leases = leases  # type: ignore[assignment]
-        leading = threading.Event()
-        election.start(on_leading=leading.set)
-        assert leading.wait(5)
+        election = leading_election(leases, every=0.001)
         election.stop()
         time.sleep(0.01)
         assert leases.holder is None
@@ -219,11 +226,7 @@ def test_a_stopped_election_does_not_take_the_lease_again_after_handing_it_back(
 
 def test_an_election_calls_back_when_leading_and_hands_the_lease_back_on_stop() -> None:
     leases = FakeLeases()
-    election = Election(LeaderElector(client.ApiClient(), "ops", "lease", "a", Timings(10.0, 0.05, 0.05)))
-    election.elector.leases = leases  # type: ignore[assignment]
-    leading = threading.Event()
-    election.start(on_leading=leading.set)
-    assert leading.wait(5)
+    election = leading_election(leases, every=0.05)
     election.stop()
     assert leases.holder is None
     assert not election.lost.is_set()

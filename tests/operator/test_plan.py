@@ -52,6 +52,12 @@ def released(pods: list[Obj]) -> list[Action]:
     return [DeletePods(uids(pods), FINISHED_GRACE_SECONDS), ScaleToZero(SETS)]
 
 
+def released_with(ended: Obj, pods: list[Obj]) -> list[Action]:
+    """As `released`, when one pod has already ended (its container exited): that one deleted
+    at once, having nothing to save."""
+    return [DeletePods(uids([ended]), 0), *released([q for q in pods if q is not ended])]
+
+
 def plan(
     job: RLJob,
     pods: list[Obj],
@@ -164,13 +170,7 @@ def test_a_driver_that_exited_0_and_was_restarted_is_deleted_without_grace() -> 
     pods = replace_pod(PODS, driver)
     p = plan(job, pods, 500)
     assert p.status.state == State.SUCCEEDED
-    others = [q for q in pods if q is not driver]
-    assert p.actions == [
-        WriteStatus(p.status),
-        DeletePods(uids([driver]), 0),
-        DeletePods(uids(others), FINISHED_GRACE_SECONDS),
-        ScaleToZero(SETS),
-    ]
+    assert p.actions == [WriteStatus(p.status), *released_with(driver, pods)]
 
 
 def test_pods_of_an_ended_job_are_deleted_until_they_are_gone() -> None:
@@ -221,13 +221,7 @@ def test_gang_failed_past_the_backoff_limit_fails_the_job() -> None:
     pods = replace_pod(PODS, failed)
     p = plan(job, pods, 100)
     assert p.status.state == State.FAILED
-    others = [q for q in pods if q is not failed]
-    assert p.actions == [
-        WriteStatus(p.status),
-        DeletePods(uids([failed]), 0),
-        DeletePods(uids(others), FINISHED_GRACE_SECONDS),
-        ScaleToZero(SETS),
-    ]
+    assert p.actions == [WriteStatus(p.status), *released_with(failed, pods)]
 
 
 def test_missing_reference_applies_the_children_at_zero_replicas_and_looks_again_soon() -> None:
