@@ -75,31 +75,9 @@ class Cluster(Protocol):
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
-    def exists(self, namespace: str, kind: str, name: str) -> bool:
-        """Whether the object exists. A ConfigMap or claim: a GET of its metadata only. A
-        Secret: a dry-run create of an empty one of that name, which the API server answers
-        409 when the name is taken and stores nothing either way; the operator may create
-        Secrets (the job's Ray token) but never read one. An object this operator may not
-        check (403, an older chart's RBAC; an admission webhook that refuses dry runs) counts
-        as present: the job is not held back for what cannot be checked."""
-        collection = _collection_path("v1", kind, namespace)
-        try:
-            if kind == "Secret":
-                probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}}
-                self._call("POST", collection, probe, query=[("dryRun", "All")])
-                return False
-            self._call("GET", f"{collection}/{name}", accept=METADATA_ONLY)
-        except ApiException as exc:
-            if exc.status == 409 and kind == "Secret":
-                return True
-            if exc.status == 404 and kind != "Secret":
-                return False
-            if exc.status in (400, 403, 422) or (exc.status == 404 and kind == "Secret"):
-                log.warning("could not check %s %s/%s (%s): not held back for it", kind, namespace, name, exc.reason)
-                return True
-            raise
-        return True
-
+    def exists(self, namespace: str, kind: str, name: str) -> bool: ...
+    def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
+    def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
 
@@ -223,162 +201,20 @@ class Kube:
         check (403, an older chart's RBAC; an admission webhook that refuses dry runs) counts
         as present: the job is not held back for what cannot be checked."""
         collection = _collection_path("v1", kind, namespace)
+        secret = kind == "Secret"
         try:
-            if kind == "Secret":
+            if secret:
                 probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}}
                 self._call("POST", collection, probe, query=[("dryRun", "All")])
                 return False
             self._call("GET", f"{collection}/{name}", accept=METADATA_ONLY)
         except ApiException as exc:
-            if exc.status == 409 and kind == "Secret":
+            if exc.status == 409 and secret:
                 return True
-            if exc.status == 404 and kind != "Secret":
+            if exc.status == 404 and not secret:
                 return False
-            if exc.status in (400, 403, 422) or (exc.status == 404 and kind == "Secret"):
+            if exc.status in (400, 403, 404, 422):
                 log.warning("could not check %s %s/%s (%s): not held back for it", kind, namespace, name, exc.reason)
-                return True
-            raise
-        return True
-
-    def pod_warning(self, namespace: str, uid: str) -> str | None: ...
-    def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
-
-
-class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: list[tuple[str, Any]] | None = None,
-        content_type: str = "application/json",
-        accept: str = "application/json",
-    ) -> Any:
-        """A raw request for what the typed API classes don't cover (server-side apply, any kind)."""
-        if body is not None and "yaml" in content_type:
-            body = json.dumps(body)  # JSON is YAML; the client only serializes JSON content types itself
-        method_, url, headers, body_, _ = self.api.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=query or [],
-            header_params={"Content-Type": content_type, "Accept": accept},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        response = self.api.call_api(method_, url, header_params=headers, body=body_)
-        response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status < 300:
-            raise ApiException(http_resp=response)
-        return json.loads(response.data or b"{}")
-
-    def apply(self, manifest: dict[str, Any], dry_run: bool = False) -> None:
-        """Server-side apply: idempotent, and the operator owns the fields it sets. With
-        `dry_run`, only validated and admitted, nothing stored."""
-        meta = manifest["metadata"]
-        path = f"{_collection_path(manifest['apiVersion'], manifest['kind'], meta['namespace'])}/{meta['name']}"
-        self._call(
-            "PATCH",
-            path,
-            body=manifest,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true"), *([("dryRun", "All")] if dry_run else [])],
-            content_type="application/apply-patch+yaml",
-        )
-
-    def create(self, manifest: dict[str, Any]) -> bool:
-        """Creates the object; False when one of that name exists already (left as it is)."""
-        meta = manifest["metadata"]
-        try:
-            self._call("POST", _collection_path(manifest["apiVersion"], manifest["kind"], meta["namespace"]), manifest)
-        except ApiException as exc:
-            if exc.status == 409:
-                return False
-            raise
-        return True
-
-    def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None:
-        """Deletes (name, uid) pods, giving each `grace_period_seconds` between SIGTERM and
-        SIGKILL. The UID precondition matters: a StatefulSet reuses a pod's name at once, and
-        only the object we saw may go, never its successor."""
-        for name, uid in pods:
-            body = client.V1DeleteOptions(
-                grace_period_seconds=grace_period_seconds, preconditions=client.V1Preconditions(uid=uid)
-            )
-            try:
-                self.core.delete_namespaced_pod(name, namespace, body=body)
-            except ApiException as exc:
-                if exc.status not in (404, 409):  # gone already, or already replaced
-                    raise
-
-    def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None:
-        """Sets these StatefulSets' replicas to 0; a merge patch never recreates one that was deleted."""
-        path = _collection_path("apps/v1", "StatefulSet", namespace)
-        for name in stateful_sets:
-            try:
-                self._call(
-                    "PATCH",
-                    f"{path}/{name}",
-                    body={"spec": {"replicas": 0}},
-                    content_type="application/merge-patch+json",
-                )
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-
-    def delete_children(self, namespace: str, job: str) -> None:
-        """Deletes every child (pods go with their StatefulSets). The Secret is deleted by its
-        name rather than found by label: listing Secrets would return every Secret's data,
-        a permission the operator does not need otherwise."""
-        self._delete(f"/api/v1/namespaces/{namespace}/secrets/{ray_secret_name_of(job)}")
-        selector = f"{LABEL_JOB}={job}"
-        for api_version, kind in CHILD_KINDS:
-            path = _collection_path(api_version, kind, namespace)
-            try:
-                found = self._call("GET", path, query=[("labelSelector", selector)])
-            except ApiException as exc:
-                # 404: a PodGroup CRD that isn't installed; 403: one this operator may not use
-                # (its chart grants only the gang schedulers it was installed for).
-                if exc.status in (403, 404) and kind == "PodGroup":
-                    continue
-                raise
-            for item in found.get("items", []):
-                self._delete(f"{path}/{item['metadata']['name']}")
-
-    def _delete(self, path: str) -> None:
-        try:
-            self._call("DELETE", path, query=[("propagationPolicy", "Background")])
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        """A Secret's value, or None when the Secret (or key) does not exist."""
-        import base64  # noqa: PLC0415
-
-        try:
-            found = self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        value = (found.get("data") or {}).get(key)
-        return base64.b64decode(value).decode() if value else None
-
-    def exists(self, namespace: str, kind: str, name: str) -> bool:
-        """Whether the object exists: a GET of its metadata only (a Secret's data never comes
-        back). An object this operator may not read (403, an older chart's RBAC) counts as
-        present: the job is not held back for what cannot be checked."""
-        try:
-            self._call("GET", f"{_collection_path('v1', kind, namespace)}/{name}", accept=METADATA_ONLY)
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            if exc.status == 403:
-                log.warning("may not get %s %s/%s: not checked before creating pods", kind, namespace, name)
                 return True
             raise
         return True

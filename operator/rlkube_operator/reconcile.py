@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.conditions import is_terminal
 from rlkube_api.rljob import RLJob, RLJobStatus
 from rlkube_api.validation import InvalidSpec, parse_rljob
-
 from rlkube_operator.desired import desired_children
 from rlkube_operator.job_state import Manifest, TrackedJob, digest
 from rlkube_operator.kube import Cluster

@@ -274,6 +274,7 @@ def test_a_secret_an_earlier_operator_made_keeps_its_token() -> None:
     assert "Secret/tiny-cpu-ray" not in kube.manifests  # the earlier one stands
     assert not [c for c in kube.calls if c[0] in ("apply", "dry_run_apply") and c[1].startswith("Secret/")]
     # The pods take the token from the Secret by reference, never by value.
+    assert tracked.ray_token is not None
     for key, manifest in kube.manifests.items():
         assert tracked.ray_token not in json.dumps(manifest), key
 
