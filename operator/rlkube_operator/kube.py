@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from rlkube_api.names import LABEL_JOB
+from rlkube_api.names import LABEL_JOB, exit_records_name
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.children.secret import ray_secret_name_of
 from rlkube_operator.observed import event_time, parse_time
@@ -80,6 +80,7 @@ class Cluster(Protocol):
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]: ...
 
 
 class Kube:
@@ -233,6 +234,25 @@ class Kube:
         selector = f"involvedObject.kind=Pod,involvedObject.uid={uid}"
         found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
         return list(found.get("items") or [])
+
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+        """The exit records the job's trainer containers wrote, by pod UID (the job's
+        exit-record ConfigMap; empty when it is gone). A record that does not parse is left out."""
+        try:
+            found = self._call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{exit_records_name(job)}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        records = {}
+        for uid, text in (found.get("data") or {}).items():
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records[uid] = record
+        return records
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         """When the StatefulSet's controller last failed to create a pod, and why (its

@@ -201,7 +201,13 @@ class Reconciler:
         if not gang or not replacements:
             return {}
         missing = gang - {v.uid for v in views}
-        found = (departed_pod(self.kube.pod_events(namespace, uid), replacements) for uid in sorted(missing))
+        if not missing:
+            return {}
+        records = self.kube.exit_records(namespace, job.metadata.name or "")
+        found = (
+            departed_pod(self.kube.pod_events(namespace, uid), replacements, records.get(uid))
+            for uid in sorted(missing)
+        )
         return {view.name: view for view in found if view is not None}
 
     def apply_children(

@@ -54,6 +54,7 @@ class FakeKube:
         self.warnings: dict[str, str] = {}
         self.create_failures: dict[str, tuple[datetime, str]] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}  # by the pod UID they are about
+        self.exits: dict[str, dict[str, Any]] = {}  # the job's exit records, by pod UID
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -106,6 +107,10 @@ class FakeKube:
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         self.calls.append(("pod_events", namespace, uid))
         return self.events.get(uid, [])
+
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+        self.calls.append(("exit_records", namespace, job))
+        return self.exits
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         self.calls.append(("create_failure", namespace, stateful_set))

@@ -137,7 +137,7 @@ same list as a table, and README.md documents it.
   verbs: ["create", "delete"]
 # The ConfigMaps and PersistentVolumeClaims a job's pods name (the reward function, volumes,
 # env): looked up by name (get, metadata only) before its pods are created, so that none
-# is created while one is missing.
+# is created while one is missing. Also reads the job's exit-record ConfigMap.
 - apiGroups: [""]
   resources: ["configmaps", "persistentvolumeclaims"]
   verbs: ["get"]
