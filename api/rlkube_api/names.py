@@ -46,6 +46,12 @@ def config_map_name(job: str) -> str:
     return f"{job}-config"
 
 
+def exit_records_name(job: str) -> str:
+    """The job's ConfigMap of trainer exit records, by pod UID: only the job's own
+    ServiceAccount may patch it (its Role names it), so no other job's pods can write there."""
+    return f"{job}-exits"
+
+
 def pod_dns_name(job: str, role: str, index: int, namespace: str) -> str:
     """Stable DNS name of a role's pod behind its headless Service."""
     return f"{child_name(job, role)}-{index}.{child_name(job, role)}.{namespace}.svc"

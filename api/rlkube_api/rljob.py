@@ -111,13 +111,18 @@ class PodVolume(ApiModel):
 
 
 class NetworkPolicySpec(ApiModel):
-    """An optional NetworkPolicy around the job's pods: only the job's own pods reach them,
-    and the monitoring namespace only the driver's metrics port."""
+    """A NetworkPolicy around the job's pods (on by default): only the job's own pods reach
+    them, and the monitoring namespace only the driver's metrics port. The operator needs no
+    way in: it reaches the pods only through the API server."""
 
     # The operator applies its children and never prunes one the spec stops asking for.
     cel_rules = (CelRule("self.enabled == oldSelf.enabled", "enabled is immutable", ".enabled", transition=True),)
 
-    enabled: bool = Field(False, description="Create the NetworkPolicy (needs a network plugin that enforces them).")
+    enabled: bool = Field(
+        True,
+        description="Create the NetworkPolicy (enforced only by a network plugin that enforces them). "
+        "false leaves the job's unauthenticated ports open to every pod the cluster's own policies let through.",
+    )
     metrics_namespace: Annotated[str, SHORT_NAME] = Field(
         "monitoring", max_length=63, description="Namespace whose pods (Prometheus) may scrape the driver's metrics."
     )

@@ -57,11 +57,8 @@ class TrackedJob:
     # The job's uid when the fields below were filled: a job deleted and created again under
     # the same name starts afresh.
     uid: str = ""
-    # Read from the job's Secret, or made, once: the children carry it.
+    # Made once: the job's Secret carries it when this operator creates that Secret.
     ray_token: str | None = None
-    # A token made without reading the Secret (a job's first pass): the Secret is then
-    # created, not applied, so that one an earlier operator made is never overwritten.
-    ray_token_made: bool = False
     # What the children were last built for, (spec generation, attempt, pods wanted), and
     # their (kind, name): they are the same until that changes. Building validates and
     # renders the trainer config (~15 ms) and most passes change nothing, so a pass builds
@@ -125,7 +122,6 @@ class TrackedJob:
         if uid != self.uid:
             self.forget_children()
             self.ray_token = None
-            self.ray_token_made = False
             self.last_write = -math.inf
             self.apply_errors = {}
             self.invalid_children, self.invalid_generation, self.validated_generation = {}, None, None

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from rlkube_api.names import LABEL_JOB
+from rlkube_api.names import LABEL_JOB, exit_records_name
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_operator.children.secret import ray_secret_name_of
 from rlkube_operator.observed import event_time, parse_time
@@ -75,12 +75,12 @@ class Cluster(Protocol):
     def delete_pods(self, namespace: str, pods: Iterable[tuple[str, str]], grace_period_seconds: int = 0) -> None: ...
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None: ...
     def exists(self, namespace: str, kind: str, name: str) -> bool: ...
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]: ...
 
 
 class Kube:
@@ -194,30 +194,28 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        """A Secret's value, or None when the Secret (or key) does not exist."""
-        import base64  # noqa: PLC0415
-
-        try:
-            found = self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
-        value = (found.get("data") or {}).get(key)
-        return base64.b64decode(value).decode() if value else None
-
     def exists(self, namespace: str, kind: str, name: str) -> bool:
-        """Whether the object exists: a GET of its metadata only (a Secret's data never comes
-        back). An object this operator may not read (403, an older chart's RBAC) counts as
-        present: the job is not held back for what cannot be checked."""
+        """Whether the object exists. A ConfigMap or claim: a GET of its metadata only. A
+        Secret: a dry-run create of an empty one of that name, which the API server answers
+        409 when the name is taken and stores nothing either way; the operator may create
+        Secrets (the job's Ray token) but never read one. An object this operator may not
+        check (403, an older chart's RBAC; an admission webhook that refuses dry runs) counts
+        as present: the job is not held back for what cannot be checked."""
+        collection = _collection_path("v1", kind, namespace)
+        secret = kind == "Secret"
         try:
-            self._call("GET", f"{_collection_path('v1', kind, namespace)}/{name}", accept=METADATA_ONLY)
-        except ApiException as exc:
-            if exc.status == 404:
+            if secret:
+                probe = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}}
+                self._call("POST", collection, probe, query=[("dryRun", "All")])
                 return False
-            if exc.status == 403:
-                log.warning("may not get %s %s/%s: not checked before creating pods", kind, namespace, name)
+            self._call("GET", f"{collection}/{name}", accept=METADATA_ONLY)
+        except ApiException as exc:
+            if exc.status == 409 and secret:
+                return True
+            if exc.status == 404 and not secret:
+                return False
+            if exc.status in (400, 403, 404, 422):
+                log.warning("could not check %s %s/%s (%s): not held back for it", kind, namespace, name, exc.reason)
                 return True
             raise
         return True
@@ -236,6 +234,25 @@ class Kube:
         selector = f"involvedObject.kind=Pod,involvedObject.uid={uid}"
         found = self._call("GET", f"/api/v1/namespaces/{namespace}/events", query=[("fieldSelector", selector)])
         return list(found.get("items") or [])
+
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+        """The exit records the job's trainer containers wrote, by pod UID (the job's
+        exit-record ConfigMap; empty when it is gone). A record that does not parse is left out."""
+        try:
+            found = self._call("GET", f"/api/v1/namespaces/{namespace}/configmaps/{exit_records_name(job)}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return {}
+            raise
+        records = {}
+        for uid, text in (found.get("data") or {}).items():
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records[uid] = record
+        return records
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         """When the StatefulSet's controller last failed to create a pod, and why (its

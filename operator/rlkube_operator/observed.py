@@ -241,19 +241,26 @@ def event_time(event: dict[str, Any]) -> str:
     return str(event.get("lastTimestamp") or event.get("eventTime") or "")
 
 
-def departed_pod(events: list[dict[str, Any]], replacements: dict[str, PodView]) -> PodView | None:
-    """A gang member that failed and was replaced while no operator watched, as far as the
-    Events about it (one pod UID's) tell: the exit its trainer recorded (code, message), and
-    whether it was disrupted. `replacements`: by name, the pods its StatefulSet made in place
-    of gang members; the departed pod's role and attempt are its replacement's. None when the
-    Events say neither, or the pod has not been replaced."""
-    if not events:
+def departed_pod(
+    events: list[dict[str, Any]], replacements: dict[str, PodView], exit_record: dict[str, Any] | None = None
+) -> PodView | None:
+    """A gang member that failed and was replaced while no operator watched, as far as what
+    is known of it (one pod UID's) tells: the exit its trainer recorded (`exit_record`, from
+    the job's exit-record ConfigMap, which only the job's own ServiceAccount may write), and
+    whether it was disrupted (the Events about it). `TrainerExited` Events are not trusted:
+    whoever may create Events in the namespace could post one about any pod. `replacements`:
+    by name, the pods its StatefulSet made in place of gang members; the departed pod's role
+    and attempt are its replacement's. None when neither says anything, or the pod has not
+    been replaced."""
+    events = [e for e in events if e.get("reason") != EVENT_TRAINER_EXITED]
+    known = events + ([exit_record] if exit_record is not None else [])
+    if not known:
         return None
-    involved = events[0].get("involvedObject") or {}
+    involved = known[0].get("involvedObject") or {}
     replacement = replacements.get(str(involved.get("name", "")))
     if replacement is None:
         return None
-    exits = [e for e in events if e.get("reason") == EVENT_TRAINER_EXITED]
+    exits = [exit_record] if exit_record is not None else []
     disruptions = [e for e in events if e.get("reason") in DISRUPTION_EVENT_REASONS]
     terminated, message = None, ""
     if exits:

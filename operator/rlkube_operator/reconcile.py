@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from rlkube_api.conditions import is_terminal
 from rlkube_api.rljob import RLJob, RLJobStatus
 from rlkube_api.validation import InvalidSpec, parse_rljob
-from rlkube_operator.children.secret import TOKEN_KEY, ray_secret_name
 from rlkube_operator.desired import desired_children
 from rlkube_operator.job_state import Manifest, TrackedJob, digest
 from rlkube_operator.kube import Cluster
@@ -202,7 +201,13 @@ class Reconciler:
         if not gang or not replacements:
             return {}
         missing = gang - {v.uid for v in views}
-        found = (departed_pod(self.kube.pod_events(namespace, uid), replacements) for uid in sorted(missing))
+        if not missing:
+            return {}
+        records = self.kube.exit_records(namespace, job.metadata.name or "")
+        found = (
+            departed_pod(self.kube.pod_events(namespace, uid), replacements, records.get(uid))
+            for uid in sorted(missing)
+        )
         return {view.name: view for view in found if view is not None}
 
     def apply_children(
@@ -227,15 +232,10 @@ class Reconciler:
             if not tracked.needs_apply(child, child_digest, now):
                 continue
             try:
-                if kind == "Secret" and tracked.ray_token_made:
-                    if not self.kube.create(child):
-                        # An earlier operator made the Secret (and maybe pods with its token):
-                        # build and apply everything again with that token.
-                        existing = self.kube.read_secret_value(child["metadata"]["namespace"], name, TOKEN_KEY)
-                        tracked.ray_token = existing or tracked.ray_token
-                        tracked.ray_token_made, tracked.built_for = False, None
-                        return self.apply_children(tracked, job, attempt, pods_wanted, present_sets)
-                    tracked.ray_token_made = False
+                if kind == "Secret":
+                    # Created, never applied or read: one that exists already (an earlier
+                    # operator's) keeps its token, which the pods take from it by reference.
+                    self.kube.create(child)
                 else:
                     self.kube.apply(child)
                 tracked.applied[(kind, name)] = (child_digest, now)
@@ -277,22 +277,17 @@ class Reconciler:
         """desired_children with their digests. They depend only on `key` (spec generation,
         attempt, pods wanted): name and namespace are immutable, the Ray token fixed per uid."""
         _, attempt, pods_wanted = key
-        built = desired_children(job, tracked.uid, attempt, pods_wanted, self.ray_token(tracked, job))
+        built = desired_children(job, tracked.uid, attempt, pods_wanted, self.ray_token(tracked))
         tracked.built_for = key
         tracked.child_keys = [(child["kind"], child["metadata"]["name"]) for child in built]
         return [(child, digest(child)) for child in built]
 
-    def ray_token(self, tracked: TrackedJob, job: RLJob) -> str:
-        """The job's Ray token: read from its Secret, or made once when there is none. On a
-        job's first pass (no status yet) its Secret almost never exists: the token is made
-        without a read, and the Secret created rather than applied (apply_children)."""
+    def ray_token(self, tracked: TrackedJob) -> str:
+        """A token for the job's Secret, made once per job uid. Only the Secret carries it,
+        and only when this operator creates the Secret: the operator never reads a Secret, so
+        it holds no permission that would return a Secret's data."""
         if tracked.ray_token is None:
-            if job.status is None:
-                tracked.ray_token, tracked.ray_token_made = secrets.token_urlsafe(32), True
-            else:
-                namespace = job.metadata.namespace or ""
-                existing = self.kube.read_secret_value(namespace, ray_secret_name(job), TOKEN_KEY)
-                tracked.ray_token = existing or secrets.token_urlsafe(32)
+            tracked.ray_token = secrets.token_urlsafe(32)
         return tracked.ray_token
 
 

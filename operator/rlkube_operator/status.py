@@ -437,7 +437,7 @@ def gang_failed(p: _Pass) -> Fate | None:
     if not pod.failed:
         cause = "it was deleted or failed and its StatefulSet replaced it"
     elif pod.departed:
-        cause = f"{pod.failure_reason()} (from its Events: its StatefulSet replaced it while no operator watched)"
+        cause = f"{pod.failure_reason()} (from its exit record and Events: its StatefulSet replaced it while no operator watched)"
     else:
         cause = pod.failure_reason()
     what = f"pod {pod.name} (role {pod.role}) failed: {cause}"

@@ -880,8 +880,8 @@ IMMUTABLE = [
     Case("actor-gpus-change", _set("spec.roles.actor.gpusPerReplica", 16), ("spec.roles.actor.gpusPerReplica",)),
     Case("actor-replicas-change", _set("spec.roles.actor.replicas", 4), ("spec.roles.actor.replicas",)),
     Case(
-        "network-policy-switched-on",
-        _set("spec.networkPolicy", {"enabled": True}),
+        "network-policy-switched-off",
+        _set("spec.networkPolicy", {"enabled": False}),
         ("spec.networkPolicy.enabled", "enabled is immutable"),
     ),
     Case(

@@ -37,11 +37,7 @@ ELSEWHERE: dict[str, str] = {
 }
 
 # Found ignored by this test; each is a bug to fix, not an allowance.
-KNOWN_IGNORED: set[str] = {
-    # Only read when networkPolicy.enabled is true (the example leaves it false); setting
-    # it on a disabled policy should be refused by name, or the field documented as such.
-    "networkPolicy.metricsNamespace",
-}
+KNOWN_IGNORED: set[str] = set()
 
 _NO_VALUE = object()
 

@@ -44,7 +44,7 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods",), ("get", "list", "watch", "patch", "delete")),
     ("apps", ("statefulsets",), ("create", "patch", "list", "watch", "delete")),
     ("", ("configmaps", "services", "serviceaccounts"), ("create", "patch", "list", "delete")),
-    ("", ("secrets",), ("get", "create", "patch", "delete")),
+    ("", ("secrets",), ("create", "delete")),
     ("", ("configmaps", "persistentvolumeclaims"), ("get",)),
     ("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create", "patch", "list", "delete")),
     ("networking.k8s.io", ("networkpolicies",), ("create", "patch", "list", "delete")),

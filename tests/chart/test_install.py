@@ -182,11 +182,13 @@ def test_the_operator_runs_a_job_with_only_the_charts_permissions(
             ("ServiceAccount", f"{JOB}-trainer"),
             ("Role", f"{JOB}-progress"),  # needs pods get/patch held by the operator
             ("RoleBinding", f"{JOB}-progress"),
+            ("ConfigMap", f"{JOB}-exits"),  # its Role's patch on it needs configmaps patch held by the operator
             *[("StatefulSet", f"{JOB}-{role}") for role in TINY_ROLES],
         ]:
             assert f"{kind}/{name}" in children, f"{kind}/{name} missing: {sorted(children)}"
         assert [g["metadata"]["name"] for g in jobs.podgroups(*VOLCANO)] == [JOB]
-        kubectl("get", "secret", f"{JOB}-ray", "-n", namespace)
+        kubectl("get", "secret", f"{JOB}-ray", "-n", namespace)  # created, never read
+        kubectl("get", "networkpolicy", f"{JOB}-network", "-n", namespace)  # on by default
 
         # A failed pod: the gang restarts (the old attempt's pods are deleted).
         jobs.fail_pod(f"{JOB}-actor-1")

@@ -165,6 +165,8 @@ DENIED: tuple[Permission, ...] = (
     ("", "pods/exec", "create"),
     ("", "pods/log", "get"),
     ("", "pods/status", "patch"),
+    ("", "secrets", "get"),
+    ("", "secrets", "patch"),
     ("", "secrets", "update"),
     ("", "secrets", "watch"),
     ("", "secrets", "list"),

@@ -305,15 +305,12 @@ def test_a_wrong_model_path_fails_the_job_at_once_naming_it(
     wait_for(no_pod_runs, "the job's pods to go", timeout=120)
     events = kubectl("-n", namespace, "get", "events", "--field-selector", f"involvedObject.name={job.name}").stdout
     assert "TrainerConfigError" in events and "/rlkube/no-such-model" in events, events
-    # Each pod's trainer recorded its exit as an Event about its pod, which outlives it.
-    listing = json.loads(
-        kubectl(
-            "-n", namespace, "get", "events", "--field-selector", f"reason={EVENT_TRAINER_EXITED}", "-o", "json"
-        ).stdout
-    )
-    exits = [e for e in listing["items"] if e["involvedObject"]["name"].startswith(f"{job.name}-")]
-    assert {e["involvedObject"]["name"] for e in exits} >= {f"{job.name}-controller-0"}, listing
+    # Each pod's trainer recorded its exit in the job's exit-record ConfigMap, which outlives it.
+    data = json.loads(kubectl("-n", namespace, "get", "configmap", f"{job.name}-exits", "-o", "json").stdout)["data"]
+    exits = [json.loads(text) for text in data.values()]
+    assert {e["involvedObject"]["name"] for e in exits} >= {f"{job.name}-controller-0"}, data
     for exit_event in exits:
+        assert exit_event["reason"] == EVENT_TRAINER_EXITED, exit_event
         assert exit_event["metadata"]["annotations"][ANNOTATION_EXIT_CODE] == str(int(ExitCode.CONFIG)), exit_event
         assert exit_event["involvedObject"]["uid"], exit_event  # from the downward API: how the operator finds it
         assert "'/rlkube/no-such-model': does not exist" in exit_event["message"], exit_event

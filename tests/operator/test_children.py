@@ -112,10 +112,12 @@ def test_children_per_job(example: str, mutations: list[Mutation], roles: list[s
     got = [(c["kind"], c["metadata"]["name"]) for c in children]
     expected = [
         ("ConfigMap", f"{name}-config"),
+        ("ConfigMap", f"{name}-exits"),
         ("Secret", f"{name}-ray"),
         ("ServiceAccount", f"{name}-trainer"),
         ("Role", f"{name}-progress"),
         ("RoleBinding", f"{name}-progress"),
+        ("NetworkPolicy", f"{name}-network"),
     ]
     expected += [("Service", f"{name}-{r}") for r in roles]
     expected += [("StatefulSet", f"{name}-{r}") for r in roles]
@@ -287,7 +289,7 @@ def test_pods_run_as_the_account_allowed_to_report_progress(
     for role, sts in by_kind(children, "StatefulSet").items():
         assert pod_spec(sts)["serviceAccountName"] == service_account, role
     # The driver may patch its own pod (the progress annotation), any pod may record its
-    # exit as an Event, and nothing else.
+    # exit in the job's own exit-record ConfigMap, and nothing else (no Events).
     role_obj = by_kind(children, "Role")["tiny-cpu-progress"]
     assert role_obj["rules"] == [
         {
@@ -296,7 +298,7 @@ def test_pods_run_as_the_account_allowed_to_report_progress(
             "resourceNames": ["tiny-cpu-controller-0"],
             "verbs": ["get", "patch"],
         },
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["tiny-cpu-exits"], "verbs": ["patch"]},
     ]
     binding = by_kind(children, "RoleBinding")["tiny-cpu-progress"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tiny-cpu-progress"}

@@ -293,9 +293,6 @@ class DeletedJobKube:
     def apply(self, *_: Any, **__: Any) -> None:
         return None
 
-    def read_secret_value(self, *_: Any) -> None:
-        return None
-
     def exists(self, *_: Any) -> bool:
         return True
 

@@ -49,6 +49,7 @@ def test_a_new_job_gets_its_children_and_runs(jobs: Jobs) -> None:
     assert sorted(s["metadata"]["name"] for s in services) == sorted(f"{JOB}-{role}" for role in TINY_ROLES)
     assert all(s["spec"]["clusterIP"] == "None" for s in services)
     assert f"ConfigMap/{JOB}-config" in children
+    assert f"ConfigMap/{JOB}-exits" in children  # the trainers' exit records
     assert f"ServiceAccount/{JOB}-trainer" in children
     assert f"Role/{JOB}-progress" in children
     assert f"RoleBinding/{JOB}-progress" in children

@@ -1,4 +1,4 @@
-"""The job's NetworkPolicy: built only when asked for; the job's pods reach every port of
+"""The job's NetworkPolicy: built unless switched off (on by default); the job's pods reach every port of
 each other, the monitoring namespace only the driver's metrics port, nobody else anything."""
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ def _policies(example: str, *mutations: Mutation) -> list[Obj]:
 @pytest.mark.parametrize(
     ("example", "mutations", "count"),
     [
-        pytest.param(GPU, [], 0, id="off-by-default"),
+        pytest.param(GPU, [], 1, id="on-by-default"),
+        pytest.param(CPU, [], 1, id="cpu-on-by-default"),
         pytest.param(GPU, [set_path("spec.networkPolicy", {"enabled": False})], 0, id="off"),
         pytest.param(GPU, [ENABLED], 1, id="gpu-on"),
         pytest.param(CPU, [ENABLED], 1, id="cpu-on"),
     ],
 )
-def test_a_policy_only_when_enabled(example: str, mutations: list[Mutation], count: int) -> None:
+def test_a_policy_unless_switched_off(example: str, mutations: list[Mutation], count: int) -> None:
     assert len(_policies(example, *mutations)) == count
 
 

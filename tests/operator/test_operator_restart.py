@@ -1,7 +1,7 @@
 """A pod of a running job fails while the operator is down; the operator starts again.
 
 - Failed as a pod and replaced by its StatefulSet (phase Failed, as kwok's chaos stage makes
-  it): the pod is gone, but the Event its trainer posted as it exited (the trainer's own
+  it): the pod is gone, but the exit record its trainer wrote as it exited (the trainer's own
   `record_exit`, here called for the kwok pod, which runs no container) holds the exit code
   and message. The operator reads it back by the old pod's UID: the code is named in the
   job's Event, and a configuration error fails the job instead of restarting it.
@@ -68,7 +68,7 @@ def test_a_pod_failed_while_the_operator_is_down_keeps_its_exit_code(
 
     restartable.stop()
     if how == "replaced":
-        env = {Env.POD_NAME: VICTIM, Env.POD_UID: old_uid, Env.NAMESPACE: jobs.namespace}
+        env = {Env.POD_NAME: VICTIM, Env.POD_UID: old_uid, Env.NAMESPACE: jobs.namespace, Env.JOB_NAME: JOB}
         said = f"exit code {exit_code}: {message}"
         assert record_exit(exit_code, said, env, api=kubeconfig_api(cluster.kubeconfig))
         jobs.fail_pod(VICTIM, exit_code, said)

@@ -54,6 +54,7 @@ class FakeKube:
         self.warnings: dict[str, str] = {}
         self.create_failures: dict[str, tuple[datetime, str]] = {}
         self.events: dict[str, list[dict[str, Any]]] = {}  # by the pod UID they are about
+        self.exits: dict[str, dict[str, Any]] = {}  # the job's exit records, by pod UID
         self.secret_exists = secret_exists
         self.version = 100
         self.manifests: dict[str, dict[str, Any]] = {}
@@ -87,10 +88,6 @@ class FakeKube:
     def delete_children(self, namespace: str, job: str) -> None:
         self.calls.append(("delete_children", namespace, job))
 
-    def read_secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        self.calls.append(("read_secret_value", namespace, name))
-        return "token-from-the-secret" if self.secret_exists else None
-
     def exists(self, namespace: str, kind: str, name: str) -> bool:
         self.calls.append(("exists", namespace, f"{kind}/{name}"))
         return f"{kind}/{name}" not in self.missing
@@ -110,6 +107,10 @@ class FakeKube:
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         self.calls.append(("pod_events", namespace, uid))
         return self.events.get(uid, [])
+
+    def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]:
+        self.calls.append(("exit_records", namespace, job))
+        return self.exits
 
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None:
         self.calls.append(("create_failure", namespace, stateful_set))
@@ -146,9 +147,9 @@ def test_a_new_job_applies_every_child_then_writes_its_status() -> None:
     applied = [c[1] for c in kube.calls if c[0] == "apply"]
     assert "ConfigMap/tiny-cpu-config" in applied
     assert {a for a in applied if a.startswith("StatefulSet/")} == {f"StatefulSet/{s}" for s in SETS}
-    # A new job's Secret is created with a new token, not read first; the status goes last.
+    # A new job's Secret is created with a new token, never applied; the status goes last.
     assert ("create", "Secret/tiny-cpu-ray") in kube.calls
-    assert "read_secret_value" not in kube.kinds()
+    assert ("apply", "Secret/tiny-cpu-ray") not in kube.calls
     assert kube.kinds()[-1] == "patch_status"
     assert kube.written()["state"] == State.CREATED
     assert result.state == State.CREATED
@@ -268,22 +269,26 @@ def test_a_refused_child_is_reported_by_the_next_pass_without_a_false_created() 
 
 
 def test_a_secret_an_earlier_operator_made_keeps_its_token() -> None:
-    """An operator that died in a job's first pass may have made the Secret, and pods with it."""
+    """An operator that died in a job's first pass may have made the Secret, and pods that
+    take the token from it: the Secret is only ever created, so the one there is left as it
+    is, and nothing reads it back (the operator holds no Secret read)."""
     kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
     result = reconcile(kube, tracked, body_of(), [], 0)
     assert result.written is not None
-    created = kube.calls.index(("create", "Secret/tiny-cpu-ray"))
-    assert kube.calls[created + 1] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
-    assert tracked.ray_token == "token-from-the-secret"
-    # Everything applied carries the Secret's token, the Secret itself unchanged.
-    assert kube.manifests["Secret/tiny-cpu-ray"]["stringData"] == {"token": "token-from-the-secret"}
+    assert ("create", "Secret/tiny-cpu-ray") in kube.calls
+    assert "Secret/tiny-cpu-ray" not in kube.manifests  # the earlier one stands
+    assert not [c for c in kube.calls if c[0] in ("apply", "dry_run_apply") and c[1].startswith("Secret/")]
+    # The pods take the token from the Secret by reference, never by value.
+    assert tracked.ray_token is not None
+    for key, manifest in kube.manifests.items():
+        assert tracked.ray_token not in json.dumps(manifest), key
 
 
-def test_a_known_job_reads_its_token_back_after_an_operator_restart() -> None:
+def test_a_known_job_after_an_operator_restart_leaves_its_secret_as_it_is() -> None:
     kube, tracked = FakeKube(secret_exists=True), TrackedJob(NAMESPACE, NAME)
     reconcile(kube, tracked, body_of({"state": "Running", "restartCount": 0}), [], 0)
-    assert kube.calls[0] == ("read_secret_value", NAMESPACE, "tiny-cpu-ray")
-    assert "create" not in kube.kinds()
+    assert [c for c in kube.calls if c[1:] == ("Secret/tiny-cpu-ray",)] == [("create", "Secret/tiny-cpu-ray")]
+    assert "Secret/tiny-cpu-ray" not in kube.manifests
 
 
 def test_a_job_created_again_under_the_same_name_starts_afresh() -> None:

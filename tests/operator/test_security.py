@@ -59,7 +59,9 @@ def test_trainer_pods_pass_the_restricted_pod_security_standard(jobs: Jobs, kube
 
 
 def test_the_network_policy_is_a_child_of_the_job(jobs: Jobs, kubectl: Kubectl) -> None:
-    created = jobs.create(tiny_job(JOB, jobs.namespace, {"spec.networkPolicy": {"enabled": True}}))
+    """On by default: a job that says nothing of it gets its policy."""
+    created = jobs.create(tiny_job(JOB, jobs.namespace))
+    assert created["spec"]["networkPolicy"]["enabled"] is True  # the server's default
     jobs.wait_running(JOB)
     out = kubectl("get", "networkpolicy", f"{JOB}-network", "-n", jobs.namespace, "-o", "json").stdout
     policy = json.loads(out)

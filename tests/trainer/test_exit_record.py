@@ -1,8 +1,9 @@
-"""The Event a trainer container posts about its own pod as it exits non-zero
+"""The record a trainer container writes about its own pod as it exits non-zero
 (`exit_record.py`), so that its exit code outlives a pod replaced while no operator watched:
 what it holds, that it is never attempted outside a pod, and, against the real API server,
-that the Role the operator makes for a job lets the pod post it and that the operator reads
-it back by the pod's UID."""
+that the Role the operator makes for a job lets the pod write it to the job's exit-record
+ConfigMap and nowhere else (not another job's, no Events), and that the operator reads it back
+by the pod's UID."""
 
 from __future__ import annotations
 
@@ -63,13 +64,14 @@ def test_a_long_message_keeps_its_start_and_end_within_the_api_servers_limit() -
     assert message.startswith("Traceback") and message.endswith("ValueError: the cause")
 
 
-@pytest.mark.parametrize("missing", [Env.POD_NAME, Env.POD_UID, Env.NAMESPACE])
+@pytest.mark.parametrize("missing", [Env.POD_NAME, Env.POD_UID, Env.NAMESPACE, Env.JOB_NAME])
 def test_outside_a_pod_nothing_is_posted(missing: str, tmp_path: Path) -> None:
-    env = {Env.POD_NAME: POD, Env.POD_UID: "u", Env.NAMESPACE: "ns"}
+    in_pod = {Env.POD_NAME: POD, Env.POD_UID: "u", Env.NAMESPACE: "ns", Env.JOB_NAME: "tiny-cpu"}
+    env = dict(in_pod)
     del env[missing]
     assert record_exit(1, "x", env, tmp_path) is False
     # In a pod's environment but with no ServiceAccount token mounted: nothing either.
-    assert record_exit(1, "x", {Env.POD_NAME: POD, Env.POD_UID: "u", Env.NAMESPACE: "ns"}, tmp_path) is False
+    assert record_exit(1, "x", in_pod, tmp_path) is False
 
 
 def test_an_api_server_that_does_not_answer_does_not_hold_the_exit_up(tmp_path: Path) -> None:
@@ -78,6 +80,7 @@ def test_an_api_server_that_does_not_answer_does_not_hold_the_exit_up(tmp_path: 
         Env.POD_NAME: POD,
         Env.POD_UID: "u",
         Env.NAMESPACE: "ns",
+        Env.JOB_NAME: "tiny-cpu",
         "KUBERNETES_SERVICE_HOST": "127.0.0.1",
         "KUBERNETES_SERVICE_PORT": "9",  # discard: nothing listens
     }
@@ -110,6 +113,7 @@ def pod_env(
         Env.POD_NAME: pod,
         Env.POD_UID: uid,
         Env.NAMESPACE: namespace,
+        Env.JOB_NAME: job.metadata.name or "",
     }
     return env, sa_dir, uid
 
@@ -121,11 +125,11 @@ def test_the_jobs_role_lets_a_pod_record_its_exit_and_the_operator_reads_it_back
     env, sa_dir, uid = pod_env(cluster, kubectl, namespace, tmp_path)
     assert record_exit(int(ExitCode.RANK_LOST), "exit code 3: rank 2 of actor lost", env, sa_dir) is True
 
-    events = Kube(kube).pod_events(namespace, uid)  # the scheduler's too
-    assert [e["reason"] for e in events if e["reason"] == EVENT_TRAINER_EXITED] == [EVENT_TRAINER_EXITED]
+    records = Kube(kube).exit_records(namespace, "tiny-cpu")
+    assert list(records) == [uid] and records[uid]["reason"] == EVENT_TRAINER_EXITED
     # The operator's reading of it, once the pod is replaced (a new UID under the same name).
     replacement = view_pod({"metadata": {"name": POD, "uid": "new", "labels": {"rlkube.dev/role": "actor"}}})
-    departed = departed_pod(events, {POD: replacement})
+    departed = departed_pod(Kube(kube).pod_events(namespace, uid), {POD: replacement}, records[uid])
     assert departed is not None and departed.uid == uid
     assert departed.terminated == (int(ExitCode.RANK_LOST), "Error")
     assert departed.termination_message == "exit code 3: rank 2 of actor lost"
@@ -147,17 +151,51 @@ def test_the_cli_records_a_config_error_and_an_uncaught_one(
     with pytest.raises(SystemExit) as exited:
         cli.main(["driver"])
     assert exited.value.code == ExitCode.CONFIG
+    first = Kube(kube).exit_records(namespace, "tiny-cpu")[uid]
+    assert first["metadata"]["annotations"][ANNOTATION_EXIT_CODE] == str(int(ExitCode.CONFIG))
+    assert first["message"].startswith(f"exit code {int(ExitCode.CONFIG)} (CONFIG): ")
+    assert "no_such_key: Extra inputs are not permitted" in first["message"]
 
     def crash(args: argparse.Namespace) -> int:
         raise ValueError("the cause")
 
     assert cli._in_pod(crash)(argparse.Namespace()) == int(ExitCode.UNEXPECTED)
 
-    found = Kube(kube).pod_events(namespace, uid)
-    events = sorted((e for e in found if e["reason"] == EVENT_TRAINER_EXITED), key=lambda e: e["metadata"]["name"])
-    codes = [e["metadata"]["annotations"][ANNOTATION_EXIT_CODE] for e in events]
-    assert codes == [str(int(ExitCode.CONFIG)), str(int(ExitCode.UNEXPECTED))]
-    assert events[0]["message"].startswith(f"exit code {int(ExitCode.CONFIG)} (CONFIG): ")
-    assert "no_such_key: Extra inputs are not permitted" in events[0]["message"]
-    assert events[1]["message"].startswith("exit code 1 (UNEXPECTED): Traceback")
-    assert events[1]["message"].endswith("ValueError: the cause")
+    # One record per pod: the second exit replaced the first (the latest exit counts).
+    record = Kube(kube).exit_records(namespace, "tiny-cpu")[uid]
+    assert record["metadata"]["annotations"][ANNOTATION_EXIT_CODE] == str(int(ExitCode.UNEXPECTED))
+    assert record["message"].startswith("exit code 1 (UNEXPECTED): Traceback")
+    assert record["message"].endswith("ValueError: the cause")
+
+
+@pytest.mark.cluster
+def test_a_jobs_pods_may_write_only_their_own_jobs_exit_records(
+    cluster: ClusterInfo, kubectl: Kubectl, kube: ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    """Two jobs in one namespace: the other job's pods can neither write this job's exit
+    records nor post an Event (about any pod), and what they write for themselves stays in
+    their own job's records, which this job's reading never looks at."""
+    env, sa_dir, uid = pod_env(cluster, kubectl, namespace, tmp_path)
+    other = load_job(CPU).model_copy(deep=True)  # the cached example stays as other tests expect it
+    other.metadata.name, other.metadata.namespace = "other", namespace
+    for child in rbac_children(other):
+        kubectl("apply", "-f", "-", input=json.dumps(child))
+    as_other = f"--as=system:serviceaccount:{namespace}:other-trainer"
+
+    def allowed(*what: str, who: str = as_other) -> bool:
+        answer = kubectl("auth", "can-i", *what, "-n", namespace, who, check=False).stdout.strip()
+        return answer == "yes"
+
+    assert allowed("patch", "configmap/other-exits")
+    assert not allowed("patch", "configmap/tiny-cpu-exits")
+    assert not allowed("create", "events")
+    assert not allowed("create", "events", who=f"--as=system:serviceaccount:{namespace}:tiny-cpu-trainer")
+
+    # The other job's pod, with this pod's UID and name claimed, still writes only its own records.
+    token = kubectl("create", "token", "other-trainer", "-n", namespace).stdout.strip()
+    (sa_dir / "token").write_text(token)
+    forged = {**env, Env.JOB_NAME: "tiny-cpu"}
+    assert record_exit(int(ExitCode.CONFIG), "forged", forged, sa_dir) is False  # refused: not its ConfigMap
+    assert record_exit(int(ExitCode.CONFIG), "its own", {**env, Env.JOB_NAME: "other"}, sa_dir) is True
+    assert Kube(kube).exit_records(namespace, "tiny-cpu") == {}
+    assert list(Kube(kube).exit_records(namespace, "other")) == [uid]

@@ -129,15 +129,15 @@ same list as a table, and README.md documents it.
 - apiGroups: [""]
   resources: ["configmaps", "services", "serviceaccounts"]
   verbs: ["create", "patch", "list", "delete"]
-# The job's Ray token Secret, also read back (get) so that re-applying it never
-# rotates the token under running pods; deleted by name, never listed (a list returns
-# every Secret's data). get also looks up, metadata only, the Secrets the pods name.
+# The job's Ray token Secret: created once (never applied, so never rotated under
+# running pods) and deleted by name. No get, list or watch: the operator reads no
+# Secret. create with dryRun also tells whether a Secret the pods name exists (409).
 - apiGroups: [""]
   resources: ["secrets"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["create", "delete"]
 # The ConfigMaps and PersistentVolumeClaims a job's pods name (the reward function, volumes,
 # env): looked up by name (get, metadata only) before its pods are created, so that none
-# is created while one is missing.
+# is created while one is missing. Also reads the job's exit-record ConfigMap.
 - apiGroups: [""]
   resources: ["configmaps", "persistentvolumeclaims"]
   verbs: ["get"]

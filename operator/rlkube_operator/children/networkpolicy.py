@@ -1,5 +1,7 @@
-"""The job's NetworkPolicy (spec.networkPolicy.enabled): ingress to its pods only from its own
-pods, and to the driver's metrics port also from the monitoring namespace."""
+"""The job's NetworkPolicy (spec.networkPolicy.enabled, on by default): ingress to its pods
+only from its own pods, and to the driver's metrics port also from the monitoring namespace.
+The operator needs no rule: it reaches the pods only through the API server. The kubelet's
+probes come from the pod's own node, which NetworkPolicies always let through."""
 
 from __future__ import annotations
 

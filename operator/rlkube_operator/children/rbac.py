@@ -1,14 +1,15 @@
 """What the job's pods may do through the API server, as a Role bound to their
 ServiceAccount: the driver patches the `rlkube.dev/progress` annotation of its own pod
 (the controller pod; that one pod only), which the operator already watches; and every
-trainer container records its non-zero exit as an Event about its pod (which outlives the
-pod: trainer/rlkube_trainer/pod/exit_record.py)."""
+trainer container records its non-zero exit in the job's exit-record ConfigMap (which
+outlives the pod: trainer/rlkube_trainer/pod/exit_record.py), that one ConfigMap only. The
+pods may not create Events: that right cannot be narrowed to their own pods."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.names import CONTROLLER_ROLE, child_name, exit_records_name
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.labels import job_labels
 
@@ -22,7 +23,8 @@ def driver_pod_name(job: RLJob) -> str:
 
 
 def rbac_children(job: RLJob) -> list[dict[str, Any]]:
-    name = f"{job.metadata.name}-progress"
+    job_name = job.metadata.name or ""
+    name = f"{job_name}-progress"
     meta = {"namespace": job.metadata.namespace, "labels": job_labels(job)}
     children: list[dict[str, Any]] = []
     if job.spec.service_account_name is None:
@@ -34,6 +36,10 @@ def rbac_children(job: RLJob) -> list[dict[str, Any]]:
                 "automountServiceAccountToken": True,
             }
         )
+    # Created empty; the trainer adds its pods' records (server-side apply leaves them be).
+    children.append(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": exit_records_name(job_name), **meta}}
+    )
     children.append(
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -46,8 +52,12 @@ def rbac_children(job: RLJob) -> list[dict[str, Any]]:
                     "resourceNames": [driver_pod_name(job)],
                     "verbs": ["get", "patch"],
                 },
-                # Events cannot be narrowed by name (their names are made when created).
-                {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+                {
+                    "apiGroups": [""],
+                    "resources": ["configmaps"],
+                    "resourceNames": [exit_records_name(job_name)],
+                    "verbs": ["patch"],
+                },
             ],
         }
     )

@@ -1,14 +1,19 @@
-"""The record a trainer container leaves as it exits non-zero: a Warning Event about its own
-pod (reason `TrainerExited`, the exit code in the `rlkube.dev/exit-code` annotation, the
-message as in the termination message).
+"""The record a trainer container leaves as it exits non-zero: an entry, under its own pod's
+UID, in the job's exit-record ConfigMap (`<job>-exits`; the exit code in the
+`rlkube.dev/exit-code` annotation, the message as in the termination message, shaped as an
+Event about its pod with reason `TrainerExited`).
 
 The container's termination message already carries both, but only as long as the pod
 exists: a pod that failed while no operator watched is deleted and replaced by its
-StatefulSet, and the next operator would see only that a member was replaced. An Event is an
-object of its own (kept an hour by default, `--event-ttl`), found by the pod's UID, so the
-operator can still classify the failure by its exit code (a configuration error fails the job
-instead of restarting it) and name it. The operator's Role for the job grants `create` on
-events; nothing else here needs more.
+StatefulSet, and the next operator would see only that a member was replaced. The ConfigMap
+outlives the pod, so the operator can still classify the failure by its exit code (a
+configuration error fails the job instead of restarting it) and name it.
+
+Why not an Event (as before): the right to create Events cannot be narrowed by name or
+content, so a pod allowed to post its own could post one about another job's pod and steer
+how that job's failure is judged. The job's Role grants `patch` on this one ConfigMap only,
+by name: only the job's own ServiceAccount can write its records, and the job's pods hold no
+right to create Events at all.
 
 Best effort and bounded: a container that is exiting must not hang on an API server that
 does not answer.
@@ -16,6 +21,7 @@ does not answer.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -24,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlkube_api.event_message import fit_event_message
-from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env
+from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED, Env, exit_records_name
 from rlkube_trainer.loop.progress import pod_core_api
 
 if TYPE_CHECKING:
@@ -70,21 +76,26 @@ def record_exit(
     sa_dir: Path | None = None,
     api: client.ApiClient | None = None,
 ) -> bool:
-    """Posts the exit Event when running in a pod the operator made (its name, UID and
-    namespace in the environment, a ServiceAccount token mounted); True if it was stored.
-    Outside a pod, or on any error, nothing is posted and the exit goes on."""
+    """Writes the exit record when running in a pod the operator made (its job, name, UID
+    and namespace in the environment, a ServiceAccount token mounted); True if it was
+    stored. Outside a pod, or on any error, nothing is written and the exit goes on. A
+    container restarted in place that exits again replaces its pod's record: the latest exit
+    counts."""
     env = os.environ if env is None else env
     pod, uid, namespace = env.get(Env.POD_NAME), env.get(Env.POD_UID), env.get(Env.NAMESPACE)
-    if not (pod and uid and namespace):
+    job = env.get(Env.JOB_NAME)
+    if not (pod and uid and namespace and job):
         return False
     try:
-        events = pod_core_api(env, sa_dir, api)
-        if events is None:
+        core = pod_core_api(env, sa_dir, api)
+        if core is None:
             return False
         body = exit_event(code, message, pod, uid, namespace, datetime.now(UTC))
-        # The client serialises a plain dict as it would its own model.
-        events.create_namespaced_event(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
+        # A strategic-merge patch adds (or replaces) this pod's key and leaves the others.
+        core.patch_namespaced_config_map(
+            exit_records_name(job), namespace, {"data": {uid: json.dumps(body)}}, _request_timeout=REQUEST_TIMEOUT
+        )
     except Exception as exc:
-        log.warning("could not record the exit (code %d) as an Event on pod %s/%s: %s", code, namespace, pod, exc)
+        log.warning("could not record the exit (code %d) of pod %s/%s: %s", code, namespace, pod, exc)
         return False
     return True
