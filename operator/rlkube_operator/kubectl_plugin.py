@@ -82,6 +82,9 @@ def format_status(job: Obj) -> str:
             "  pods:         "
             + ", ".join(f"{r} {s.get('ready', 0)}/{s.get('replicas', 0)} ready" for r, s in roles.items())
         )
+        layouts = [f"{r} {s['layout']}" for r, s in roles.items() if s.get("layout")]
+        if layouts:
+            lines.append("  layout:       " + ", ".join(layouts))
     conditions = status.get("conditions") or []
     if conditions:
         lines.append("  conditions:")

@@ -48,6 +48,7 @@ from typing import Literal
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.exit_codes import EXIT_CLASSES, ExitCode
 from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.placement import Role, layout_of
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
 from rlkube_operator.children.references import Reference, job_references
@@ -190,8 +191,10 @@ def _role_counts(job: RLJob, pods: list[PodView]) -> dict[str, RoleStatus]:
     counts = {}
     for role in pod_roles(job):
         mine = [p for p in pods if p.role == role.name]
+        layout = None if role.name == CONTROLLER_ROLE else layout_of(job.spec.roles, Role(role.name), role)
         counts[role.name] = RoleStatus(
             replicas=role.replicas,
+            layout=None if layout is None else layout.describe(),
             active=sum(1 for p in mine if not (p.failed or p.succeeded)),
             ready=sum(1 for p in mine if p.ready),
             succeeded=sum(1 for p in mine if p.succeeded),
@@ -1022,7 +1025,7 @@ def is_transition(prev: RLJobStatus, new: RLJobStatus) -> bool:
     def essentials(status: RLJobStatus) -> RLJobStatus:
         conditions = [c.model_copy(update={"message": "", "last_transition_time": ""}) for c in status.conditions]
         # The wanted replicas are kept: a rollout scaling is written at once (its Event is told once).
-        wanted = {name: RoleStatus(replicas=role.replicas) for name, role in status.roles.items()}
+        wanted = {name: RoleStatus(replicas=role.replicas, layout=role.layout) for name, role in status.roles.items()}
         return status.model_copy(update={"roles": wanted, "conditions": conditions})
 
     return essentials(prev) != essentials(new)
