@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from rlkube_api.config import TrainerConfig
+from rlkube_api.fit import table
 from rlkube_api.fit.estimate import GIB, RoleEstimate, estimate
 from rlkube_api.fit.model import KNOWN_ARCHITECTURES
 from rlkube_api.placement import Role
@@ -73,3 +74,7 @@ def test_a_7b_with_fp32_master_weights_does_not_fit_one_h100() -> None:
     actor = _actor(_config({"ppo_micro_batch_size_per_gpu": 4}, {}, enable_gradient_checkpointing=True), "qwen2.5-7b")
     refusal = actor.refusal(H100)
     assert refusal is not None and "actor (dp1) needs" in refusal and "GiB" in refusal
+
+
+def test_the_committed_memory_table_is_current() -> None:
+    assert table.main(["--check"]) == 0, "docs/memory-table.md is stale: python -m rlkube_api.fit.table --write"

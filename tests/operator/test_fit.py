@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlkube_operator.fit import GPU_MEMORY_LABEL, fit_refusals
+from rlkube_operator.fit import GPU_MEMORY_LABEL, fit_refusals, format_plan
 from rlkube_operator.plan import ApplyChildren
 from rlkube_operator.status import DOES_NOT_FIT, Observed, compute_status
 from tests.operator.helpers import GPU, at, load_job, set_path
@@ -62,3 +62,20 @@ def test_a_job_that_does_not_fit_is_held_with_no_pods() -> None:
     applies = [a for a in plan.actions if isinstance(a, ApplyChildren)]
     # Every StatefulSet, the controller's too, at zero replicas.
     assert applies and not applies[0].pods_wanted
+
+
+def test_plan_shows_each_layout_where_its_groups_sit_and_the_memory() -> None:
+    job = load_job(
+        GPU,
+        set_path("spec.roles.actor.tensorParallelSize", 2),
+        set_path("spec.roles.actor.pipelineParallelSize", 2),
+        set_path("spec.roles.actor.fsdpSize", 4),
+        set_path("spec.fit", {"modelArchitecture": "qwen2.5-32b"}),
+    )
+    text = format_plan(job, 81559)
+    assert "actor: tp2×pp2×dp4 on 2 pod(s) × 8 rank(s)" in text
+    # Tensor parallel inside a pod, pipeline stages on different pods.
+    assert "tensor-parallel groups of 2: ranks [0, 1] on pods [0]" in text
+    assert "pipeline-parallel groups of 2: ranks [0, 8] on pods [0, 1]" in text
+    assert "actor actor update:" in text and "actor: fits" in text
+    assert "DOES NOT FIT" in format_plan(job, 16384)

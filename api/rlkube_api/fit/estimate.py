@@ -4,7 +4,7 @@ memory table in the docs.
 
 What a training rank (actor, critic) holds, in its largest phases:
 - its shard of the parameters: the layers of its pipeline stage (layers / pp), each split tp ways,
-  then sharded by FSDP2 over fsdpSize ranks (default: the data-parallel ranks); the embeddings on
+  then sharded by FSDP2 over fsdpSize ranks (default: the data-parallel and Ulysses ranks); the embeddings on
   the first stage and the LM head on the last, split tp ways over the vocabulary;
 - master weights, gradients, AdamW's two moments and one parameter-sized temporary of its step,
   each in fsdpConfig.modelDtype (fp32: 4 + 4 + 8 + 4 bytes per parameter; bf16: half);
@@ -172,9 +172,11 @@ def estimate(config: TrainerConfig, dims: ModelDimensions, gpu_bytes: int) -> li
         one_sequence = (config.data.max_prompt_length + config.data.max_response_length) * _kv_per_token(dims) // tp
         kv = kv_cache_bytes(config, dims, placement.engines.count)
         engine_share = int(rollout.gpu_memory_utilization * gpu_bytes)
-        notes = [f"KV cache for a step's sequences at full length: {kv / GIB:.1f} GiB per engine rank"]
+        notes = []
+        if Role.ROLLOUT in group.hosts:
+            notes.append(f"KV cache for a step's sequences at full length: {kv / GIB:.1f} GiB per engine rank")
         engine_parts = (Part("rollout engine (weights and KV cache)", engine_share),)
-        if engine_share < engine_weights + one_sequence:
+        if Role.ROLLOUT in group.hosts and engine_share < engine_weights + one_sequence:
             notes.append(
                 f"the engine's share ({engine_share / GIB:.1f} GiB) cannot hold its weights and one whole sequence "
                 f"({(engine_weights + one_sequence) / GIB:.1f} GiB): raise rollout.gpuMemoryUtilization"
@@ -184,7 +186,9 @@ def estimate(config: TrainerConfig, dims: ModelDimensions, gpu_bytes: int) -> li
             phases.append(Phase("generation", engine_parts))
         else:
             update = config.critic if group.name == Role.CRITIC else config.actor
-            shard = getattr(config.roles, group.name.value).fsdp_size or layout.dp
+            # FSDP2 shards over the data-parallel and the Ulysses ranks (each holds the same replica),
+            # as verl's and torchtitan's meshes do, unless fsdpSize says fewer.
+            shard = getattr(config.roles, group.name.value).fsdp_size or layout.dp * layout.sp
             resident, update_parts = _training_phase(group.name.value, config, update, dims, layout, shard)
             frozen = []
             if group.name == Role.ACTOR and Role.CRITIC in group.hosts:
