@@ -129,6 +129,24 @@ INVALID = [
         ("spec.roles.reference.ulyssesSequenceParallelSize", "has no effect"),
     ),
     Case(
+        "fit-names-and-states-the-model",
+        _set(
+            "spec.fit",
+            {
+                "modelArchitecture": "qwen2.5-7b",
+                "modelDimensions": {
+                    "numHiddenLayers": 2,
+                    "hiddenSize": 64,
+                    "intermediateSize": 128,
+                    "numAttentionHeads": 2,
+                    "vocabSize": 512,
+                },
+            },
+        ),
+        ("spec.fit.modelDimensions", "not both"),
+    ),
+    Case("fit-unknown-architecture", _set("spec.fit", {"modelArchitecture": "gpt-5"}), ("spec.fit.modelArchitecture",)),
+    Case(
         "critic-pipeline-does-not-divide-its-world",
         _set("spec.roles.critic", {"replicas": 3, "gpusPerReplica": 2, "pipelineParallelSize": 4}),
         ("spec.roles.critic.tensorParallelSize", "must divide replicas × gpusPerReplica"),
@@ -675,6 +693,7 @@ VALID = [
         ),
         (),
     ),
+    Case("fit-known-architecture", _set("spec.fit", {"modelArchitecture": "qwen2.5-7b", "gpuMemoryMiB": 81559}), ()),
     # Without GPUs each pod is one rank: tensor-parallel groups span pods.
     Case(
         "cpu-actor-tp2-sp2",
