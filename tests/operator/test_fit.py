@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+from kubernetes.client import ApiClient, CoreV1Api
+
 from rlkube_operator.fit import GPU_MEMORY_LABEL, fit_refusals, format_plan
+from rlkube_operator.kube import Kube
 from rlkube_operator.plan import ApplyChildren
 from rlkube_operator.status import DOES_NOT_FIT, Observed, compute_status
 from tests.operator.helpers import GPU, at, load_job, set_path
@@ -79,3 +83,10 @@ def test_plan_shows_each_layout_where_its_groups_sit_and_the_memory() -> None:
     assert "pipeline-parallel groups of 2: ranks [0, 8] on pods [0, 1]" in text
     assert "actor actor update:" in text and "actor: fits" in text
     assert "DOES NOT FIT" in format_plan(job, 16384)
+
+
+@pytest.mark.cluster
+def test_node_labels_come_from_the_api_server(kube: ApiClient) -> None:
+    """The reconciler's list of node labels (metadata only), against the real API server."""
+    expected = [dict(n.metadata.labels or {}) for n in CoreV1Api(kube).list_node().items]
+    assert sorted(map(sorted, Kube(kube).node_labels())) == sorted(map(sorted, expected))
