@@ -88,5 +88,5 @@ def test_plan_shows_each_layout_where_its_groups_sit_and_the_memory() -> None:
 @pytest.mark.cluster
 def test_node_labels_come_from_the_api_server(kube: ApiClient) -> None:
     """The reconciler's list of node labels (metadata only), against the real API server."""
-    expected = [dict(n.metadata.labels or {}) for n in CoreV1Api(kube).list_node().items]
+    expected = [dict((n.metadata.labels if n.metadata else None) or {}) for n in CoreV1Api(kube).list_node().items]
     assert sorted(map(sorted, Kube(kube).node_labels())) == sorted(map(sorted, expected))
