@@ -16,6 +16,8 @@ MANAGED_BY: Final = "rlkube-operator"
 ANNOTATION_ATTEMPT: Final = "rlkube.dev/attempt"
 # The driver writes its progress (JSON) here; the operator copies it into status.progress.
 ANNOTATION_PROGRESS: Final = "rlkube.dev/progress"
+# On a role's StatefulSet: its parallel layout (tp2×pp2×dp2), for people and tools reading the cluster.
+ANNOTATION_LAYOUT: Final = "rlkube.dev/parallel-layout"
 # On the Event a trainer container posts about its own pod as it exits non-zero (reason
 # EVENT_TRAINER_EXITED): the exit code. The Event outlives the pod, so a pod replaced while no
 # operator watched still has its exit code and message on record.

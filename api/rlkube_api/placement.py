@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from rlkube_api.config import TrainerConfig
+from rlkube_api.layout import ParallelLayout
 from rlkube_api.roles import RolePods, Roles, roles_with_pods
 
 
@@ -39,6 +40,8 @@ class Group:
 
     pods: RolePods
     hosts: frozenset[Role]
+    # How the group's ranks divide its model (roles colocated in it run in the same layout).
+    layout: ParallelLayout | None = None
 
     @property
     def name(self) -> Role:
@@ -137,7 +140,7 @@ class Placement:
         actor = self.group(Role.ACTOR)
         hosts = frozenset().union(*(g.hosts for g in self.groups))
         single = RolePods(Role.ACTOR, 1, min(actor.pods.gpus_per_replica, 1))
-        return Placement((Group(single, hosts),), None, Engines(1, 1))
+        return Placement((Group(single, hosts, ParallelLayout(1)),), None, Engines(1, 1))
 
 
 def uses_reference(config: TrainerConfig) -> bool:
@@ -164,6 +167,22 @@ def _colocated_with_actor(roles: Roles, role: Role) -> bool:
     return spec is None or spec.colocate_with == Role.ACTOR
 
 
+def layout_of(roles: Roles, role: Role, pods: RolePods) -> ParallelLayout:
+    """The layout of a group's ranks: a training role's declared sizes, or the rollout's engines
+    (tensor parallel within an engine, data parallel across them)."""
+    if role == Role.ROLLOUT:
+        return ParallelLayout(pods.world_size, pods.procs_per_pod, tp=roles.rollout.tensor_parallel_size)
+    spec = getattr(roles, role.value)
+    return ParallelLayout(
+        pods.world_size,
+        pods.procs_per_pod,
+        tp=spec.tensor_parallel_size,
+        pp=spec.pipeline_parallel_size,
+        sp=spec.ulysses_sequence_parallel_size,
+        vpp=spec.virtual_pipeline_parallel_size,
+    )
+
+
 def placement_of(config: TrainerConfig) -> Placement:
     """The groups (the actor first, then every role with pods of its own, in the order the
     operator creates them) and the weight-sync group of a separate rollout."""
@@ -174,7 +193,7 @@ def placement_of(config: TrainerConfig) -> Placement:
         hosts = {role}
         if role == Role.ACTOR:
             hosts |= {r for r in used if r != Role.ACTOR and _colocated_with_actor(config.roles, r)}
-        groups.append(Group(pods, frozenset(hosts)))
+        groups.append(Group(pods, frozenset(hosts), layout_of(config.roles, role, pods)))
     weight_sync = None
     rollout = next((g for g in groups if g.name == Role.ROLLOUT), None)
     if rollout is not None:

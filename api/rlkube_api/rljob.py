@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
+from rlkube_api.fit.model import FitSpec
 from rlkube_api.kube_syntax import ENV_NAME_PATTERN, IMAGE, LONG_NAME, SHORT_NAME
 from rlkube_api.pod_template import (
     OPERATOR_MOUNT_PATHS,
@@ -354,6 +355,11 @@ class RLJobSpec(TrainerConfig):
         default_factory=NetworkPolicySpec, description="Isolate the job's pods with a NetworkPolicy (off by default)."
     )
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Restarts, deadlines, cleanup, gang.")
+    fit: FitSpec | None = Field(
+        None,
+        description="The model's dimensions and the GPU memory for the memory estimate per rank: a job that "
+        "cannot fit is held before any pod is created (kubectl rlkube plan shows the estimate).",
+    )
 
     def trainer_config(self) -> TrainerConfig:
         """The trainer's sections of this spec, without what only Kubernetes reads."""

@@ -45,6 +45,57 @@ _REPLICAS_IMMUTABLE = CelRule(
 _NO_PODS_NO_TEMPLATE = "a role inside the actor's workers has no pods: set the actor's podTemplate"
 
 _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
+# The ranks one model replica spans (tensor × pipeline × sequence parallel); the world size over
+# it is the data-parallel factor FSDP2 shards over.
+_MODEL_PARALLEL = "(self.tensorParallelSize * self.pipelineParallelSize * self.ulyssesSequenceParallelSize)"
+_MODEL_PARALLEL_FIELDS = (
+    "tensorParallelSize",
+    "pipelineParallelSize",
+    "virtualPipelineParallelSize",
+    "ulyssesSequenceParallelSize",
+)
+
+
+def _model_parallel_rules(guard: str) -> tuple[CelRule, ...]:
+    """Admission of a training role's layout; `guard` is true where the role has pods of its own."""
+    return (
+        CelRule(
+            f"{guard}{_WORLD_SIZE} % {_MODEL_PARALLEL} == 0",
+            "tensorParallelSize × pipelineParallelSize × ulyssesSequenceParallelSize must divide replicas × "
+            "gpusPerReplica (the role's world size; one rank per pod without GPUs)",
+            ".tensorParallelSize",
+        ),
+        # A tensor-parallel group exchanges activations at every layer: it stays on one node's
+        # GPUs. Without GPUs each pod is one rank, and tensor-parallel groups span pods.
+        CelRule(
+            f"{guard}!has(self.gpusPerReplica) || self.gpusPerReplica == 0"
+            " || self.gpusPerReplica % self.tensorParallelSize == 0",
+            "tensorParallelSize must divide gpusPerReplica (a tensor-parallel group stays inside one pod, "
+            "so on one node)",
+            ".tensorParallelSize",
+        ),
+        CelRule(
+            "!has(self.virtualPipelineParallelSize) || self.pipelineParallelSize > 1",
+            "virtualPipelineParallelSize needs pipelineParallelSize above 1 (it divides each stage's layers "
+            "into interleaved chunks)",
+            ".virtualPipelineParallelSize",
+        ),
+        CelRule(
+            f"{guard}!has(self.fsdpSize) || ({_WORLD_SIZE} / {_MODEL_PARALLEL}) % self.fsdpSize == 0",
+            "fsdpSize must divide the data-parallel ranks: replicas × gpusPerReplica / (tensorParallelSize × "
+            "pipelineParallelSize × ulyssesSequenceParallelSize)",
+            ".fsdpSize",
+        ),
+        *(
+            CelRule(
+                f"has(self.{name}) == has(oldSelf.{name}) && (!has(self.{name}) || self.{name} == oldSelf.{name})",
+                f"{name} is immutable (every rank of a running gang holds its slice of the model)",
+                f".{name}",
+                transition=True,
+            )
+            for name in _MODEL_PARALLEL_FIELDS
+        ),
+    )
 
 
 class Toleration(ApiModel):
@@ -167,11 +218,7 @@ class ActorRoleSpec(_PodRole, _ModelParallel):
             ".gpusPerReplica",
             "FieldValueRequired",
         ),
-        CelRule(
-            f"!has(self.fsdpSize) || {_WORLD_SIZE} % self.fsdpSize == 0",
-            "fsdpSize must divide replicas × gpusPerReplica (the role's world size)",
-            ".fsdpSize",
-        ),
+        *_model_parallel_rules(""),
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
     )
@@ -196,11 +243,7 @@ class RoleSpec(_PodRole, _ModelParallel):
             ".gpusPerReplica",
             "FieldValueRequired",
         ),
-        CelRule(
-            f"has(self.colocateWith) || !has(self.fsdpSize) || {_WORLD_SIZE} % self.fsdpSize == 0",
-            "fsdpSize must divide replicas × gpusPerReplica (the role's world size)",
-            ".fsdpSize",
-        ),
+        *_model_parallel_rules("has(self.colocateWith) || "),
         _GPUS_IMMUTABLE,
         _REPLICAS_IMMUTABLE,
         CelRule("!has(self.colocateWith) || !has(self.podTemplate)", _NO_PODS_NO_TEMPLATE, ".podTemplate"),
@@ -214,6 +257,20 @@ class RoleSpec(_PodRole, _ModelParallel):
             "!has(self.colocateWith) || !has(self.fsdpSize)",
             "a role colocated with another is sharded like its host: fsdpSize has no effect",
             ".fsdpSize",
+        ),
+        *(
+            CelRule(
+                f"!has(self.colocateWith) || self.{name} == 1",
+                f"a role colocated with another runs in its host's ranks and layout: {name} has no effect",
+                f".{name}",
+            )
+            for name in ("tensorParallelSize", "pipelineParallelSize", "ulyssesSequenceParallelSize")
+        ),
+        CelRule(
+            "!has(self.colocateWith) || !has(self.virtualPipelineParallelSize)",
+            "a role colocated with another runs in its host's ranks and layout: virtualPipelineParallelSize "
+            "has no effect",
+            ".virtualPipelineParallelSize",
         ),
         CelRule(
             "!has(self.colocateWith) || self.replicas == 1",

@@ -32,6 +32,12 @@ class RoleStatus(ApiModel):
     ready: int = Field(0, description="Pods Ready.")
     succeeded: int = Field(0, description="Pods Succeeded.")
     failed: int = Field(0, description="Pods Failed.")
+    layout: str | None = Field(
+        None,
+        description="How the role's ranks divide its model, e.g. tp2×pp2×dp2 (tensor, pipeline (v: virtual "
+        "stages), Ulysses sequence and data parallel; factors of 1 but dp left out). For the rollout: GPUs per "
+        "engine (tp) and engines (dp).",
+    )
 
 
 class Progress(ApiModel):

@@ -21,6 +21,7 @@ from rlkube_operator.observed import event_time, parse_time
 FIELD_MANAGER = "rlkube-operator"
 # A GET that returns only the object's metadata (PartialObjectMetadata).
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 log = logging.getLogger(__name__)
 
 # Plural resource names of the kinds the operator creates or looks up.
@@ -81,6 +82,7 @@ class Cluster(Protocol):
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]: ...
     def exit_records(self, namespace: str, job: str) -> dict[str, dict[str, Any]]: ...
+    def node_labels(self) -> list[dict[str, str]]: ...
 
 
 class Kube:
@@ -228,6 +230,18 @@ class Kube:
             return None
         latest = max(items, key=event_time)
         return f"{latest.get('reason', '')}: {latest.get('message', '')}"
+
+    def node_labels(self) -> list[dict[str, str]]:
+        """Every node's labels (metadata only). Without the right to list nodes (an older chart's
+        RBAC), none: nothing is held for what cannot be checked."""
+        try:
+            found = self._call("GET", "/api/v1/nodes", accept=METADATA_ONLY_LIST)
+        except ApiException as exc:
+            if exc.status == 403:
+                log.warning("may not list nodes: GPU memory labels not read")
+                return []
+            raise
+        return [dict((item.get("metadata") or {}).get("labels") or {}) for item in found.get("items") or []]
 
     def pod_events(self, namespace: str, uid: str) -> list[dict[str, Any]]:
         """The Events about one pod, by its UID (they outlive the pod, an hour by default)."""

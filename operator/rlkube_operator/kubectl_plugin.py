@@ -13,6 +13,9 @@
   gone, through a short-lived pod of the job's image with that volume mounted read-only
   (deleted once read), as a user would with `kubectl debug`: no pod of the job is kept
   around, holding its nodes, only for its log;
+- `plan NAME` or `plan -f FILE [--gpu-memory-mib N]`: each role's parallel layout, where its
+  tensor-, pipeline- and sequence-parallel groups sit, and its memory per rank in each phase
+  (rlkube_api.fit), the estimate the operator checks before it creates pods;
 - `suspend NAME` / `resume NAME`: sets spec.suspend (the operator scales the pods to
   zero and back, from the last checkpoint).
 
@@ -38,6 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from rlkube_api.names import CONTROLLER_ROLE, DRIVER_LOG_FILE, METRICS_FILE, child_name
 from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import PLURAL
@@ -45,6 +50,7 @@ from rlkube_api.roles import ALL_ROLES
 from rlkube_api.step_rows import parse_step_lines, plot_curves
 from rlkube_api.validation import InvalidSpec, parse_rljob
 from rlkube_operator.children.statefulset import CONTAINER_SECURITY_CONTEXT, volumes_and_mounts
+from rlkube_operator.fit import format_plan
 
 Obj = dict[str, Any]
 
@@ -82,6 +88,9 @@ def format_status(job: Obj) -> str:
             "  pods:         "
             + ", ".join(f"{r} {s.get('ready', 0)}/{s.get('replicas', 0)} ready" for r, s in roles.items())
         )
+        layouts = [f"{r} {s['layout']}" for r, s in roles.items() if s.get("layout")]
+        if layouts:
+            lines.append("  layout:       " + ", ".join(layouts))
     conditions = status.get("conditions") or []
     if conditions:
         lines.append("  conditions:")
@@ -292,6 +301,24 @@ def _curves(kubectl: Kubectl, args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(kubectl: Kubectl, args: argparse.Namespace) -> int:
+    if (args.name is None) == (args.filename is None):
+        raise PluginError("plan takes an RLJob's name or -f FILE")
+    if args.filename is not None:
+        try:
+            raw = yaml.safe_load(args.filename.read_text())
+        except (OSError, yaml.YAMLError) as exc:
+            raise PluginError(f"{args.filename}: {exc}") from exc
+    else:
+        raw = kubectl.rljob(args.name)
+    try:
+        job = parse_rljob({k: v for k, v in raw.items() if k != "status"})
+    except (InvalidSpec, ValueError) as exc:
+        raise PluginError(f"{args.filename or args.name}: {exc}") from exc
+    print(format_plan(job, args.gpu_memory_mib))
+    return 0
+
+
 def _set_suspend(kubectl: Kubectl, name: str, suspend: bool) -> int:
     patch = json.dumps({"spec": {"suspend": suspend}})
     kubectl.run("patch", f"{PLURAL}.rlkube.dev", name, "--type=merge", "-p", patch)
@@ -317,6 +344,10 @@ def parser() -> argparse.ArgumentParser:
     curves = sub.add_parser("curves", help="a PNG of the reward, KL and response-length curves so far")
     curves.add_argument("name")
     curves.add_argument("-o", "--output", type=Path, default=Path("curves.png"))
+    plan = sub.add_parser("plan", help="each role's parallel layout and its memory per rank, before any pod exists")
+    plan.add_argument("name", nargs="?", help="an RLJob in the cluster (or -f FILE)")
+    plan.add_argument("-f", "--filename", type=Path, help="an RLJob manifest")
+    plan.add_argument("--gpu-memory-mib", type=int, help="GPU memory (default: the job's spec.fit.gpuMemoryMiB)")
     for verb in ("suspend", "resume"):
         sub.add_parser(verb, help=f"{verb} the job (spec.suspend)").add_argument("name")
     return top
@@ -332,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             return _logs(kubectl, args)
         if args.command == "curves":
             return _curves(kubectl, args)
+        if args.command == "plan":
+            return _plan(kubectl, args)
         return _set_suspend(kubectl, args.name, args.command == "suspend")
     except PluginError as error:
         print(f"error: {error}", file=sys.stderr)

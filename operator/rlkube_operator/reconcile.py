@@ -22,6 +22,7 @@ from rlkube_api.conditions import is_terminal
 from rlkube_api.rljob import RLJob, RLJobStatus
 from rlkube_api.validation import InvalidSpec, parse_rljob
 from rlkube_operator.desired import desired_children
+from rlkube_operator.fit import fit_refusals
 from rlkube_operator.job_state import Manifest, TrackedJob, digest
 from rlkube_operator.kube import Cluster
 from rlkube_operator.metrics import METRICS
@@ -41,6 +42,7 @@ from rlkube_operator.status import (
     CREATE_FAILURE_RECHECK_SECONDS,
     Observed,
     compute_status,
+    pods_to_come,
     pods_to_explain,
     references_to_check,
     stateful_sets_to_explain,
@@ -139,6 +141,7 @@ class Reconciler:
                 for ref in references_to_check(job, views, present_sets)
                 if not self.kube.exists(meta["namespace"], ref.kind, ref.name)
             ),
+            fit_refusals=fit_refusals(job, self.kube.node_labels) if pods_to_come(job, views, present_sets) else (),
         )
         plan = compute_status(job, observed)
         namespace, name = meta["namespace"], meta["name"]

@@ -18,6 +18,8 @@ settles the job's fate ends it (RULES below):
 - missing reference: a ConfigMap, Secret or PersistentVolumeClaim the pods name does not
   exist (looked up only before the pods are created) → Pending, Created=False/MissingReference,
   StatefulSets at zero; the pods come once it exists; Failed after pendingTimeoutSeconds;
+- does not fit: a role's memory estimate per rank exceeds its GPUs (spec.fit; looked up only
+  before the pods are created) → Pending, Created=False/DoesNotFit with the numbers, no pods;
 - bad image: a container that cannot start for pendingTimeoutSeconds → Failed;
 - stuck before start: a scheduled pod whose containers do not start for
   pendingTimeoutSeconds, with the kubelet's reason (FailedMount, ...) → Failed;
@@ -48,6 +50,7 @@ from typing import Literal
 from rlkube_api.conditions import ConditionType, State, is_terminal, state_of
 from rlkube_api.exit_codes import EXIT_CLASSES, ExitCode
 from rlkube_api.names import CONTROLLER_ROLE, child_name
+from rlkube_api.placement import Role, layout_of
 from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.child_errors import describe
 from rlkube_operator.children.references import Reference, job_references
@@ -81,6 +84,7 @@ INVALID_CHILD = "InvalidChild"
 CONTAINERS_NOT_STARTED = "ContainersNotStarted"
 PODS_NOT_CREATED = "PodsNotCreated"
 MISSING_REFERENCE = "MissingReference"
+DOES_NOT_FIT = "DoesNotFit"
 AWAITING_ADMISSION = "AwaitingAdmission"
 # The trainer's full volume (exit_codes.ExitCode.STORAGE_FULL): permanent for the gang (a
 # restart frees no space), but fixed once the user grows or cleans the volume and changes the
@@ -130,6 +134,8 @@ class Observed:
     # The ConfigMaps, Secrets and claims the pods name that do not exist, looked up for the
     # jobs `references_to_check` names (pods yet to be created).
     missing_references: tuple[Reference, ...] = ()
+    # Why a role's memory estimate exceeds its GPUs (fit.py), found for jobs whose pods are to come.
+    fit_refusals: tuple[str, ...] = ()
     # Seconds since this operator last wrote the job's status (inf: not since it started).
     since_last_write: float = math.inf
     # The job's metadata.creationTimestamp, for the time-to-running metric.
@@ -190,8 +196,10 @@ def _role_counts(job: RLJob, pods: list[PodView]) -> dict[str, RoleStatus]:
     counts = {}
     for role in pod_roles(job):
         mine = [p for p in pods if p.role == role.name]
+        layout = None if role.name == CONTROLLER_ROLE else layout_of(job.spec.roles, Role(role.name), role)
         counts[role.name] = RoleStatus(
             replicas=role.replicas,
+            layout=None if layout is None else layout.describe(),
             active=sum(1 for p in mine if not (p.failed or p.succeeded)),
             ready=sum(1 for p in mine if p.ready),
             succeeded=sum(1 for p in mine if p.succeeded),
@@ -481,23 +489,45 @@ def _not_found(p: _Pass) -> str:
     return f"{', '.join(str(ref) for ref in missing)} {verb} not exist in namespace {p.job.metadata.namespace}"
 
 
-def references_to_check(job: RLJob, pods: list[PodView], present_sets: set[str]) -> list[Reference]:
-    """The ConfigMaps, Secrets and claims to look up before this pass: only while the job's pods
-    are yet to be created (a new job, a resumed one, one still waiting for them). Once pods
-    exist, a ConfigMap deleted under them is the kubelet's to report (stuck_before_start)."""
+def pods_to_come(job: RLJob, pods: list[PodView], present_sets: set[str]) -> bool:
+    """Whether the job's pods are yet to be created (a new job, a resumed one, one still waiting
+    for them): what they need is checked before this pass, and not once they exist."""
     status = job.status or RLJobStatus()
     if job.spec.suspend or (is_terminal(status.state) and not _failed_for_an_older_spec(job)):
-        return []
+        return False
     if any(not pod.deleting for pod in pods):
-        return []
+        return False
     created = next((c for c in status.conditions if c.type == ConditionType.CREATED), None)
-    waiting = created is not None and created.status == "False" and created.reason == MISSING_REFERENCE
+    waiting = created is not None and created.status == "False" and created.reason in (MISSING_REFERENCE, DOES_NOT_FIT)
     resuming = state_of(status.state) is State.SUSPENDED
     sets = {child_name(job.metadata.name or "", role.name) for role in pod_roles(job)}
     # A terminal job here is one whose spec was fixed: it starts again.
-    if waiting or resuming or not sets <= present_sets or is_terminal(status.state):
-        return job_references(job)
-    return []
+    return waiting or resuming or not sets <= present_sets or is_terminal(status.state)
+
+
+def references_to_check(job: RLJob, pods: list[PodView], present_sets: set[str]) -> list[Reference]:
+    """The ConfigMaps, Secrets and claims to look up before this pass: only while the job's pods
+    are yet to be created. Once pods exist, a ConfigMap deleted under them is the kubelet's to
+    report (stuck_before_start)."""
+    return job_references(job) if pods_to_come(job, pods, present_sets) else []
+
+
+def does_not_fit(p: _Pass) -> Fate | None:
+    """The memory estimate of a role exceeds its GPUs (looked up only before the pods are
+    created): no pod is created, so none holds GPUs to run out of memory in its first step. The
+    estimate is made again every few seconds (a node's label, spec.fit or the job's sizes may
+    change) and the pods come once it fits."""
+    if not p.observed.fit_refusals:
+        return None
+    message = (
+        "; ".join(p.observed.fit_refusals)
+        + ". No pod is created: change the layout, fsdpConfig (modelDtype, offload), the micro-batch or the "
+        "GPUs (`kubectl rlkube plan` shows the estimate)"
+    )
+    p.conds.set(ConditionType.CREATED, "False", DOES_NOT_FIT, message)
+    p.status.state = State.PENDING.value
+    p.requeue.append(REFERENCE_RECHECK_SECONDS)
+    return Fate.HELD
 
 
 def missing_reference(p: _Pass) -> Fate | None:
@@ -842,6 +872,7 @@ RULES: tuple[Rule, ...] = (
     restart_begun,
     gang_failed,
     missing_reference,
+    does_not_fit,
     bad_image,
     stuck_before_start,
     pods_not_created,
@@ -1022,7 +1053,7 @@ def is_transition(prev: RLJobStatus, new: RLJobStatus) -> bool:
     def essentials(status: RLJobStatus) -> RLJobStatus:
         conditions = [c.model_copy(update={"message": "", "last_transition_time": ""}) for c in status.conditions]
         # The wanted replicas are kept: a rollout scaling is written at once (its Event is told once).
-        wanted = {name: RoleStatus(replicas=role.replicas) for name, role in status.roles.items()}
+        wanted = {name: RoleStatus(replicas=role.replicas, layout=role.layout) for name, role in status.roles.items()}
         return status.model_copy(update={"roles": wanted, "conditions": conditions})
 
     return essentials(prev) != essentials(new)

@@ -102,6 +102,55 @@ INVALID = [
         ("spec.roles.rollout.tensorParallelSize",),
     ),
     Case("fsdp-does-not-fit", _set("spec.roles.actor.fsdpSize", 5), ("spec.roles.actor.fsdpSize",)),
+    # The actor of the base job: 2 pods × 8 GPUs, fsdpSize 16.
+    Case(
+        "model-parallel-does-not-divide-the-world",
+        _all(_delete("spec.roles.actor.fsdpSize"), _set("spec.roles.actor.pipelineParallelSize", 3)),
+        ("spec.roles.actor.tensorParallelSize", "must divide replicas × gpusPerReplica"),
+    ),
+    Case(
+        "tensor-parallel-spans-nodes",
+        _all(_delete("spec.roles.actor.fsdpSize"), _set("spec.roles.actor.tensorParallelSize", 16)),
+        ("spec.roles.actor.tensorParallelSize", "must divide gpusPerReplica"),
+    ),
+    Case(
+        "virtual-pipeline-without-pipeline",
+        _set("spec.roles.actor.virtualPipelineParallelSize", 2),
+        ("spec.roles.actor.virtualPipelineParallelSize",),
+    ),
+    Case(
+        "fsdp-does-not-divide-the-data-parallel-ranks",
+        _set("spec.roles.actor.tensorParallelSize", 2),
+        ("spec.roles.actor.fsdpSize", "data-parallel ranks"),
+    ),
+    Case(
+        "colocated-role-with-a-layout",
+        _set("spec.roles.reference.ulyssesSequenceParallelSize", 2),
+        ("spec.roles.reference.ulyssesSequenceParallelSize", "has no effect"),
+    ),
+    Case(
+        "fit-names-and-states-the-model",
+        _set(
+            "spec.fit",
+            {
+                "modelArchitecture": "qwen2.5-7b",
+                "modelDimensions": {
+                    "numHiddenLayers": 2,
+                    "hiddenSize": 64,
+                    "intermediateSize": 128,
+                    "numAttentionHeads": 2,
+                    "vocabSize": 512,
+                },
+            },
+        ),
+        ("spec.fit.modelDimensions", "not both"),
+    ),
+    Case("fit-unknown-architecture", _set("spec.fit", {"modelArchitecture": "gpt-5"}), ("spec.fit.modelArchitecture",)),
+    Case(
+        "critic-pipeline-does-not-divide-its-world",
+        _set("spec.roles.critic", {"replicas": 3, "gpusPerReplica": 2, "pipelineParallelSize": 4}),
+        ("spec.roles.critic.tensorParallelSize", "must divide replicas × gpusPerReplica"),
+    ),
     Case(
         "colocated-role-with-pool",
         _set("spec.roles.reference.pool", {"nodeSelector": {"a": "b"}}),
@@ -635,6 +684,26 @@ INVALID = [
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
     Case(
+        "actor-tp2-pp2-interleaved",
+        _all(
+            _set("spec.roles.actor.tensorParallelSize", 2),
+            _set("spec.roles.actor.pipelineParallelSize", 2),
+            _set("spec.roles.actor.virtualPipelineParallelSize", 2),
+            _set("spec.roles.actor.fsdpSize", 4),
+        ),
+        (),
+    ),
+    Case("fit-known-architecture", _set("spec.fit", {"modelArchitecture": "qwen2.5-7b", "gpuMemoryMiB": 81559}), ()),
+    # Without GPUs each pod is one rank: tensor-parallel groups span pods.
+    Case(
+        "cpu-actor-tp2-sp2",
+        _all(
+            _set("spec.roles.actor", {"replicas": 4, "gpusPerReplica": 0, "tensorParallelSize": 2}),
+            _set("spec.roles.actor.ulyssesSequenceParallelSize", 2),
+        ),
+        (),
+    ),
+    Case(
         "reward-function-in-worker-processes",
         _all(
             _set("spec.reward.numWorkers", 8),
@@ -879,6 +948,11 @@ IMMUTABLE = [
     Case("model-path-changes", _set("spec.model.path", "/models/other"), ("spec.model",)),
     Case("actor-gpus-change", _set("spec.roles.actor.gpusPerReplica", 16), ("spec.roles.actor.gpusPerReplica",)),
     Case("actor-replicas-change", _set("spec.roles.actor.replicas", 4), ("spec.roles.actor.replicas",)),
+    Case(
+        "actor-tensor-parallel-changes",
+        _all(_set("spec.roles.actor.tensorParallelSize", 2), _set("spec.roles.actor.fsdpSize", 8)),
+        ("spec.roles.actor.tensorParallelSize", "is immutable"),
+    ),
     Case(
         "network-policy-switched-off",
         _set("spec.networkPolicy", {"enabled": False}),

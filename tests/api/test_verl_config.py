@@ -263,6 +263,34 @@ def test_fsdp_settings_arrive_for_each_role() -> None:
     assert (rollout.enable_prefix_caching, rollout.max_num_seqs, rollout.max_num_batched_tokens) == (False, 512, 16384)
 
 
+def test_megatron_and_ulysses_sizes_become_the_actors_layout() -> None:
+    """verl's megatron engine sizes and Ulysses: the actor's become its roles' fields; the reference
+    and the critic, in the actor's workers, run in the actor's layout."""
+    result = convert(
+        variant(
+            **{
+                "actor_rollout_ref.actor.strategy": "megatron",
+                "actor_rollout_ref.actor.megatron": {
+                    "tensor_model_parallel_size": 2,
+                    "pipeline_model_parallel_size": 2,
+                    "virtual_pipeline_model_parallel_size": 2,
+                },
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size": 2,
+                "actor_rollout_ref.ref.megatron": {"tensor_model_parallel_size": 2},
+                "actor_rollout_ref.ref.ulysses_sequence_parallel_size": 2,
+                "critic.megatron": {"pipeline_model_parallel_size": 2},
+                "critic.ulysses_sequence_parallel_size": 2,
+            }
+        )
+    )
+    actor = result.config.roles.actor
+    layout = (actor.tensor_parallel_size, actor.pipeline_parallel_size, actor.virtual_pipeline_parallel_size)
+    assert layout == (2, 2, 2) and actor.ulysses_sequence_parallel_size == 2
+    ignored = dict(result.ignored)
+    assert "actor's parallel layout" in ignored["actor_rollout_ref.ref.megatron.tensor_model_parallel_size"]
+    assert "actor's parallel layout" in ignored["critic.megatron.pipeline_model_parallel_size"]
+
+
 REFUSED = [
     ("unknown-key", {"actor_rollout_ref.actor.use_magic": True}, "actor_rollout_ref.actor.use_magic: unknown verl key"),
     ("unknown-section", {"fancy": {"x": 1}}, "fancy.x: unknown verl key"),
@@ -270,8 +298,11 @@ REFUSED = [
     ("lora-adapter-path", {"actor_rollout_ref.model.lora_adapter_path": "/a"}, "actor_rollout_ref.model.lora_adapter_path: lora_adapter_path"),
     ("megatron-lora", {"actor_rollout_ref.model.lora": {"rank": 8}}, "actor_rollout_ref.model.lora: model.lora.rank"),
     ("lora-regex", {"actor_rollout_ref.model.lora_rank": 8, "actor_rollout_ref.model.target_modules": ".*proj"}, "regular expression"),
-    ("megatron", {"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy: only fsdp and fsdp2"),
-    ("sequence-parallel", {"critic.ulysses_sequence_parallel_size": 2}, "critic.ulysses_sequence_parallel_size: sequence parallelism"),
+    ("strategy-unknown", {"actor_rollout_ref.actor.strategy": "deepspeed"}, "actor_rollout_ref.actor.strategy: only fsdp, fsdp2 and megatron"),
+    ("context-parallel", {"actor_rollout_ref.actor.megatron.context_parallel_size": 2}, "actor_rollout_ref.actor.megatron.context_parallel_size: context_parallel_size above 1 is not supported"),
+    ("expert-parallel", {"critic.megatron.expert_model_parallel_size": 4}, "critic.megatron.expert_model_parallel_size: expert parallelism is not supported"),
+    ("megatron-only-option", {"actor_rollout_ref.actor.megatron.use_dist_checkpointing": True}, "actor_rollout_ref.actor.megatron.use_dist_checkpointing: True is not verl 0.9.1's default"),
+    ("layout-does-not-divide", {"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": 3}, "roles.actor.tensor_parallel_size: tensorParallelSize × pipelineParallelSize"),
     ("dapo-concurrent-rounds", {"algorithm.filter_groups": {"enable": True, "max_inflight_gen_batches": 2}}, "algorithm.filter_groups.max_inflight_gen_batches: max_inflight_gen_batches"),
     ("dapo-gen-batch-size", {"data.gen_batch_size": 96}, "data.gen_batch_size: gen_batch_size is not supported"),
     ("missing-interpolation", {"critic.ppo_epochs": "${actor_rollout_ref.actor.nope}"}, "critic.ppo_epochs: Interpolation key 'actor_rollout_ref.actor.nope' not found"),

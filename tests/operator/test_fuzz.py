@@ -296,6 +296,9 @@ class DeletedJobKube:
     def exists(self, *_: Any) -> bool:
         return True
 
+    def node_labels(self) -> list[dict[str, str]]:
+        return []
+
     def patch_status(self, *_: Any) -> None:
         raise ApiException(status=404, reason="Not Found")
 

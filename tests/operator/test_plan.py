@@ -104,6 +104,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "restart_begun",
         "gang_failed",
         "missing_reference",
+        "does_not_fit",
         "bad_image",
         "stuck_before_start",
         "pods_not_created",

@@ -92,6 +92,10 @@ class FakeKube:
         self.calls.append(("exists", namespace, f"{kind}/{name}"))
         return f"{kind}/{name}" not in self.missing
 
+    def node_labels(self) -> list[dict[str, str]]:
+        self.calls.append(("node_labels", "", ""))
+        return []
+
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         self.calls.append(("patch_status", namespace, name, json.dumps(status, sort_keys=True)))
         self.version += 1

@@ -231,7 +231,7 @@ def test_a_scale_up_adds_engines_without_restarting_the_gang() -> None:
     no_restart(d)
     assert events(d) == [("Normal", ROLLOUT_SCALED)]
     assert d.events[0].message.startswith("rollout replicas 1 -> 2")
-    assert d.status.roles["rollout"] == RoleStatus(replicas=2, active=1, ready=1)
+    assert d.status.roles["rollout"] == RoleStatus(replicas=2, active=1, ready=1, layout="dp2")
     running_cond = cond(d.status, "Running")
     assert (running_cond.status, running_cond.reason) == ("True", "AllPodsReady")
     assert "1/2 rollout pods are ready" in running_cond.message

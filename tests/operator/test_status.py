@@ -90,8 +90,8 @@ def test_first_reconcile_sets_created_and_running_false() -> None:
     assert (s.restart_count, s.start_time, s.completion_time) == (0, iso(at(0)), None)
     assert s.roles == {
         "controller": RoleStatus(replicas=1),
-        "actor": RoleStatus(replicas=2),
-        "rollout": RoleStatus(replicas=1),
+        "actor": RoleStatus(replicas=2, layout="dp2"),
+        "rollout": RoleStatus(replicas=1, layout="dp1"),
     }
     assert s.observed_generation == 1
 
@@ -105,7 +105,7 @@ def test_all_pods_ready_is_running() -> None:
     assert s.start_time == iso(at(0))
     assert cond(s, "Created").last_transition_time == iso(at(0))  # no flip, time kept
     assert events(d) == [("Normal", "AllPodsReady")]
-    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2)
+    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2, layout="dp2")
     assert d.pods_wanted
     assert d.requeue_after == 1790  # come back when activeDeadlineSeconds runs out
 
@@ -286,13 +286,13 @@ def test_pods_of_an_older_attempt_are_ignored() -> None:
     # Only the dead gang is left: nothing new to restart for.
     d = run(failing, old, 101)
     assert (d.status.restart_count, d.status.state, d.restart_gang) == (1, "Restarting", False)
-    assert d.status.roles["actor"] == RoleStatus(replicas=2)
+    assert d.status.roles["actor"] == RoleStatus(replicas=2, layout="dp2")
 
     # The new gang is up: Running again, the old failure still ignored.
     d = run(failing, old + gang_pods(JOB, attempt=1, created=at(110)), 120)
     s = d.status
     assert (s.restart_count, s.state, d.restart_gang) == (1, "Running", False)
-    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2)
+    assert s.roles["actor"] == RoleStatus(replicas=2, active=2, ready=2, layout="dp2")
     restarting = cond(s, "Restarting")
     assert (restarting.status, restarting.reason) == ("False", "Resumed")
     assert cond(s, "Running").status == "True"

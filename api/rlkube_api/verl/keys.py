@@ -48,9 +48,11 @@ def none_if_negative(value: Any) -> Any:
 
 
 def to_strategy(value: Any) -> str:
-    # verl's fsdp/fsdp2 shard over the role's ranks; rlkube's auto does that on GPU.
+    # verl's fsdp/fsdp2 shard over the role's ranks; rlkube's auto does that on GPU. verl's megatron
+    # engine's tensor and pipeline sizes become the role's own (megatron_rules), trained by FSDP2 on
+    # one device mesh with them.
     if value not in STRATEGIES:
-        raise ValueError("only fsdp and fsdp2 are supported")
+        raise ValueError("only fsdp, fsdp2 and megatron (its parallel sizes) are supported")
     return "auto"
 
 
@@ -72,7 +74,7 @@ def to_recompute_logits(use_fused_kernels: Any) -> str:
 DERIVED = "derived from other keys in rlkube"
 NO_OFFLOAD = "rlkube offloads with param_offload and optimizer_offload"
 FSDP = "FSDP wrapping is per decoder layer in rlkube"
-STRATEGIES = ("fsdp", "fsdp2")
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
 ACTOR_DECIDES = "actor.use_dynamic_bsz decides for the actor's and the reference's forward passes too"
 
 
@@ -132,9 +134,9 @@ def micro_batch_rules(prefix: str) -> dict[str, Rule]:
         ),
         f"{prefix}.use_dynamic_bsz": To(f"{role}.use_dynamic_bsz"),
         f"{prefix}.ppo_max_token_len_per_gpu": To(f"{role}.ppo_max_token_len_per_gpu"),
-        f"{prefix}.ulysses_sequence_parallel_size": Ignored(
-            "no sequence parallelism in rlkube", one_of(1, None), "sequence parallelism is not supported"
-        ),
+        f"{prefix}.ulysses_sequence_parallel_size": To(f"roles.{role}.ulysses_sequence_parallel_size")
+        if role == "actor"
+        else Ignored(COLOCATED_LAYOUT),
         f"{prefix}.use_torch_compile": Ignored(ENTROPY_COMPILE),
         f"{prefix}.checkpoint": Ignored("rlkube checkpoints model, optimizer and loop state"),
         f"{prefix}.use_remove_padding": Ignored("rlkube reads the model's use_remove_padding"),
@@ -144,3 +146,40 @@ def micro_batch_rules(prefix: str) -> dict[str, Rule]:
         f"{prefix}.profiler": Ignored("profiling is a benchmark concern here"),
         f"{prefix}.strategy": To(f"{role}.strategy", to_strategy),
     }
+
+
+# convert places the reference and critic in the actor's workers (verl's hybrid engine), where they
+# run in the actor's layout: their own sizes change no result, only how verl would split the work.
+COLOCATED_LAYOUT = "a role in the actor's workers runs in the actor's parallel layout"
+_NO_CONTEXT_PARALLEL = (
+    "context_parallel_size above 1 is not supported: rlkube splits sequences with Ulysses "
+    "(ulysses_sequence_parallel_size)"
+)
+_NO_EXPERT_PARALLEL = "expert parallelism is not supported: rlkube's engine has no expert-parallel dimension"
+
+
+def megatron_rules(prefix: str, role: str | None) -> dict[str, Rule]:
+    """verl's megatron engine sizes (`prefix`.megatron.*): tensor, pipeline and virtual pipeline
+    become roles.`role`'s (None: a role in the actor's workers, which runs in the actor's layout);
+    context and expert parallelism are refused by name. Its other keys have no rule: refused at
+    values other than verl's defaults, as every key without one."""
+    megatron = f"{prefix}.megatron"
+    sizes = {
+        "tensor_model_parallel_size": "tensor_parallel_size",
+        "pipeline_model_parallel_size": "pipeline_parallel_size",
+        "virtual_pipeline_model_parallel_size": "virtual_pipeline_parallel_size",
+    }
+    rules: dict[str, Rule] = {
+        f"{megatron}.{verl}": To(f"roles.{role}.{ours}") if role else Ignored(COLOCATED_LAYOUT)
+        for verl, ours in sizes.items()
+    }
+    rules[f"{megatron}.context_parallel_size"] = Ignored(
+        "Megatron's context parallelism", one_of(1, None), _NO_CONTEXT_PARALLEL
+    )
+    rules[f"{megatron}.expert_model_parallel_size"] = Ignored(
+        "Megatron's expert parallelism", one_of(1, None), _NO_EXPERT_PARALLEL
+    )
+    rules[f"{megatron}.expert_tensor_parallel_size"] = Ignored(
+        "Megatron's expert tensor parallelism", one_of(1, None), _NO_EXPERT_PARALLEL
+    )
+    return rules

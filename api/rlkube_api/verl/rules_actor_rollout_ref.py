@@ -6,6 +6,7 @@ from __future__ import annotations
 from rlkube_api.config import MultiTurnConfig
 from rlkube_api.verl.keys import (
     ACTOR_DECIDES,
+    COLOCATED_LAYOUT,
     DERIVED,
     ENTROPY_COMPILE,
     NO_OFFLOAD,
@@ -16,6 +17,7 @@ from rlkube_api.verl.keys import (
     To,
     falsy,
     fsdp_rules,
+    megatron_rules,
     micro_batch_rules,
     none_if_negative,
     one_of,
@@ -101,21 +103,21 @@ ACTOR_ROLLOUT_REF_RULES: dict[str, Rule] = {
     ),
     f"{_ACTOR}.fsdp_config.fsdp_size": To("roles.actor.fsdp_size", none_if_negative),
     **micro_batch_rules(_ACTOR),
+    **megatron_rules(_ACTOR, "actor"),
     **optim_rules(f"{_ACTOR}.optim", "actor.optim"),
     **fsdp_rules(_ACTOR, "actor"),
     # The key verl's FSDP engine reads (the actor-level use_torch_compile reaches no code in 0.9.1).
     f"{_ACTOR}.fsdp_config.use_torch_compile": Ignored(ENTROPY_COMPILE),
     # --- reference ----------------------------------------------------------------------------
     f"{_REF}.strategy": Ignored(
-        "the reference runs where the actor runs", one_of(*STRATEGIES), "only fsdp is supported"
+        "the reference runs where the actor runs", one_of(*STRATEGIES), "only fsdp, fsdp2 and megatron are supported"
     ),
     f"{_REF}.log_prob_micro_batch_size": Ignored(DERIVED),
     f"{_REF}.log_prob_micro_batch_size_per_gpu": Ignored(DERIVED),
     f"{_REF}.log_prob_use_dynamic_bsz": Ignored(ACTOR_DECIDES),
     f"{_REF}.log_prob_max_token_len_per_gpu": To("ref.log_prob_max_token_len_per_gpu"),
-    f"{_REF}.ulysses_sequence_parallel_size": Ignored(
-        "no sequence parallelism in rlkube", one_of(1, None), "sequence parallelism is not supported"
-    ),
+    f"{_REF}.ulysses_sequence_parallel_size": Ignored(COLOCATED_LAYOUT),
+    **megatron_rules(_REF, None),
     f"{_REF}.use_torch_compile": Ignored(ENTROPY_COMPILE),
     f"{_REF}.entropy_from_logits_with_chunking": Ignored(PERF),
     f"{_REF}.entropy_checkpointing": Ignored(PERF),

@@ -13,6 +13,7 @@ from rlkube_api.verl.keys import (
     as_list,
     falsy,
     fsdp_rules,
+    megatron_rules,
     micro_batch_rules,
     one_of,
     optim_rules,
@@ -99,6 +100,7 @@ CRITIC_RULES: dict[str, Rule] = {
     "critic.forward_micro_batch_size_per_gpu": Ignored(DERIVED),
     "critic.forward_max_token_len_per_gpu": To("critic.forward_max_token_len_per_gpu"),
     **micro_batch_rules("critic"),
+    **megatron_rules("critic", None),
     **optim_rules("critic.optim", "critic.optim"),
     **fsdp_rules("critic.model", "critic"),
     # verl 0.9.1 moved the critic's FSDP settings from critic.model.fsdp_config to critic.fsdp.

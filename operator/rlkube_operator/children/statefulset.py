@@ -10,6 +10,7 @@ from rlkube_api.exit_codes import TERMINATION_MESSAGE_PATH
 from rlkube_api.names import (
     AGENT_DIR,
     ANNOTATION_ATTEMPT,
+    ANNOTATION_LAYOUT,
     CONFIG_DIR,
     CONFIG_FILE,
     CONTROLLER_ROLE,
@@ -25,6 +26,7 @@ from rlkube_api.names import (
     child_name,
     config_map_name,
 )
+from rlkube_api.placement import Role, layout_of
 from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import RLJob
 from rlkube_operator.children.labels import role_labels, role_selector
@@ -239,6 +241,14 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
     return apply_pod_template(template, job, role.name)
 
 
+def _layout_annotation(job: RLJob, role: PodRole) -> dict[str, Any]:
+    """A trainer role's parallel layout. On the StatefulSet, not its pod template: an operator
+    upgrade rolls no pod."""
+    if role.name == CONTROLLER_ROLE:
+        return {}
+    return {"annotations": {ANNOTATION_LAYOUT: layout_of(job.spec.roles, Role(role.name), role).describe()}}
+
+
 def stateful_set(
     job: RLJob, role: PodRole, attempt: int, replicas: int, scheduling: PodSchedulingPatch
 ) -> dict[str, Any]:
@@ -247,7 +257,12 @@ def stateful_set(
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": {"name": name, "namespace": job.metadata.namespace, "labels": role_labels(job, role.name)},
+        "metadata": {
+            "name": name,
+            "namespace": job.metadata.namespace,
+            "labels": role_labels(job, role.name),
+            **_layout_annotation(job, role),
+        },
         "spec": {
             "serviceName": name,
             "replicas": replicas,
