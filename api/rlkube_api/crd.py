@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from rlkube_api.base import ApiModel
 from rlkube_api import runtime
+from rlkube_api.base import ApiModel
 from rlkube_api.rljob import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RLJob
 
 REPO = Path(__file__).resolve().parents[2]

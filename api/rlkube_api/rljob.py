@@ -24,7 +24,6 @@ from rlkube_api.pod_template import (
     LocalObjectReference,
 )
 from rlkube_api.roles import Pool, Resources
-from rlkube_api.runtime_ref import RuntimeRef
 from rlkube_api.run_policy import (
     GangPolicy,
     PodFailurePolicy,
@@ -33,6 +32,7 @@ from rlkube_api.run_policy import (
     PodFailurePolicyRule,
     RunPolicy,
 )
+from rlkube_api.runtime_ref import RuntimeRef
 from rlkube_api.status import Condition, ConditionType, JobState, Progress, RLJobStatus, RoleStatus
 from rlkube_api.volumes import VolumeSource
 

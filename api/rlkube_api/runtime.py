@@ -20,7 +20,7 @@ from pydantic import Field
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.kube_syntax import IMAGE, LONG_NAME
 from rlkube_api.pod_template import JobPodTemplate, LocalObjectReference, PodTemplate
-from rlkube_api.rljob import GROUP, VERSION, EnvVar, ObjectMeta, PodVolume
+from rlkube_api.rljob import EnvVar, ObjectMeta, PodVolume
 from rlkube_api.roles import ALL_ROLES, Pool
 from rlkube_api.run_policy import RunPolicy
 
@@ -72,7 +72,8 @@ class RuntimeTemplate(ApiModel):
     controller: RuntimeControllerTemplate | None = Field(None, description="The controller pod's pool and template.")
     roles: RuntimeRoleTemplates | None = Field(None, description="Each role's pool and pod template.")
     run_policy: RunPolicy | None = Field(
-        None, description="Restarts, deadlines, gang scheduling, pod failure policy; a job's runPolicy replaces it whole."
+        None,
+        description="Restarts, deadlines, gang scheduling, pod failure policy; a job's runPolicy replaces it whole.",
     )
 
 
@@ -144,7 +145,7 @@ class RLJobRuntimeSpec(ApiModel):
 class RLJobRuntime(ApiModel):
     """A runtime template for the RLJobs of its namespace."""
 
-    api_version: Literal["rlkube.dev/v1alpha1"] = Field(f"{GROUP}/{VERSION}", description="rlkube.dev/v1alpha1")
+    api_version: Literal["rlkube.dev/v1alpha1"] = Field("rlkube.dev/v1alpha1", description="rlkube.dev/v1alpha1")
     kind: Literal["RLJobRuntime"] = Field("RLJobRuntime", description="RLJobRuntime")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
     spec: RLJobRuntimeSpec = Field(description="The template and what jobs may not change.")
@@ -153,7 +154,7 @@ class RLJobRuntime(ApiModel):
 class ClusterRLJobRuntime(ApiModel):
     """A runtime template for the RLJobs of every namespace."""
 
-    api_version: Literal["rlkube.dev/v1alpha1"] = Field(f"{GROUP}/{VERSION}", description="rlkube.dev/v1alpha1")
+    api_version: Literal["rlkube.dev/v1alpha1"] = Field("rlkube.dev/v1alpha1", description="rlkube.dev/v1alpha1")
     kind: Literal["ClusterRLJobRuntime"] = Field("ClusterRLJobRuntime", description="ClusterRLJobRuntime")
     metadata: ObjectMeta = Field(default_factory=ObjectMeta, description="Standard object metadata.")
     spec: RLJobRuntimeSpec = Field(description="The template and what jobs may not change.")

@@ -22,8 +22,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from rlkube_api.roles import ALL_ROLES
 from rlkube_api.rljob import RLJob
+from rlkube_api.roles import ALL_ROLES
 from rlkube_api.runtime_ref import RuntimeSnapshot
 from rlkube_api.validation import InvalidSpec, parse_rljob
 
@@ -116,7 +116,9 @@ def resolve(body: dict[str, Any], snapshot: RuntimeSnapshot, source: str) -> RLJ
         raise InvalidSpec(f"{source} merged with {runtime}", errors) from None
 
 
-def _with_origin(error: str, merged: dict[str, Any], job: dict[str, Any], template: dict[str, Any], runtime: str) -> str:
+def _with_origin(
+    error: str, merged: dict[str, Any], job: dict[str, Any], template: dict[str, Any], runtime: str
+) -> str:
     """'spec.a.b: message', told whether spec.a.b came from the job or the runtime's template."""
     path, _, message = error.partition(": ")
     parts = path.split(".")

@@ -39,6 +39,7 @@ HELM_VERSION = os.environ.get("HELM_VERSION", "3.21.4")
 # the operator must therefore hold itself).
 JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("rlkube.dev", ("rljobs",), ("list", "watch")),
+    ("rlkube.dev", ("rljobruntimes",), ("get", "list", "watch")),
     ("rlkube.dev", ("rljobs/status",), ("patch",)),
     ("rlkube.dev", ("rljobs/finalizers",), ("update",)),
     ("", ("pods",), ("get", "list", "watch", "patch", "delete")),
@@ -56,6 +57,9 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 # in namespaced mode (cluster-wide, kopf never lists them).
 OBSERVATION_RULES = (("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch")),)
 NAMESPACE_OBSERVATION_RULES = (("", ("namespaces",), ("list", "watch")),)
+# The cluster-scoped runtimes jobs may name (runtimes.py reads them, handlers.py watches them):
+# read only, in both modes.
+CLUSTER_RUNTIME_RULES = (("rlkube.dev", ("clusterrljobruntimes",), ("get", "list", "watch")),)
 
 Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
@@ -80,6 +84,7 @@ def permissions_of(rules: Iterable[Obj]) -> set[Permission]:
 JOB_PERMISSIONS = expand(JOB_RULES)
 OBSERVATION_PERMISSIONS = expand(OBSERVATION_RULES)
 NAMESPACE_OBSERVATION_PERMISSIONS = expand(NAMESPACE_OBSERVATION_RULES)
+CLUSTER_RUNTIME_PERMISSIONS = expand(CLUSTER_RUNTIME_RULES)
 
 
 # --- helm ----------------------------------------------------------------------------------------
