@@ -11,13 +11,12 @@ fills into every job would override the runtime's value in every job.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from rlkube_api.base import ApiModel, CelRule
+from rlkube_api.base import ApiModel
 from rlkube_api.kube_syntax import IMAGE, LONG_NAME
 from rlkube_api.pod_template import JobPodTemplate, LocalObjectReference, PodTemplate
 from rlkube_api.rljob import EnvVar, ObjectMeta, PodVolume
@@ -114,32 +113,34 @@ LOCKABLE = lockable_paths()
 class RLJobRuntimeSpec(ApiModel):
     """A runtime: the template every job naming it starts from, and what jobs may not change."""
 
-    cel_rules: ClassVar[tuple[CelRule, ...]] = (
-        CelRule(
-            "!has(self.locked) || self.locked.all(p, p in " + json.dumps(list(LOCKABLE)) + ")",
-            "each locked entry must be a field path of the template, e.g. image, podTemplate.securityContext, "
-            "roles.actor.pool, runPolicy",
-            ".locked",
-        ),
-        CelRule(
-            "!has(self.locked) || self.locked.all(p, self.locked.exists_one(q, q == p))",
-            "locked entries must be unique",
-            ".locked",
-        ),
-    )
-
     template: RuntimeTemplate = Field(
         default_factory=RuntimeTemplate, description="What jobs naming this runtime get, unless they set it."
     )
+    # An enum of the paths and a set-typed list in the CRD (a CEL rule over 124 paths would
+    # exceed the API server's cost budget); the same checks here.
     locked: list[str] | None = Field(
         None,
         max_length=len(LOCKABLE),
+        json_schema_extra={"items": {"type": "string", "enum": list(LOCKABLE)}, "x-kubernetes-list-type": "set"},
         description="Fields of the template a job may not set (dotted paths of the job's spec, e.g. image, "
         "podTemplate.securityContext, roles.rollout.pool, runPolicy). Locking a podTemplate field also "
         "locks it in controller.podTemplate and every roles.<role>.podTemplate, which would override it on "
         "their pods; locking serviceAccountName locks it in the roles' pod templates. A job that sets a "
         "locked field is held, the condition naming it.",
     )
+
+    @field_validator("locked")
+    @classmethod
+    def _known_and_unique(cls, locked: list[str] | None) -> list[str] | None:
+        unknown = [p for p in locked or [] if p not in LOCKABLE]
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: each locked entry must be a field path of the template, e.g. image, "
+                "podTemplate.securityContext, roles.actor.pool, runPolicy"
+            )
+        if locked is not None and len(set(locked)) != len(locked):
+            raise ValueError("locked entries must be unique")
+        return locked
 
 
 class RLJobRuntime(ApiModel):
