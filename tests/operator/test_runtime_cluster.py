@@ -107,7 +107,7 @@ def test_a_job_setting_a_locked_field_is_held_naming_it_until_removed(jobs: Jobs
     kubectl("create", "-n", jobs.namespace, "-f", "-", input=json.dumps(runtime))
     body["spec"]["runtimeRef"] = {"kind": "RLJobRuntime", "name": "locked"}
     body["spec"]["image"] = "someone-elses:image"
-    body["spec"]["roles"]["actor"]["podTemplate"] = {"securityContext": {"privileged": True}}
+    body["spec"]["roles"]["actor"]["podTemplate"] = {"securityContext": {"runAsNonRoot": True}}
     jobs.create(body)
 
     job = jobs.wait(JOB, _held("RuntimeFieldLocked"), "Created=False/RuntimeFieldLocked", timeout=10)
