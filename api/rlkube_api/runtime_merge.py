@@ -101,14 +101,15 @@ def merged_spec(job: dict[str, Any], snapshot: RuntimeSnapshot) -> dict[str, Any
     return out
 
 
-def resolve(body: dict[str, Any], snapshot: RuntimeSnapshot, source: str) -> RLJob:
+def resolve(body: dict[str, Any], snapshot: RuntimeSnapshot, source: str, admitted: bool = False) -> RLJob:
     """The job as its builders see it: its spec merged over the runtime's template and
-    validated with every rule an RLJob has. Raises RuntimeConflict for a locked field, and
-    InvalidSpec for a merged spec the rules refuse, each error naming where its value came from."""
+    validated with every rule an RLJob has (`admitted`: this very merge passed them before; types
+    and bounds are still checked). Raises RuntimeConflict for a locked field, and InvalidSpec for
+    a merged spec the rules refuse, each error naming where its value came from."""
     spec = merged_spec(body.get("spec") or {}, snapshot)
     resolved = {**body, "spec": spec}
     try:
-        return parse_rljob(resolved, source)
+        return parse_rljob(resolved, source, admitted=admitted)
     except InvalidSpec as exc:
         runtime = describe_runtime(snapshot)
         job = body.get("spec") or {}

@@ -38,7 +38,7 @@ from rlkube_operator.plan import (
     WriteStatus,
 )
 from rlkube_operator.rollout_scaling import new_engine
-from rlkube_operator.runtimes import Held, held_status, resolve_job, runtime_ref
+from rlkube_operator.runtimes import Held, held_status, resolve_checked, runtime_ref
 from rlkube_operator.status import (
     CREATE_FAILURE_RECHECK_SECONDS,
     Observed,
@@ -116,10 +116,10 @@ class Reconciler:
         now = now or datetime.now(UTC)
         meta = body["metadata"]
         if runtime_ref(body) is not None:
-            resolved = resolve_job(body, self.kube.read_runtime)
+            resolved = resolve_checked(body, self.kube.read_runtime, tracked.runtime_checked)
             if isinstance(resolved, Held):
                 return self.hold(body, resolved, now)
-            job = resolved
+            job, tracked.runtime_checked = resolved
         else:
             try:
                 job = parse_rljob(body, f"RLJob {meta['namespace']}/{meta['name']}", admitted=True)

@@ -24,7 +24,7 @@ from rlkube_api.rljob import Condition, RLJob, RLJobStatus
 from rlkube_api.runtime_merge import RuntimeConflict, resolve
 from rlkube_api.runtime_ref import RuntimeSnapshot
 from rlkube_api.validation import InvalidSpec
-from rlkube_operator.job_state import Manifest
+from rlkube_operator.job_state import Manifest, digest
 from rlkube_operator.plan import Event
 
 RUNTIME_NOT_FOUND = "RuntimeNotFound"
@@ -89,17 +89,27 @@ def with_runtime(body: Manifest, read: ReadRuntime) -> tuple[Manifest, RuntimeSn
 def resolve_job(body: Manifest, read: ReadRuntime) -> RLJob | Held:
     """The job as the builders see it: its spec merged over its runtime's template (the copy in
     its status, else the runtime as it is now, then copied), checked with every RLJob rule."""
+    resolved = resolve_checked(body, read, None)
+    return resolved if isinstance(resolved, Held) else resolved[0]
+
+
+def resolve_checked(body: Manifest, read: ReadRuntime, checked: str | None) -> tuple[RLJob, str] | Held:
+    """resolve_job, and the digest of what was merged (the job's spec and the runtime's copy).
+    The rules' CEL is most of a pass's CPU time: when the digest is `checked` (the same merge
+    passed them on an earlier pass), only types and bounds are checked again."""
     found = with_runtime(body, read)
     if isinstance(found, Held):
         return found
     copied, snapshot = found
     meta = body["metadata"]
+    merged = digest({"spec": body.get("spec") or {}, "runtime": snapshot.to_wire()})
     try:
-        return resolve(copied, snapshot, f"RLJob {meta['namespace']}/{meta['name']}")
+        job = resolve(copied, snapshot, f"RLJob {meta['namespace']}/{meta['name']}", admitted=merged == checked)
     except RuntimeConflict as exc:
         return Held(RUNTIME_FIELD_LOCKED, f"{exc}: remove it from the job's spec")
     except InvalidSpec as exc:
         return Held(INVALID_MERGED_SPEC, f"{exc.source}: " + "; ".join(exc.errors))
+    return job, merged
 
 
 def held_status(body: Manifest, held: Held, now: datetime) -> tuple[RLJobStatus, list[Event]]:
