@@ -363,7 +363,7 @@ def test_can_i_list_as_the_operator_shows_exactly_the_contract(
     """The operator's permissions as a user would list them, cluster-wide mode, in a namespace of jobs."""
     release, jobs = cluster_wide
     listed = can_i_list(kubectl, release, jobs) - EVERYONE
-    assert listed == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS
+    assert listed == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
 
 
 @pytest.mark.cluster
@@ -371,7 +371,6 @@ def test_can_i_list_as_the_operator_in_an_unwatched_namespace_shows_nothing_of_t
     kubectl: Kubectl, namespaced: tuple[Release, tuple[str, str], str]
 ) -> None:
     release, watched, other = namespaced
-    assert can_i_list(kubectl, release, watched[0]) - EVERYONE == (
-        JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
-    )
-    assert can_i_list(kubectl, release, other) - EVERYONE == OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
+    cluster_scoped = OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
+    assert can_i_list(kubectl, release, watched[0]) - EVERYONE == JOB_PERMISSIONS | cluster_scoped
+    assert can_i_list(kubectl, release, other) - EVERYONE == cluster_scoped
