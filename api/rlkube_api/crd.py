@@ -1,7 +1,8 @@
-"""Generates the RLJob CustomResourceDefinition from the pydantic models.
+"""Generates the CustomResourceDefinitions from the pydantic models: the RLJob's, and the
+runtimes' (RLJobRuntime, ClusterRLJobRuntime).
 
-`python -m rlkube_api.crd --write` regenerates `crds/rljob.yaml` and the chart's
-copy; `--check` exits non-zero when a committed file differs (tests run it too).
+`python -m rlkube_api.crd --write` regenerates `crds/rljob.yaml`, `crds/rljobruntimes.yaml`
+and the chart's copies; `--check` exits non-zero when a committed file differs (tests run it too).
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
+from rlkube_api import runtime
 from rlkube_api.base import ApiModel
 from rlkube_api.rljob import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION, RLJob
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILES = (REPO / "crds" / "rljob.yaml", REPO / "charts" / "rlkube" / "crds" / "rljob.yaml")
+RUNTIME_CRD_FILES = (
+    REPO / "crds" / "rljobruntimes.yaml",
+    REPO / "charts" / "rlkube" / "crds" / "rljobruntimes.yaml",
+)
 
 PRINTER_COLUMNS = [
     {"name": "State", "type": "string", "jsonPath": ".status.state"},
@@ -35,7 +41,14 @@ PRINTER_COLUMNS = [
 ]
 
 # Lists whose items are keyed, so server-side apply merges them by key.
-_LIST_MAP_KEYS = {("RLJobStatus", "conditions"): "type", ("RLJobSpec", "env"): "name"}
+_LIST_MAP_KEYS = {
+    ("RLJobStatus", "conditions"): "type",
+    ("RLJobSpec", "env"): "name",
+    ("RuntimeTemplate", "env"): "name",
+}
+# Defaults the models fill in but the API server must not: fields a runtime's template may
+# provide (runtime.py). Stored in every job, a default would override the template's value.
+_NO_SERVER_DEFAULT = {("RLJobSpec", "runPolicy")}
 
 
 def _models(root: type[BaseModel]) -> Iterator[type[ApiModel]]:
@@ -110,7 +123,7 @@ class _SchemaConverter:
         for field_name, field in cls.model_fields.items():
             alias = field.alias or field_name
             prop = self.convert(raw["properties"][alias])
-            if field.default_factory is not None:
+            if field.default_factory is not None and (name, alias) not in _NO_SERVER_DEFAULT:
                 value = field.default_factory()  # type: ignore[call-arg]
                 prop["default"] = value.to_wire() if isinstance(value, ApiModel) else value
             key = _LIST_MAP_KEYS.get((name, alias))
@@ -132,46 +145,82 @@ class _SchemaConverter:
         return out
 
 
-def openapi_schema() -> dict[str, Any]:
-    converter = _SchemaConverter(RLJob)
-    job = converter.convert_model("RLJob")
-    props = job["properties"]
+def openapi_schema(root: type[ApiModel] = RLJob) -> dict[str, Any]:
+    converter = _SchemaConverter(root)
+    obj = converter.convert_model(root.__name__)
+    props = obj["properties"]
     # metadata is validated by the API server itself; apiVersion/kind are plain strings there.
     props["apiVersion"] = {"type": "string", "description": props["apiVersion"]["description"]}
     props["kind"] = {"type": "string", "description": props["kind"]["description"]}
     props["metadata"] = {"type": "object"}
-    job["required"] = ["spec"]
-    return job
+    obj["required"] = ["spec"]
+    return obj
 
 
-def crd() -> dict[str, Any]:
+def _crd(
+    root: type[ApiModel],
+    names: dict[str, Any],
+    scope: str,
+    version: dict[str, Any],
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{names['plural']}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": list(SHORT_NAMES),
-                "categories": ["all", "rlkube"],
-            },
-            "scope": "Namespaced",
+            "names": {**names, "listKind": f"{names['kind']}List", "categories": ["rlkube"]},
+            "scope": scope,
             "versions": [
                 {
                     "name": VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    **version,
+                    "schema": {"openAPIV3Schema": openapi_schema(root)},
                 }
             ],
         },
     }
+
+
+def crd() -> dict[str, Any]:
+    names = {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": list(SHORT_NAMES)}
+    out = _crd(
+        RLJob, names, "Namespaced", {"subresources": {"status": {}}, "additionalPrinterColumns": PRINTER_COLUMNS}
+    )
+    out["spec"]["names"]["categories"] = ["all", "rlkube"]
+    return out
+
+
+_RUNTIME_COLUMNS = [
+    {"name": "Image", "type": "string", "jsonPath": ".spec.template.image"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
+
+def runtime_crds() -> list[dict[str, Any]]:
+    """The runtimes' CRDs: no status (nothing observes a runtime), printer columns for the image."""
+    columns = {"additionalPrinterColumns": _RUNTIME_COLUMNS}
+    return [
+        _crd(
+            runtime.RLJobRuntime,
+            {"kind": runtime.KIND, "plural": runtime.PLURAL, "singular": runtime.KIND.lower(), "shortNames": ["rljr"]},
+            "Namespaced",
+            columns,
+        ),
+        _crd(
+            runtime.ClusterRLJobRuntime,
+            {
+                "kind": runtime.CLUSTER_KIND,
+                "plural": runtime.CLUSTER_PLURAL,
+                "singular": runtime.CLUSTER_KIND.lower(),
+                "shortNames": ["crljr"],
+            },
+            "Cluster",
+            columns,
+        ),
+    ]
 
 
 class _Dumper(yaml.SafeDumper):
@@ -191,9 +240,15 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
 _Dumper.add_representer(str, _str)
 
 
+_HEADER = "# Generated from the pydantic models in api/rlkube_api by `make crd`. Do not edit.\n"
+
+
 def render() -> str:
-    header = "# Generated from the pydantic models in api/rlkube_api by `make crd`. Do not edit.\n"
-    return header + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=120)
+    return _HEADER + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=120)
+
+
+def render_runtimes() -> str:
+    return _HEADER + yaml.dump_all(runtime_crds(), Dumper=_Dumper, sort_keys=False, width=120)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,19 +256,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", action="store_true", help="write the CRD files")
     parser.add_argument("--check", action="store_true", help="fail when a committed CRD file is stale")
     args = parser.parse_args(argv)
-    text = render()
+    files = [(path, render()) for path in CRD_FILES] + [(path, render_runtimes()) for path in RUNTIME_CRD_FILES]
     if args.write:
-        for path in CRD_FILES:
+        for path, text in files:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
             print(f"wrote {path.relative_to(REPO)}")
         return 0
     if args.check:
-        stale = [p for p in CRD_FILES if not p.exists() or p.read_text() != text]
+        stale = [p for p, text in files if not p.exists() or p.read_text() != text]
         for path in stale:
             print(f"{path.relative_to(REPO)} is stale: run `make crd`", file=sys.stderr)
         return 1 if stale else 0
-    sys.stdout.write(text)
+    sys.stdout.write(render() + "---\n" + render_runtimes())
     return 0
 
 

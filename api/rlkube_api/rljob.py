@@ -33,6 +33,7 @@ from rlkube_api.run_policy import (
     PodFailurePolicyRule,
     RunPolicy,
 )
+from rlkube_api.runtime_ref import RuntimeRef
 from rlkube_api.status import Condition, ConditionType, JobState, Progress, RLJobStatus, RoleStatus
 from rlkube_api.volumes import VolumeSource
 
@@ -284,6 +285,13 @@ _MOUNT_RULES = (
 )
 
 
+def _unless_runtime(rule: CelRule) -> CelRule:
+    """A rule that a runtime's template may be what satisfies (its volumes, image): the API
+    server skips it for a job with a runtimeRef, whose merged spec the operator checks with
+    the rule itself (runtime_merge.resolve) before any child is made."""
+    return CelRule(f"has(self.runtimeRef) || ({rule.rule})", rule.message, rule.field_path, rule.reason)
+
+
 # spec.roles.rollout.replicas in CEL, its default where unset.
 _ROLLOUT_REPLICAS = "(has({s}.roles.rollout) && has({s}.roles.rollout.replicas) ? {s}.roles.rollout.replicas : 1)"
 
@@ -308,8 +316,13 @@ class RLJobSpec(TrainerConfig):
             "volume mountPaths must be unique",
             ".volumes",
         ),
-        *_PATH_RULES,
-        *_MOUNT_RULES,
+        CelRule(
+            "has(self.image) || has(self.runtimeRef)",
+            "image is required (or a runtimeRef whose runtime sets it)",
+            ".image",
+        ),
+        *(_unless_runtime(rule) if "self.volumes" in rule.rule else rule for rule in _PATH_RULES),
+        *(_unless_runtime(rule) for rule in _MOUNT_RULES),
         # Kueue admits a plain-pod group of a fixed size (its pod-group-total-count): a gang
         # cannot grow or shrink in place under it.
         CelRule(
@@ -324,10 +337,16 @@ class RLJobSpec(TrainerConfig):
         ),
     )
 
-    image: Annotated[str, IMAGE] = Field(
+    runtime_ref: RuntimeRef | None = Field(
+        None,
+        description="The RLJobRuntime or ClusterRLJobRuntime this job is written against: its template gives "
+        "what the job leaves out (image, pools, pod templates, volumes, run policy); see runtime_merge.",
+    )
+    image: Annotated[str, IMAGE] | None = Field(
+        None,
         min_length=1,
         max_length=1024,
-        description="Trainer image for every role.",
+        description="Trainer image for every role (required unless the runtime sets it).",
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy."

@@ -8,6 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from rlkube_api.base import ApiModel
+from rlkube_api.runtime_ref import RuntimeSnapshot
 
 ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Unschedulable"]
 JobState = Literal["Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
@@ -129,4 +130,7 @@ class RLJobStatus(ApiModel):
         description="Rollout pods the running gang had (ordinals below it), for a rollout that scales in place: "
         "a rollout pod not in gangPodUids at an ordinal below it replaced one that died; at or past it, a "
         "scale-up added it.",
+    )
+    runtime: RuntimeSnapshot | None = Field(
+        None, description="The runtime (spec.runtimeRef) as first resolved; the job keeps using this copy."
     )

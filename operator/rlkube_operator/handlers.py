@@ -19,6 +19,8 @@ import kopf
 from rlkube_api.event_message import fit_event_message
 from rlkube_api.names import LABEL_JOB
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
+from rlkube_api.runtime import CLUSTER_KIND, CLUSTER_PLURAL
+from rlkube_api.runtime import PLURAL as RUNTIME_PLURAL
 from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
 from rlkube_operator.kube import Kube, connect
 from rlkube_operator.leader import Election
@@ -26,6 +28,7 @@ from rlkube_operator.metrics import METRICS
 from rlkube_operator.observed import PodView, as_lost, pods_to_judge, slim_pod, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from rlkube_operator.rollout_scaling import scaled_away_in_spec
+from rlkube_operator.runtimes import runtime_ref
 from rlkube_operator.status import pod_loss_breaks_gang
 
 log = logging.getLogger(__name__)
@@ -199,6 +202,17 @@ def _without_managed_fields(body: Mapping[str, Any]) -> Manifest:
     job = dict(body)
     job["metadata"] = {k: v for k, v in (body.get("metadata") or {}).items() if k != "managedFields"}
     return job
+
+
+@kopf.on.event(GROUP, VERSION, RUNTIME_PLURAL)
+@kopf.on.event(GROUP, VERSION, CLUSTER_PLURAL)
+def runtime_changed(body: kopf.Body, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """A job held for this runtime (or not yet resolved against it) is looked at again now."""
+    kind = body.get("kind")
+    for tracked in _state(memo).jobs.values():
+        ref = runtime_ref(tracked.body)
+        if ref == (kind, name) and (kind == CLUSTER_KIND or tracked.namespace == namespace):
+            tracked.wake()
 
 
 @kopf.on.cleanup()

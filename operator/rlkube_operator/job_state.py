@@ -79,6 +79,9 @@ class TrackedJob:
     validated_generation: int | None = None
     # time.monotonic() of the last status write.
     last_write: float = -math.inf
+    # A job with a runtimeRef: the digest of its spec and runtime copy whose merge passed every
+    # RLJob rule (runtimes.resolve_checked), so that an unchanged merge is not checked again.
+    runtime_checked: str | None = None
     # StatefulSet name -> (the pass time it was read at, its latest FailedCreate Event or None),
     # for those short of pods: read again only every few seconds, however often pods wake the job.
     create_failures_read: dict[str, tuple[datetime, tuple[datetime, str] | None]] = field(default_factory=dict)

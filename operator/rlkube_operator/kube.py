@@ -15,6 +15,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rlkube_api.names import LABEL_JOB, exit_records_name
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
+from rlkube_api.runtime import CLUSTER_KIND, CLUSTER_PLURAL
+from rlkube_api.runtime import KIND as RUNTIME_KIND
+from rlkube_api.runtime import PLURAL as RUNTIME_PLURAL
 from rlkube_operator.children.secret import ray_secret_name_of
 from rlkube_operator.observed import event_time, parse_time
 
@@ -38,6 +41,7 @@ PLURALS = {
     "PersistentVolumeClaim": "persistentvolumeclaims",
 }
 # Kinds deleted when ttlSecondsAfterFinished elapses, as (apiVersion, kind).
+RUNTIME_PLURALS = {RUNTIME_KIND: RUNTIME_PLURAL, CLUSTER_KIND: CLUSTER_PLURAL}
 CHILD_KINDS = (
     ("apps/v1", "StatefulSet"),
     ("v1", "Service"),
@@ -77,6 +81,7 @@ class Cluster(Protocol):
     def scale_to_zero(self, namespace: str, stateful_sets: Iterable[str]) -> None: ...
     def delete_children(self, namespace: str, job: str) -> None: ...
     def exists(self, namespace: str, kind: str, name: str) -> bool: ...
+    def read_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
     def create_failure(self, namespace: str, stateful_set: str) -> tuple[datetime, str] | None: ...
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]: ...
     def pod_warning(self, namespace: str, uid: str) -> str | None: ...
@@ -221,6 +226,18 @@ class Kube:
                 return True
             raise
         return True
+
+    def read_runtime(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """An RLJobRuntime (in `namespace`) or ClusterRLJobRuntime, or None when there is none."""
+        plural = RUNTIME_PLURALS[kind]
+        where = f"namespaces/{namespace}/" if kind == RUNTIME_KIND else ""
+        try:
+            found: dict[str, Any] = self._call("GET", f"/apis/{GROUP}/{VERSION}/{where}{plural}/{name}")
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return found
 
     def pod_warning(self, namespace: str, uid: str) -> str | None:
         """The pod's latest Warning Event as "Reason: message" (the kubelet's FailedMount, say).

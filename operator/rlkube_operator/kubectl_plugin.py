@@ -51,6 +51,7 @@ from rlkube_api.step_rows import parse_step_lines, plot_curves
 from rlkube_api.validation import InvalidSpec, parse_rljob
 from rlkube_operator.children.statefulset import CONTAINER_SECURITY_CONTEXT, volumes_and_mounts
 from rlkube_operator.fit import format_plan
+from rlkube_operator.runtimes import Held, resolve_job, runtime_ref
 
 Obj = dict[str, Any]
 
@@ -144,10 +145,17 @@ def reader_pod(job: Obj, name: str, file: str) -> Obj:
     the job's pods must not count it. Raises PluginError when checkpoint.dir is on no volume
     of the job (an object store keeps the checkpoints, a pod's own disk the rest)."""
     meta = job["metadata"]
-    try:
-        rljob = parse_rljob(job, f"RLJob {meta['name']}", admitted=True)
-    except InvalidSpec as exc:
-        raise PluginError(str(exc)) from None
+    if runtime_ref(job) is not None:
+        # The runtime as the job resolved it (status.runtime), which gave its image and volumes.
+        resolved = resolve_job(job, lambda *_: None)
+        if isinstance(resolved, Held):
+            raise PluginError(f"RLJob {meta['name']}: {resolved.message}")
+        rljob = resolved
+    else:
+        try:
+            rljob = parse_rljob(job, f"RLJob {meta['name']}", admitted=True)
+        except InvalidSpec as exc:
+            raise PluginError(str(exc)) from None
     folder = rljob.spec.checkpoint.dir
     volumes, mounts = volumes_and_mounts(rljob)
     holding = [m for m in mounts if _under(folder, m["mountPath"])]

@@ -38,6 +38,7 @@ from rlkube_operator.plan import (
     WriteStatus,
 )
 from rlkube_operator.rollout_scaling import new_engine
+from rlkube_operator.runtimes import Held, held_status, resolve_checked, runtime_ref
 from rlkube_operator.status import (
     CREATE_FAILURE_RECHECK_SECONDS,
     Observed,
@@ -97,6 +98,8 @@ REPLAN_SECONDS = 0.0
 # other roles may wake the job many times a second); a little under the status function's
 # recheck, so that the pass its requeue brings always reads them afresh.
 CREATE_FAILURE_READ_SECONDS = CREATE_FAILURE_RECHECK_SECONDS - 1.0
+# A job held for its runtime is looked at again this often, besides the runtimes' watch.
+RUNTIME_RECHECK_SECONDS = 30.0
 
 
 class Reconciler:
@@ -113,11 +116,17 @@ class Reconciler:
     ) -> ReconcileResult:
         now = now or datetime.now(UTC)
         meta = body["metadata"]
-        try:
-            job = parse_rljob(body, f"RLJob {meta['namespace']}/{meta['name']}", admitted=True)
-        except InvalidSpec as exc:
-            # The CRD refuses invalid specs; this only happens with an older CRD installed.
-            return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])
+        if runtime_ref(body) is not None:
+            resolved = resolve_checked(body, self.kube.read_runtime, tracked.runtime_checked)
+            if isinstance(resolved, Held):
+                return self.hold(body, resolved, now)
+            job, tracked.runtime_checked = resolved
+        else:
+            try:
+                job = parse_rljob(body, f"RLJob {meta['namespace']}/{meta['name']}", admitted=True)
+            except InvalidSpec as exc:
+                # The CRD refuses invalid specs; this only happens with an older CRD installed.
+                return ReconcileResult([Event("Warning", "InvalidSpec", str(exc))])
         tracked.adopt(meta["uid"])
         views = [view_pod(p) for p in pods]
         stuck = pods_to_explain(job, views, now)
@@ -177,6 +186,21 @@ class Reconciler:
         if is_terminal(plan.status.state):
             tracked.forget_children()  # none are applied again, and every later write is a transition
         return ReconcileResult(plan.events, written, plan.status.state, plan.requeue_after)
+
+    def hold(self, body: Manifest, held: Held, now: datetime) -> ReconcileResult:
+        """A job its runtime cannot resolve now: its status says why; nothing else is touched.
+        The runtimes' watch wakes it when one changes; the recheck covers a missed event."""
+        status, events = held_status(body, held, now)
+        meta = body["metadata"]
+        if status.model_dump() == RLJobStatus.model_validate(body.get("status") or {}).model_dump():
+            return ReconcileResult(events, state=status.state, requeue_after=RUNTIME_RECHECK_SECONDS)
+        try:
+            written = self.kube.patch_status(meta["namespace"], meta["name"], status_patch(status))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return ReconcileResult(gone=True)
+        return ReconcileResult(events, written, status.state, RUNTIME_RECHECK_SECONDS)
 
     def create_failures(
         self, tracked: TrackedJob, namespace: str, short: set[str], now: datetime

@@ -83,6 +83,13 @@ INVALID = [
     ),
     Case("replicas-zero", _set("spec.roles.actor.replicas", 0), ("spec.roles.actor.replicas",)),
     Case("actor-missing", _delete("spec.roles.actor"), ("spec.roles.actor",)),
+    # The image comes from the job or from the runtime it names.
+    Case("image-missing-without-runtime", _delete("spec.image"), ("spec.image",)),
+    Case(
+        "runtime-ref-of-unknown-kind",
+        _set("spec.runtimeRef", {"kind": "TrainingRuntime", "name": "gpu"}),
+        ("spec.runtimeRef.kind",),
+    ),
     Case(
         "tp-does-not-divide-gpus",
         _set("spec.roles.rollout.tensorParallelSize", 3),
@@ -683,6 +690,13 @@ INVALID = [
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    # The runtime gives the image and the volumes: the rules that need them wait for the merge
+    # (runtime_merge.resolve, in the operator).
+    Case(
+        "runtime-gives-image-and-volumes",
+        _all(_delete("spec.image"), _delete("spec.volumes"), _set("spec.runtimeRef", {"name": "gpu-platform"})),
+        (),
+    ),
     Case(
         "actor-tp2-pp2-interleaved",
         _all(

@@ -20,6 +20,9 @@ Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
 # Spec fields whose default depends on the trainer mode (section, wire name).
 MODE_DEFAULTS = (("rollout", "freeCacheEngine"),)
+# Spec fields a runtime's template may provide: the models default them, the server does not
+# (a default stored in every job would override the template's value).
+RUNTIME_PROVIDED_DEFAULTS = ("runPolicy",)
 
 
 def test_committed_crd_matches_the_models() -> None:
@@ -84,6 +87,12 @@ def test_server_applies_schema_defaults(kubectl: Kubectl, rljob_crd: None, names
         assert field not in stored["spec"].get(section, {}), (section, field)
         del expected[section][field]
     assert stored["spec"] == expected
+    for field in RUNTIME_PROVIDED_DEFAULTS:  # written, they are stored with their defaults (above)
+        job["spec"].pop(field, None)
+        bare = kubectl(
+            "create", "--dry-run=server", "-n", namespace, "-o", "json", "-f", "-", input=yaml.safe_dump(job)
+        )
+        assert field not in json.loads(bare.stdout)["spec"], field
 
 
 @pytest.mark.cluster

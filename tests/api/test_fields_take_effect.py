@@ -357,3 +357,33 @@ def test_compile_and_recompute_settings_take_effect_and_lora_refuses_another_ref
         assert "ref.compileDecoderLayers" in str(exc), str(exc)
         return
     raise AssertionError("ref.compileDecoderLayers unlike the actor's with LoRA was accepted")
+
+
+def test_runtime_ref_kind_and_name_pick_the_template_the_children_get() -> None:
+    """spec.runtimeRef is left out of the walk above (the example names no runtime): here each of
+    its fields changes which runtime's template the builders receive. The template's own fields
+    are the RLJob's (tests/api/test_runtime.py shows each takes effect as the job's would)."""
+    from rlkube_operator.runtimes import resolve_job  # noqa: PLC0415
+
+    def runtime(kind: str, name: str, image: str) -> dict[str, Any]:
+        return {"kind": kind, "metadata": {"name": name}, "spec": {"template": {"image": image}}}
+
+    runtimes = {
+        ("ClusterRLJobRuntime", "a"): runtime("ClusterRLJobRuntime", "a", "cluster-a:1"),
+        ("ClusterRLJobRuntime", "b"): runtime("ClusterRLJobRuntime", "b", "cluster-b:1"),
+        ("RLJobRuntime", "a"): runtime("RLJobRuntime", "a", "namespaced-a:1"),
+    }
+
+    def images(kind: str, name: str) -> set[str]:
+        obj = example(GPU)
+        obj["metadata"] = {"name": "job", "namespace": "ml", "generation": 1}
+        del obj["spec"]["image"]
+        obj["spec"]["runtimeRef"] = {"kind": kind, "name": name}
+        job = resolve_job(obj, lambda k, _namespace, n: runtimes.get((k, n)))
+        assert isinstance(job, RLJob), job
+        sets = [c for c in _children(job) if c["kind"] == "StatefulSet"]
+        return {c["spec"]["template"]["spec"]["containers"][0]["image"] for c in sets}
+
+    assert images("ClusterRLJobRuntime", "a") == {"cluster-a:1"}
+    assert images("ClusterRLJobRuntime", "b") == {"cluster-b:1"}  # name
+    assert images("RLJobRuntime", "a") == {"namespaced-a:1"}  # kind

@@ -39,6 +39,7 @@ HELM_VERSION = os.environ.get("HELM_VERSION", "3.21.4")
 # the operator must therefore hold itself).
 JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("rlkube.dev", ("rljobs",), ("list", "watch")),
+    ("rlkube.dev", ("rljobruntimes",), ("get", "list", "watch")),
     ("rlkube.dev", ("rljobs/status",), ("patch",)),
     ("rlkube.dev", ("rljobs/finalizers",), ("update",)),
     ("", ("pods",), ("get", "list", "watch", "patch", "delete")),
@@ -56,6 +57,9 @@ JOB_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 # in namespaced mode (cluster-wide, kopf never lists them).
 OBSERVATION_RULES = (("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch")),)
 NAMESPACE_OBSERVATION_RULES = (("", ("namespaces",), ("list", "watch")),)
+# The cluster-scoped runtimes jobs may name (runtimes.py reads them, handlers.py watches them):
+# read only, in both modes.
+CLUSTER_RUNTIME_RULES = (("rlkube.dev", ("clusterrljobruntimes",), ("get", "list", "watch")),)
 
 Permission = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
 
@@ -80,6 +84,7 @@ def permissions_of(rules: Iterable[Obj]) -> set[Permission]:
 JOB_PERMISSIONS = expand(JOB_RULES)
 OBSERVATION_PERMISSIONS = expand(OBSERVATION_RULES)
 NAMESPACE_OBSERVATION_PERMISSIONS = expand(NAMESPACE_OBSERVATION_RULES)
+CLUSTER_RUNTIME_PERMISSIONS = expand(CLUSTER_RUNTIME_RULES)
 
 
 # --- helm ----------------------------------------------------------------------------------------
@@ -157,7 +162,9 @@ def installed(helm: Helm, kubectl: Kubectl, namespace: str, *sets: str) -> Itera
     own ServiceAccount is named after the release (fullname = release name here)."""
     install_rljob_crd(kubectl)
     name = release_name()
-    args = ["install", name, str(CHART), "--namespace", namespace]
+    # The default runtime is cluster-scoped: named after the release, so that releases side
+    # by side do not claim the same object.
+    args = ["install", name, str(CHART), "--namespace", namespace, "--set", f"defaultRuntime.name={name}"]
     for value in sets:
         args += ["--set", value]
     notes = helm(*args).stdout
@@ -187,11 +194,12 @@ def install_rljob_crd(kubectl: Kubectl) -> None:
     becomes the CRD's field manager: a later apply of a changed CRD by another
     manager (tests/operator's fixture, in a reused cluster) would then conflict.
     --force-conflicts takes the fields over from any earlier manager, Helm included."""
-    from rlkube_api.crd import CRD_FILES  # noqa: PLC0415
+    from rlkube_api.crd import CRD_FILES, RUNTIME_CRD_FILES  # noqa: PLC0415
     from rlkube_e2e.testing import wait_established  # noqa: PLC0415
 
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
-    wait_established(kubectl, "rljobs.rlkube.dev")
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]), "-f", str(RUNTIME_CRD_FILES[0]))
+    for crd in ("rljobs.rlkube.dev", "rljobruntimes.rlkube.dev", "clusterrljobruntimes.rlkube.dev"):
+        wait_established(kubectl, crd)
 
 
 def install_monitoring_crds(kubectl: Kubectl) -> None:

@@ -13,7 +13,7 @@ import yaml
 from rlkube_api.names import CONTROLLER_ROLE, LABEL_MANAGED_BY, LABEL_ROLE, MANAGED_BY
 from rlkube_operator.__main__ import parse_args
 from rlkube_operator.children.statefulset import container_ports
-from tests.chart.chart_kit import CHART, Helm, Obj, container, one
+from tests.chart.chart_kit import CHART, Helm, Obj, container, of_kind, one
 
 MONITORS = ("metrics.serviceMonitor.enabled=true", "trainerMetrics.podMonitor.enabled=true")
 
@@ -31,12 +31,37 @@ def test_helm_lint_passes(helm: Helm, strict: bool, sets: tuple[str, ...]) -> No
     assert "0 chart(s) failed" in result.stdout
 
 
-def test_crds_directory_holds_only_the_generated_rljob_crd() -> None:
-    # Helm installs crds/ verbatim on first install; the file is `rlkube_api.crd --write`'s output.
-    from rlkube_api.crd import CRD_FILES  # noqa: PLC0415
+def test_crds_directory_holds_only_the_generated_crds() -> None:
+    # Helm installs crds/ verbatim on first install; the files are `rlkube_api.crd --write`'s output.
+    from rlkube_api.crd import CRD_FILES, RUNTIME_CRD_FILES  # noqa: PLC0415
 
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["rljob.yaml"]
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == ["rljob.yaml", "rljobruntimes.yaml"]
     assert (CHART / "crds" / "rljob.yaml").read_text() == CRD_FILES[0].read_text()
+    assert (CHART / "crds" / "rljobruntimes.yaml").read_text() == RUNTIME_CRD_FILES[0].read_text()
+
+
+def test_the_default_runtime_is_the_trainer_image_and_the_shared_claim(helm: Helm) -> None:
+    runtime = one(helm.template(), "ClusterRLJobRuntime")
+    assert runtime["metadata"]["name"] == "default"
+    template = runtime["spec"]["template"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert template["image"] == f"rlkube-trainer:{chart['appVersion']}"
+    assert template["volumes"] == [
+        {"name": "work", "mountPath": "/rlkube", "source": {"persistentVolumeClaim": {"claimName": "rlkube-work"}}}
+    ]
+    assert "locked" not in runtime["spec"]
+
+
+def test_the_default_runtime_takes_image_pools_and_locks_from_values_or_is_off(helm: Helm) -> None:
+    pool = "defaultRuntime.template.roles.rollout.pool.nodeSelector.pool=rollout"
+    runtime = one(
+        helm.template("defaultRuntime.template.image=trainer:1", pool, "defaultRuntime.locked={image}"),
+        "ClusterRLJobRuntime",
+    )
+    assert runtime["spec"]["template"]["image"] == "trainer:1"
+    assert runtime["spec"]["template"]["roles"] == {"rollout": {"pool": {"nodeSelector": {"pool": "rollout"}}}}
+    assert runtime["spec"]["locked"] == ["image"]
+    assert not of_kind(helm.template("defaultRuntime.enabled=false"), "ClusterRLJobRuntime")
 
 
 @pytest.mark.parametrize(

@@ -79,7 +79,9 @@ def test_the_api_server_accepts_every_object(
     kubectl("get", "-n", ns, f"deployment/{name}", f"service/{name}-metrics", f"serviceaccount/{name}")
     kubectl("get", "-n", ns, f"servicemonitor/{name}", f"podmonitor/{name}-trainer")
     kubectl("get", f"clusterrole/{name}", f"clusterrolebinding/{name}", f"clusterrole/{name}-kopf-observation")
-    kubectl("get", "crd", "rljobs.rlkube.dev")
+    kubectl("get", "crd", "rljobs.rlkube.dev", "rljobruntimes.rlkube.dev", "clusterrljobruntimes.rlkube.dev")
+    # The chart's default runtime, which the API server checked against its CRD.
+    kubectl("get", "clusterrljobruntime", name)
 
 
 def test_the_notes_say_how_to_check_and_use_the_operator(release: tuple[Release, str]) -> None:

@@ -20,6 +20,7 @@ from kubernetes.client import (
 
 from rlkube_e2e.testing import Kubectl
 from tests.chart.chart_kit import (
+    CLUSTER_RUNTIME_PERMISSIONS,
     JOB_PERMISSIONS,
     NAMESPACE_OBSERVATION_PERMISSIONS,
     OBSERVATION_PERMISSIONS,
@@ -80,7 +81,8 @@ def test_cluster_wide_grants_exactly_the_contract(helm: Helm) -> None:
     assert not [r for r in of_kind(objects, "Role") if not _leader_election(r)]
     bound = _rules_bound_to(objects, one(objects, "ServiceAccount"))
     assert set(bound) == {("ClusterRole", None)}
-    assert permissions_of(bound[("ClusterRole", None)]) == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS
+    expected = JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
+    assert permissions_of(bound[("ClusterRole", None)]) == expected
     # kopf runs standalone: no peering objects, no Namespaces when watching everything.
     assert not any(group in ("kopf.dev", "zalando.org") for group, _, _ in permissions_of(bound[("ClusterRole", None)]))
 
@@ -91,16 +93,19 @@ def test_namespaced_mode_grants_the_contract_only_in_watched_namespaces(helm: He
     assert set(bound) == {("Role", "team-a"), ("Role", "team-b"), ("ClusterRole", None)}
     for namespace in ("team-a", "team-b"):
         assert permissions_of(bound[("Role", namespace)]) == JOB_PERMISSIONS
-    # The one ClusterRole is kopf's read-only observation: nothing of the jobs' resources.
+    # The ClusterRoles are kopf's read-only observation and the cluster runtimes' reading:
+    # nothing of the jobs' resources.
     cluster_wide = permissions_of(bound[("ClusterRole", None)])
-    assert cluster_wide == OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
+    assert cluster_wide == OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
     assert not {resource for _, resource, _ in cluster_wide} & {resource for _, resource, _ in JOB_PERMISSIONS}
 
 
-def test_namespaced_mode_without_observation_has_no_cluster_scoped_object(helm: Helm) -> None:
+def test_namespaced_mode_without_observation_reads_only_cluster_runtimes_cluster_wide(helm: Helm) -> None:
     objects = helm.template(NAMESPACED, "rbac.kopfObservation=false")
-    assert not of_kind(objects, "ClusterRole")
-    assert not of_kind(objects, "ClusterRoleBinding")
+    assert permissions_of(r for role in of_kind(objects, "ClusterRole") for r in role["rules"]) == (
+        CLUSTER_RUNTIME_PERMISSIONS
+    )
+    assert len(of_kind(objects, "ClusterRoleBinding")) == 1
     job_roles = [r for r in of_kind(objects, "Role") if not _leader_election(r)]
     assert sorted(r["metadata"]["namespace"] for r in job_roles) == ["team-a", "team-b"]
 
@@ -258,7 +263,7 @@ def test_cluster_wide_sa_may_do_everything_the_operator_does_in_any_namespace(
         assert not denied(kube, release, JOB_PERMISSIONS, namespace), namespace
     # A cluster-wide list/watch (namespace unset) is what kopf does for RLJobs, pods and StatefulSets.
     watched = {p for p in JOB_PERMISSIONS if p[2] in ("list", "watch")}
-    assert not denied(kube, release, watched | OBSERVATION_PERMISSIONS, None)
+    assert not denied(kube, release, watched | OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS, None)
 
 
 @pytest.mark.cluster
@@ -277,7 +282,8 @@ def test_namespaced_sa_may_do_everything_the_operator_does_in_watched_namespaces
     release, watched, _ = namespaced
     for namespace in watched:
         assert not denied(kube, release, JOB_PERMISSIONS, namespace), namespace
-    assert not denied(kube, release, OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS, None)
+    cluster_scoped = OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
+    assert not denied(kube, release, cluster_scoped, None)
 
 
 @pytest.mark.cluster
@@ -359,7 +365,7 @@ def test_can_i_list_as_the_operator_shows_exactly_the_contract(
     """The operator's permissions as a user would list them, cluster-wide mode, in a namespace of jobs."""
     release, jobs = cluster_wide
     listed = can_i_list(kubectl, release, jobs) - EVERYONE
-    assert listed == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS
+    assert listed == JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
 
 
 @pytest.mark.cluster
@@ -367,7 +373,6 @@ def test_can_i_list_as_the_operator_in_an_unwatched_namespace_shows_nothing_of_t
     kubectl: Kubectl, namespaced: tuple[Release, tuple[str, str], str]
 ) -> None:
     release, watched, other = namespaced
-    assert can_i_list(kubectl, release, watched[0]) - EVERYONE == (
-        JOB_PERMISSIONS | OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
-    )
-    assert can_i_list(kubectl, release, other) - EVERYONE == OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS
+    cluster_scoped = OBSERVATION_PERMISSIONS | NAMESPACE_OBSERVATION_PERMISSIONS | CLUSTER_RUNTIME_PERMISSIONS
+    assert can_i_list(kubectl, release, watched[0]) - EVERYONE == JOB_PERMISSIONS | cluster_scoped
+    assert can_i_list(kubectl, release, other) - EVERYONE == cluster_scoped

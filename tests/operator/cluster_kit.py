@@ -30,7 +30,7 @@ from kubernetes.client import ApiClient, AppsV1Api, CoreV1Api, CustomObjectsApi,
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config import kube_config
 
-from rlkube_api.crd import CRD_FILES
+from rlkube_api.crd import CRD_FILES, RUNTIME_CRD_FILES
 from rlkube_api.names import ANNOTATION_ATTEMPT, ANNOTATION_PROGRESS, LABEL_JOB, LABEL_ROLE
 from rlkube_api.rljob import GROUP, PLURAL, VERSION
 from rlkube_e2e.testing import Kubectl, wait_established, wait_for
@@ -195,8 +195,10 @@ def free_port() -> int:
 
 
 def install_rljob_crd(kubectl: Kubectl) -> None:
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]))
-    wait_established(kubectl, "rljobs.rlkube.dev")
+    """The RLJob CRD and the runtimes' (which the operator watches)."""
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILES[0]), "-f", str(RUNTIME_CRD_FILES[0]))
+    for crd in ("rljobs.rlkube.dev", "rljobruntimes.rlkube.dev", "clusterrljobruntimes.rlkube.dev"):
+        wait_established(kubectl, crd)
 
 
 def install_podgroup_crds(kubectl: Kubectl) -> None:

@@ -102,6 +102,11 @@ same list as a table, and README.md documents it.
 - apiGroups: ["rlkube.dev"]
   resources: ["rljobs"]
   verbs: ["list", "watch"]
+# The runtimes jobs name (spec.runtimeRef): read when a job is first resolved, watched to
+# start the jobs held for one.
+- apiGroups: ["rlkube.dev"]
+  resources: ["rljobruntimes"]
+  verbs: ["get", "list", "watch"]
 - apiGroups: ["rlkube.dev"]
   resources: ["rljobs/status"]
   verbs: ["patch"]
@@ -174,6 +179,16 @@ lists and watches Namespaces to notice them appear or go. Cluster-wide it never
 looks at Namespaces. kopf's peering objects are not needed: the operator runs
 standalone (leader election uses a Lease, rlkube.leaderElectionRules).
 */}}
+{{/*
+The cluster-wide runtimes (ClusterRLJobRuntime), cluster-scoped: read and watched in both
+modes, as the namespaced runtimes are in the watched namespaces. Read only.
+*/}}
+{{- define "rlkube.clusterRuntimeRules" -}}
+- apiGroups: ["rlkube.dev"]
+  resources: ["clusterrljobruntimes"]
+  verbs: ["get", "list", "watch"]
+{{- end }}
+
 {{- define "rlkube.observationRules" -}}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
