@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import datetime
 import json
+import os
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -229,3 +232,36 @@ class PodLogs:
             raise RuntimeError(f"the log follower of pod {self._pod} died; it rode out {self.errors}")
         with self._lock:
             return log_text(self._lines)
+
+
+def kill_daemon(node: RealNode, binary: Path) -> tuple[int, datetime.datetime]:
+    """SIGKILL the node's daemon running `binary` (its kubelet, its containerd), as an OOM kill
+    or a crash would; wait for its supervisor to start a new one. Returns the new pid and when
+    the old one was killed."""
+    log, line = node.logs_dir / f"{binary.name}.log", f"supervise: {binary.name} killed by SIGKILL"
+    earlier = log.read_text().count(line)  # an earlier test may have killed it already
+    [old] = node.daemon_pids(binary)
+    killed_at = datetime.datetime.now(datetime.UTC)
+    os.kill(old, signal.SIGKILL)
+    new = wait_for(lambda: [p for p in node.daemon_pids(binary) if p != old] or None, f"a new {binary.name}", 30)
+    assert len(new) == 1, new
+    text = log.read_text()
+    assert text.count(line) == earlier + 1, text[-2000:]
+    return new[0], killed_at
+
+
+def wait_renewed_and_ready(api: KubeApi, node: str, since: datetime.datetime, timeout: float = 60) -> None:
+    """Wait until `node`'s Lease was renewed at or after `since` and the node reports Ready:
+    a restarted kubelet has taken over."""
+
+    def renewed_and_ready() -> bool:
+        status, text = api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node}")
+        if status == 404:  # a node that just registered writes its first Lease seconds later
+            return False
+        assert status == 200, text
+        renewed = datetime.datetime.fromisoformat(json.loads(text)["spec"]["renewTime"].replace("Z", "+00:00"))
+        conditions = api.get(f"/api/v1/nodes/{node}")["status"]["conditions"]
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        return renewed >= since and ready
+
+    wait_for(renewed_and_ready, f"node {node}'s kubelet to renew its Lease, Ready", timeout)

@@ -5,7 +5,11 @@ weight push goes into the generation in flight; rollout correction on by default
 While it trains, `spec.roles.rollout.replicas` is patched 1 -> 2 -> 1. The rollout StatefulSet
 follows, the new engine joins the weight-sync group (and so generates), the removed one leaves
 it, the operator tells each change with a RolloutScaled Event, and the job succeeds with no gang
-restart: the driver and actor pods keep their UIDs and every step is in metrics.jsonl once."""
+restart: the driver and actor pods keep their UIDs and every step is in metrics.jsonl once.
+Then, still mid-job, the driver's node's kubelet and then its containerd are SIGKILLed (as an
+OOM kill or a crash would): each daemon's supervisor starts it again, the node renews its Lease
+and is Ready, and the job's pods keep running (same pods, same containers, none restarted) and
+training goes on (docs/reliability.md, "A node's kubelet or containerd killed mid-job")."""
 
 from __future__ import annotations
 
@@ -17,9 +21,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rlkube_api.config import SeparateAsyncConfig
+from rlkube_api.names import LABEL_JOB
 from rlkube_e2e import tinyjob
+from rlkube_e2e.node.node import find_node_binaries
 from rlkube_e2e.testing import Kubectl, wait_for
-from tests.e2e.real_node_kit import PodLogs
+from tests.e2e.real_node_kit import PodLogs, kill_daemon, wait_renewed_and_ready
 
 if TYPE_CHECKING:
     from tests.e2e.real_node_kit import RealCluster
@@ -75,6 +81,41 @@ def _scale(kubectl: Kubectl, namespace: str, name: str, replicas: int) -> None:
     kubectl("-n", namespace, "patch", "rljob", name, "--type=merge", "-p", patch)
 
 
+def _containers(kubectl: Kubectl, namespace: str, name: str) -> dict[str, tuple[str, list[tuple[str, int]]]]:
+    """Each of the job's pods by name: its UID, and each container's ID and restart count."""
+    pods = json.loads(kubectl("-n", namespace, "get", "pods", "-l", f"{LABEL_JOB}={name}", "-o", "json").stdout)
+    return {
+        pod["metadata"]["name"]: (
+            pod["metadata"]["uid"],
+            [(status["containerID"], status["restartCount"]) for status in pod["status"]["containerStatuses"]],
+        )
+        for pod in pods["items"]
+    }
+
+
+def _kill_node_daemons_mid_job(real: RealCluster, kubectl: Kubectl, namespace: str, job: tinyjob.TinyJob) -> None:
+    """SIGKILL the kubelet, then containerd, of the node running the driver while the job trains.
+    Containers outlive both, as on any node: each runs under its own containerd shim, which the
+    restarted containerd finds again, and the restarted kubelet adopts the running pods. So no
+    pod, container or step is lost, and the gang does not restart."""
+    name = job.name
+    node_name = kubectl("-n", namespace, "get", "pod", f"{name}-controller-0", "-o", "jsonpath={.spec.nodeName}").stdout
+    [node] = [node for node in real.nodes if node.name == node_name]
+    binaries = find_node_binaries()
+    for binary in (binaries.kubelet, binaries.containerd):
+        before = _containers(kubectl, namespace, name)
+        steps = len(job.metrics())
+        _, killed_at = kill_daemon(node, binary)
+        wait_renewed_and_ready(real.cluster.api(), node.name, killed_at)
+
+        def trained_on(steps: int = steps) -> bool:  # steps keep coming after the kill
+            return len(job.metrics()) >= steps + 2
+
+        wait_for(trained_on, f"2 steps after {binary.name}'s kill", 120, interval=0.5)
+        after = _containers(kubectl, namespace, name)
+        assert after == before, f"{binary.name} killed: pods or containers changed: before {before}, after {after}"
+
+
 def _apply_paced(kubectl: Kubectl, namespace: str, job: tinyjob.TinyJob) -> None:
     """The job with the example's reward function behind the pace file (tinyjob.apply's steps)."""
     config_map = tinyjob.reward_config_map(job, namespace)
@@ -122,6 +163,7 @@ def test_rollout_replicas_scale_while_the_job_trains(
             # No gang restart: the pods there before the scaling are the same pods.
             after = {pod: _uid(kubectl, namespace, f"{name}-{pod}") for pod in STAYING}
             assert after == uids, f"pods replaced while scaling: before {uids}, after {after}"
+            _kill_node_daemons_mid_job(real_cluster, kubectl, namespace, job)
             assert len(job.metrics()) < STEPS, "the job ended before the scaling was checked: pace it more"
             pace.unlink()
             final = tinyjob.wait_state(kubectl, namespace, name, ("Succeeded", "Failed"), TIMEOUT)

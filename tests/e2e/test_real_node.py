@@ -4,7 +4,6 @@ The two-node cluster is the package's (`tests/e2e/conftest.py`)."""
 
 from __future__ import annotations
 
-import datetime
 import ipaddress
 import json
 import os
@@ -281,28 +280,8 @@ def test_a_killed_kubelet_is_restarted_and_its_node_renews_its_lease_and_is_read
     (as systemd does a real node's), and the new kubelet renews the node's Lease and reports
     the node Ready."""
     node = real_cluster.nodes[1]
-    kubelet = find_node_binaries().kubelet
-    [old] = node.daemon_pids(kubelet)
-    api = real_cluster.cluster.api()
-    killed_at = datetime.datetime.now(datetime.UTC)
-    os.kill(old, signal.SIGKILL)
-    new = wait_for(lambda: [p for p in node.daemon_pids(kubelet) if p != old] or None, "a new kubelet", 30)
-    assert len(new) == 1, new
-
-    def renewed_and_ready() -> bool:
-        status, text = api.request("GET", f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{node.name}")
-        if status == 404:  # a node that just registered writes its first Lease seconds later
-            return False
-        assert status == 200, text
-        lease = json.loads(text)
-        renewed = datetime.datetime.fromisoformat(lease["spec"]["renewTime"].replace("Z", "+00:00"))
-        conditions = api.get(f"/api/v1/nodes/{node.name}")["status"]["conditions"]
-        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
-        return renewed >= killed_at and ready
-
-    wait_for(renewed_and_ready, f"the restarted kubelet to renew node {node.name}'s Lease, Ready", 60)
-    log = (node.logs_dir / "kubelet.log").read_text()
-    assert "supervise: kubelet killed by SIGKILL" in log
+    _, killed_at = real_node_kit.kill_daemon(node, find_node_binaries().kubelet)
+    real_node_kit.wait_renewed_and_ready(real_cluster.cluster.api(), node.name, killed_at)
 
 
 def test_a_deleted_claim_and_its_volume_are_gone_once_nothing_uses_them(
