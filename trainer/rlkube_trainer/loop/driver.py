@@ -103,7 +103,10 @@ def train(
         metrics = DriverMetrics()
         metrics.serve(metrics_port)
         try:
-            run = TrainingRun(config, ppo, loader, GroupState(placement, groups), reporter, metrics, validation)
+            ranks = {str(role): group.call_all("settings")[0] for role, group in groups.items()}
+            run = TrainingRun(
+                config, ppo, loader, GroupState(placement, groups), reporter, metrics, validation, ranks=ranks
+            )
             return run.fit(max_steps, progress)
         finally:
             metrics.close()

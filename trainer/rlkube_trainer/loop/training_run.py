@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -29,6 +30,7 @@ from rlkube_trainer.loop.async_training.partial_rollout import (
 )
 from rlkube_trainer.loop.async_training.schedule import OneStepOff
 from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, Taken
+from rlkube_trainer.loop.effective_settings import report, run_settings
 from rlkube_trainer.loop.ppo import PPOTrainer, Timer
 from rlkube_trainer.loop.progress import NullReporter, ProgressReporter, progress_payload
 from rlkube_trainer.loop.prometheus import DriverMetrics
@@ -107,8 +109,12 @@ class TrainingRun:
         metrics: DriverMetrics | None = None,
         validation: Validation | None = None,
         termination: Termination = TERMINATION,
+        ranks: dict[str, Any] | None = None,
     ) -> None:
+        """`ranks`: the settings rank 0 of each group runs with (Rank.settings), for the report
+        at start (effective_settings.py)."""
         self.config = config
+        self.ranks = ranks or {}
         self.termination = termination
         self.ppo = ppo
         self.loader = loader
@@ -326,6 +332,7 @@ class TrainingRun:
             resumed_at=resumed_at,
         )
         tracker.rewind(resumed_at)
+        report(run_settings(self, tracker), output_dir)
         if self.validation is not None:
             self.validation.rewind(resumed_at)
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="steps", unit="step")
