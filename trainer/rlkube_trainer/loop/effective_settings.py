@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlkube_trainer.checkpoint.volume import writing_to
+from rlkube_trainer.workers.settings import declared_arguments
 
 if TYPE_CHECKING:
     from rlkube_trainer.data.prompts import PromptLoader
@@ -40,9 +41,27 @@ def _plain(obj: object) -> Settings:
 
 
 def algorithm_settings(ppo: PPOTrainer) -> Settings:
-    """The registered functions the step calls and the settings it calls them with."""
+    """The registered functions the step calls and the settings it calls them with; a step's
+    options that are off report None (their settings then change nothing)."""
+    algo, reward = ppo.config.algorithm, ppo.config.reward
+    arguments = {
+        "gamma": algo.gamma,
+        "lam": algo.lam,
+        "norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo,
+        "reward_components": algo.gdpo_reward_keys,
+        "reward_weights": algo.gdpo_reward_weights,
+    }
     return {
         "advantage_estimator": ppo.estimate_advantages.__name__,
+        "advantage_arguments": declared_arguments(ppo.estimate_advantages, arguments),
+        "kl_in_reward": algo.kl_penalty if algo.use_kl_in_reward else None,
+        "filter_groups": algo.filter_groups.model_dump() if algo.filter_groups.enable else None,
+        "overlong_buffer": reward.overlong_buffer.model_dump() if reward.overlong_buffer.enable else None,
+        # As it applies in the trainer mode (TrainerConfig.rollout_correction).
+        "rollout_correction": ppo.config.rollout_correction.model_dump()
+        if ppo.config.rollout_correction.enabled
+        else None,
+        "tokenizer": getattr(getattr(ppo.decode, "__self__", None), "name_or_path", None),
         "kl_controller": {"class": type(ppo.kl_ctrl).__name__, **_plain(ppo.kl_ctrl)},
         "uses_reference": ppo.uses_reference,
         "greedy_baseline": ppo.greedy_baseline,
@@ -51,8 +70,13 @@ def algorithm_settings(ppo: PPOTrainer) -> Settings:
 
 
 def data_settings(loader: PromptLoader, total_steps: int) -> Settings:
+    dataset = loader.dataset
     return {
-        "prompts": len(loader.dataset),
+        "prompts": len(dataset),
+        "filtered_as_overlong": getattr(dataset, "num_filtered", None),
+        "chat_template": getattr(dataset, "use_chat_template", None),
+        "first_prompt_tokens": list(dataset[0].prompt_token_ids) if len(dataset) else None,
+        "longest_prompt": max((len(p.prompt_token_ids) for p in dataset), default=0),
         "batch_size": loader.batch_size,
         "shuffle": loader.shuffle,
         "seed": loader.seed,

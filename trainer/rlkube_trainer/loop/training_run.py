@@ -313,6 +313,17 @@ class TrainingRun:
         finally:
             self.schedule = None
 
+    def open_tracker(self, resumed_at: int) -> Tracker:
+        """The run's metrics writers in checkpoint.dir; `resumed_at` as Tracker's (-1: a fresh run)."""
+        trainer = self.config.trainer
+        return Tracker(
+            Path(self.config.checkpoint.dir),
+            list(trainer.logger),
+            trainer.experiment_name,
+            project=trainer.project_name,
+            resumed_at=resumed_at,
+        )
+
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config
         if max_steps is not None:
@@ -324,13 +335,7 @@ class TrainingRun:
             fetch_metrics(self.saves.root / METRICS_FILE, output_dir / METRICS_FILE)
         # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
         resumed_at = self.step if self.saves.last_step is not None else -1
-        tracker = Tracker(
-            output_dir,
-            list(config.trainer.logger),
-            config.trainer.experiment_name,
-            project=config.trainer.project_name,
-            resumed_at=resumed_at,
-        )
+        tracker = self.open_tracker(resumed_at)
         tracker.rewind(resumed_at)
         report(run_settings(self, tracker), output_dir)
         if self.validation is not None:

@@ -84,8 +84,8 @@ def _batching(batching: Any) -> Settings:
     return dataclasses.asdict(batching)
 
 
-def _loss_arguments(function: Any, values: Settings) -> Settings:
-    """The settings a registered loss takes (those its signature declares), as it is called."""
+def declared_arguments(function: Any, values: Settings) -> Settings:
+    """The settings a registered function takes (those its signature declares), as it is called."""
     declared = inspect.signature(function).parameters
     return {name: value for name, value in values.items() if name in declared}
 
@@ -106,7 +106,7 @@ def actor_settings(actor: Actor, total_steps: int) -> Settings:
         "recompute_logits": str(actor.recompute),
         "policy_loss": {
             "function": actor.policy_loss.__name__,
-            **_loss_arguments(
+            **declared_arguments(
                 actor.policy_loss,
                 {
                     "cliprange": config.clip_ratio,
@@ -143,6 +143,7 @@ def critic_settings(critic: Critic, total_steps: int) -> Settings:
         "micro_batching": _batching(critic.micro_batching),
         "forward_batching": _batching(critic.forward_batching),
         "packed": critic.packed,
+        "lora": dataclasses.asdict(critic.lora),
         "value_loss": {
             "cliprange_value": config.cliprange_value,
             "loss_agg_mode": config.loss_agg_mode,
@@ -167,6 +168,7 @@ def rank_settings(rank: Rank) -> Settings:
     total = rank.spec.total_steps
     settings: Settings = {
         "device": str(rank.device),
+        "model_path": rank.config.model.path,  # /dev/shm's copy with model.use_shm
         "collective_timeout_s": rank.collective_timeout.total_seconds(),
         "process_group": torch.distributed.is_initialized(),
     }
@@ -176,7 +178,7 @@ def rank_settings(rank: Rank) -> Settings:
         settings["critic"] = critic_settings(rank.critic, total)
     if rank.reference is not None:
         settings["reference"] = reference_settings(rank.reference)
-    if rank.engine is not None:
+    if rank.engine_arguments:
         settings["rollout_engine"] = {"class": type(rank.engine).__name__, **rank.engine_arguments}
     if rank.reward_model is not None:
         settings["reward_model"] = {"class": type(rank.reward_model).__name__, **vars_of(rank.reward_model)}
