@@ -119,10 +119,26 @@ def validation_settings(validation: Validation | None) -> Settings | None:
     return {"prompts": len(validation.prompts), "sampling": dataclasses.asdict(validation.sampling(0))}
 
 
+def loop_settings(run: TrainingRun) -> Settings:
+    """When the loop saves and validates, as TrainingRun.fit reads it."""
+    trainer = run.config.trainer
+    validates = run.validation is not None
+    return {
+        "total_steps": run.total_steps,
+        "save_freq": trainer.save_freq,
+        "test_freq": trainer.test_freq if validates else None,
+        "validate_before_training": trainer.val_before_train if validates else None,
+        "validate_only": trainer.val_only,
+        "log_val_generations": trainer.log_val_generations if validates else None,
+        "trainer_mode": trainer.v1.trainer_mode,
+    }
+
+
 def run_settings(run: TrainingRun, tracker: Tracker) -> Settings:
     """Every component's settings: the driver's objects and what each group's ranks reported."""
     return {
         "ranks": run.ranks,
+        "loop": loop_settings(run),
         "algorithm": algorithm_settings(run.ppo),
         "data": data_settings(run.loader, run.total_steps),
         "reward": reward_settings(run.ppo.roles.reward),

@@ -69,8 +69,10 @@ def fsdp_settings(model: nn.Module) -> Settings | None:
 
 def model_settings(model: nn.Module) -> Settings:
     params = list(model.parameters())
+    hf_config = getattr(model, "config", None) or getattr(getattr(model, "backbone", None), "config", None)
     return {
         "class": type(model).__name__,
+        "loaded_from": getattr(hf_config, "_name_or_path", None),
         "dtype": str(params[0].dtype) if params else None,
         "parameters": sum(p.numel() for p in params),
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
