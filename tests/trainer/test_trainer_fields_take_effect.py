@@ -63,9 +63,6 @@ EXCEPTIONS: dict[str, str] = {
     "critic.strategy": "as actor.strategy",
     "critic.fsdp_config.": "as actor.strategy",
     "ref.fsdp_config.": "as actor.strategy; its optimizerOffload is refused unless false (no optimizer)",
-    "actor.compile_decoder_layers": "torch.compile of the decoder layers, on GPU only: tests/trainer/test_models.py",
-    "critic.compile_decoder_layers": "as actor.compile_decoder_layers",
-    "ref.compile_decoder_layers": "as actor.compile_decoder_layers",
     "model.use_liger": "needs the liger-kernel package, absent here and refused by name "
     "(tests/trainer/test_preflight.py)",
     "model.trust_remote_code": "the tiny model has no remote code; passed to every from_pretrained",
@@ -78,8 +75,9 @@ EXCEPTIONS: dict[str, str] = {
     "trainer.project_name": "MLflow's experiment and W&B's project: tests/trainer/test_tracking.py",
     "trainer.device": "auto is the CPU on a machine without a GPU; the report's ranks.*.device is the one used",
     "trainer.v1.separate_async.": "the asynchronous schedule's, built when the loop starts it: "
-    "tests/trainer/test_async_schedule.py, test_async_learning.py",
-    "trainer.v1.sampler.": "as trainer.v1.separate_async",
+    "tests/trainer/test_async_schedule.py",
+    "trainer.v1.sampler.": "the off-policy buffer's, built when the loop starts: tests/trainer/test_staleness.py, "
+    "test_async_learning.py",
 }
 # Fields that need a particular valid value, or other fields set with them (the baseline gets the
 # same companions): path -> (value, companions). "{name}" in a string is a file of the fixture.

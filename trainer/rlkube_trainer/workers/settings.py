@@ -77,7 +77,8 @@ def model_settings(model: nn.Module) -> Settings:
         "parameters": sum(p.numel() for p in params),
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
         "gradient_checkpointing": bool(getattr(model, "is_gradient_checkpointing", False)),
-        "compiled_modules": sum(1 for m in model.modules() if type(m).__name__ == "OptimizedModule"),
+        # compile_decoder_layers replaces a layer's own forward with a compiled one.
+        "compiled_modules": sum(1 for m in model.modules() if "forward" in vars(m)),
         "fsdp": fsdp_settings(model),
     }
 
