@@ -220,10 +220,10 @@ def _candidates(info: Any, default: Any) -> list[Any]:
         elif kind is bool:
             out.append(not default)
         elif kind is int:
-            base = default if isinstance(default, int) else 1
-            out += [base + 1, base * 2, base - 1, 1, 2, 3, 16, 0, -1]
+            whole = default if isinstance(default, int) else 1
+            out += [whole + 1, whole * 2, whole - 1, 1, 2, 3, 16, 0, -1]
         elif kind is float:
-            base = default if isinstance(default, (int, float)) else 0.5
+            base = float(default) if isinstance(default, (int, float)) else 0.5
             out += [base * 0.5, base + 0.1, base * 2, 0.5, 0.25, 1.5, 0.0]
         elif kind is str:
             out += ["other"]
@@ -304,7 +304,8 @@ def effective(config: TrainerConfig, cache: _RankCache) -> dict[str, Any]:
     cache.config = config
     with assembled(config, placement_of(config).in_one_process(), cache.launch) as run:
         settings = run_settings(run, run.open_tracker(-1))
-    return json.loads(json.dumps(settings, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(settings, default=str))
+    return plain
 
 
 def _valid(raw: dict[str, Any]) -> TrainerConfig | None:
