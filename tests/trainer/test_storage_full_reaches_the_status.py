@@ -18,8 +18,8 @@ from rlkube_api.names import Env
 from rlkube_trainer.checkpoint.volume import mount_point
 from rlkube_trainer.pod import cli, preflight
 from rlkube_trainer.pod.exit_record import exit_event
-from tests.operator.helpers import CPU, at, gang_pods, load_job, replace_pod, set_path
-from tests.operator.test_departed import NAMESPACE, VICTIM, judged, old_uid
+from tests.operator.helpers import CPU, NAMESPACE, at, gang_pods, load_job, replace_pod, set_path
+from tests.operator.test_departed import VICTIM, judged, old_uid
 from tests.operator.test_failure_policy import crashed
 from tests.operator.test_status import cond, events, run, running
 

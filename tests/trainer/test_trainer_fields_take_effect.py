@@ -150,6 +150,7 @@ VALUES: dict[str, tuple[Any, dict[str, Any]]] = {
     "actor.kl_cov_ratio": (0.001, {"actor.policy_loss": "kl_cov"}),
     "actor.ppo_kl_coef": (0.05, {"actor.policy_loss": "kl_cov"}),
     "actor.dro_beta": (0.25, {"actor.policy_loss": "dro", "actor.dro_beta": 0.1}),
+    "ref.compile_decoder_layers": (True, {"actor.use_kl_loss": True}),  # a reference only for a KL term
     "rollout.top_k": (5, {}),
     "rollout.dtype": ("float16", {}),  # auto is bfloat16 on a GPU
     "rollout.val_kwargs.do_sample": (True, {"rollout.val_kwargs.temperature": 0.7}),
