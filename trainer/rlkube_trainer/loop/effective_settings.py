@@ -150,9 +150,10 @@ def run_settings(run: TrainingRun, tracker: Tracker) -> Settings:
 
 def report(settings: Settings, output_dir: Path) -> Path:
     """The settings into the driver's log and `effective-settings.json` under `output_dir`."""
-    text = json.dumps(settings, indent=1, sort_keys=True, default=str)
-    log.info("effective settings (also in %s):\n%s", output_dir / EFFECTIVE_SETTINGS_FILE, text)
     path = output_dir / EFFECTIVE_SETTINGS_FILE
+    # One line in the log (a log line per setting would bury the run's start); indented in the file.
+    log.info("effective settings (also in %s): %s", path, json.dumps(settings, sort_keys=True, default=str))
+    text = json.dumps(settings, indent=1, sort_keys=True, default=str)
     with writing_to(path):
         output_dir.mkdir(parents=True, exist_ok=True)
         path.write_text(text + "\n")
