@@ -21,12 +21,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import yaml
 from pydantic import BaseModel, ValidationError
 
 from rlkube_api.config import TrainerConfig
 from rlkube_api.placement import Group, Role, placement_of
 from rlkube_trainer.cluster.rank_group import LocalRankGroup, RankGroup
+from rlkube_trainer.loop.assembly import free_port
 from rlkube_trainer.loop.driver import assembled
 from rlkube_trainer.loop.effective_settings import run_settings
 from rlkube_trainer.rollout import engine_arguments
@@ -56,13 +58,7 @@ EXCEPTIONS: dict[str, str] = {
     "checkpoint.endpoint_url": "as checkpoint.uri",
     "checkpoint.resume": "read when the loop resumes (TrainingRun.resume): tests/trainer/test_checkpoint.py",
     "checkpoint.resume_from": "as checkpoint.resume",
-    # FSDP2 shards over a process group, which a CPU rank in this process does not form; the
-    # report's model.fsdp then holds the mesh, resharding, precision and offload applied.
-    "actor.strategy": "FSDP2 over a process group: tests/trainer/test_fsdp.py (the report's model.fsdp)",
-    "actor.fsdp_config.": "as actor.strategy",
-    "critic.strategy": "as actor.strategy",
-    "critic.fsdp_config.": "as actor.strategy",
-    "ref.fsdp_config.": "as actor.strategy; its optimizerOffload is refused unless false (no optimizer)",
+    "ref.fsdp_config.optimizer_offload": "refused unless false: the reference has no optimizer",
     "model.use_liger": "needs the liger-kernel package, absent here and refused by name "
     "(tests/trainer/test_preflight.py)",
     "model.trust_remote_code": "the tiny model has no remote code; passed to every from_pretrained",
@@ -84,7 +80,27 @@ EXCEPTIONS: dict[str, str] = {
 LORA = {"model.lora_rank": 4}
 CRITIC_LORA = {"critic.lora_rank": 4}
 SHORT_PROMPTS = {"data.max_prompt_length": 3, "data.truncation": "right"}
+FSDP_FIELDS: dict[str, Any] = {
+    "mixed_precision.param_dtype": "fp32",
+    "mixed_precision.reduce_dtype": "bf16",
+    "model_dtype": "bf16",
+    "param_offload": True,
+    "reshard_after_forward": False,
+    "optimizer_offload": True,
+}
+# FSDP2 applies over the one-rank process group the walk forms (`process_group`).
+FSDP2: dict[str, dict[str, Any]] = {
+    "actor": {"actor.strategy": "fsdp2"},
+    "critic": {"critic.strategy": "fsdp2"},
+    "ref": {"actor.strategy": "fsdp2", "actor.use_kl_loss": True},
+}
 VALUES: dict[str, tuple[Any, dict[str, Any]]] = {
+    **{
+        f"{role}.fsdp_config.{leaf}": (value, companions)
+        for role, companions in FSDP2.items()
+        for leaf, value in FSDP_FIELDS.items()
+        if (role, leaf) != ("ref", "optimizer_offload")
+    },
     "model.path": ("{model_link}", {}),
     "model.tokenizer_path": ("{model_link}", {}),
     "model.lora_alpha": (8, LORA),
@@ -297,8 +313,14 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def cache() -> _RankCache:
-    return _RankCache()
+def cache() -> Iterator[_RankCache]:
+    """The built ranks, over a one-rank gloo process group: FSDP2 (actor.strategy fsdp2) shards
+    over it, so its settings are walked too. The group ends with the module."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield _RankCache()
+    finally:
+        dist.destroy_process_group()
 
 
 def effective(config: TrainerConfig, cache: _RankCache) -> dict[str, Any]:

@@ -48,22 +48,27 @@ def optimizer_settings(trainable: Trainable, total_steps: int) -> Settings:
 
 
 def fsdp_settings(model: nn.Module) -> Settings | None:
-    """FSDP2 as applied to `model` (None: not sharded): the mesh, resharding, mixed precision
-    and offload policies fully_shard was given."""
+    """FSDP2 as applied to `model` (None: not sharded): the mesh, the units, resharding after
+    forward (a layer's: the root keeps its weights for the backward), mixed precision and
+    offload, read from the param groups fully_shard made."""
     from torch.distributed.fsdp import FSDPModule  # noqa: PLC0415
 
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not isinstance(model, FSDPModule):
         return None
-    group = model._get_fsdp_state()._fsdp_param_group
-    if group is None:
-        return {"applied": True}
-    mp = group.mp_policy
+    groups = [(unit, unit._get_fsdp_state()._fsdp_param_group) for unit in units]
+    layers = [group for unit, group in groups if group is not None and unit is not model]
+    every = [group for _, group in groups if group is not None]
+    if not every:
+        return {"units": len(units)}
+    first, layer = every[0], (layers or every)[0]
     return {
-        "mesh": list(group.mesh_info.mesh.shape),
-        "reshard_after_forward": group.post_forward_mesh_info is None,
-        "param_dtype": str(mp.param_dtype),
-        "reduce_dtype": str(mp.reduce_dtype),
-        "offload": type(group.offload_policy).__name__,
+        "units": len(units),
+        "mesh": list(first.mesh_info.mesh.shape),
+        "reshard_after_forward": layer.post_forward_mesh_info is not None,
+        "param_dtype": str(first.mp_policy.param_dtype),
+        "reduce_dtype": str(first.mp_policy.reduce_dtype),
+        "offload": type(first.offload_policy).__name__,
     }
 
 
