@@ -80,6 +80,14 @@ EXCEPTIONS: dict[str, str] = {
 LORA = {"model.lora_rank": 4}
 CRITIC_LORA = {"critic.lora_rank": 4}
 SHORT_PROMPTS = {"data.max_prompt_length": 3, "data.truncation": "right"}
+# Accepted and ignored, found by this walk and not fixed yet (docs/design.md, "Known gaps"):
+# the test also fails once one of them takes effect (the list is then stale).
+KNOWN_IGNORED = {
+    "ref.fsdp_config.mixed_precision.param_dtype": "the reference is sharded without mixed precision "
+    "(load_distributed(mixed_precision=False)) and loads bf16 on GPU, fp32 on CPU, whatever these say",
+    "ref.fsdp_config.mixed_precision.reduce_dtype": "as ref.fsdp_config.mixed_precision.param_dtype",
+    "ref.fsdp_config.model_dtype": "as ref.fsdp_config.mixed_precision.param_dtype",
+}
 FSDP_FIELDS: dict[str, Any] = {
     "mixed_precision.param_dtype": "fp32",
     "mixed_precision.reduce_dtype": "bf16",
@@ -342,7 +350,7 @@ def test_every_trainer_field_changes_the_effective_settings(base: dict[str, Any]
     raw, files = base["raw"], base["files"]
     defaults = TrainerConfig.model_validate(raw).model_dump(mode="json")
     baseline_cache: dict[str, dict[str, Any]] = {}
-    no_effect, no_value, failed = [], [], []
+    no_effect, no_value, failed, stale = [], [], [], []
     for path, info in _leaves(TrainerConfig):
         if any(path.startswith(prefix) for prefix in EXCEPTIONS):
             continue
@@ -369,12 +377,15 @@ def test_every_trainer_field_changes_the_effective_settings(base: dict[str, Any]
         except Exception as error:  # refused at start: a field set wrongly here
             failed.append(f"{path} = {value!r}: {type(error).__name__}: {str(error)[:200]}")
             continue
-        if same:
+        if same and path not in KNOWN_IGNORED:
             no_effect.append(f"{path} = {value!r}")
+        if not same and path in KNOWN_IGNORED:
+            stale.append(path)
     problems = [
         ("fields whose value here fails the build (fix it in VALUES)", failed),
         ("fields without a valid non-default value here (add one to VALUES)", no_value),
         ("fields that change nothing the trainer runs with", no_effect),
+        ("fields of KNOWN_IGNORED that take effect now (remove them there)", stale),
     ]
     report = "\n".join(f"{title}:\n  " + "\n  ".join(paths) for title, paths in problems if paths)
     assert not report, report
@@ -382,5 +393,5 @@ def test_every_trainer_field_changes_the_effective_settings(base: dict[str, Any]
 
 def test_the_exceptions_and_values_name_real_fields() -> None:
     paths = [path for path, _ in _leaves(TrainerConfig)]
-    for prefix in [*EXCEPTIONS, *VALUES]:
+    for prefix in [*EXCEPTIONS, *VALUES, *KNOWN_IGNORED]:
         assert any(path.startswith(prefix) for path in paths), prefix
