@@ -59,6 +59,19 @@ def evaluate_rule(rule: CelRule, self_value: Any, old_value: Any = None) -> bool
     return bool(result)
 
 
+def first_failing_rule(rules: list[CelRule], self_value: Any) -> CelRule | None:
+    """The first of `rules` (none a transition rule) that `self_value` fails; the value is
+    converted to CEL once for all of them (the conversion costs more than most rules)."""
+    activation = {"self": json_to_cel(self_value)}
+    for rule in rules:
+        result = _program(rule.rule).evaluate(activation)
+        if isinstance(result, Exception):
+            raise result
+        if not result:
+            return rule
+    return None
+
+
 # Validation context key: the object was read back from the API server, which enforced the
 # CRD's CEL rules when it was written; evaluating them again in Python is skipped (it was
 # most of the operator's CPU time per reconcile pass). Types and bounds are still checked.
@@ -85,10 +98,9 @@ class ApiModel(BaseModel):
         rules = [r for r in type(self).cel_rules if not r.transition]
         if not rules:
             return self
-        data = self.to_wire()
-        for rule in rules:
-            if not evaluate_rule(rule, data):
-                raise PydanticCustomError("cel", "{field}: {message}", _cel_context(rule))
+        failed = first_failing_rule(rules, self.to_wire())
+        if failed is not None:
+            raise PydanticCustomError("cel", "{field}: {message}", _cel_context(failed))
         return self
 
     def to_wire(self) -> dict[str, Any]:

@@ -4,7 +4,8 @@ set on the GPU example; the field passes if the operator's children (StatefulSet
 Services, the trainer ConfigMap, ...) change, or if validation refuses the value with
 an error naming the field. A field that does neither fails the test by name. Any trainer field
 changes the trainer ConfigMap, so for those this walk only shows the value reaches the trainer;
-tests/trainer/test_trainer_fields_are_read.py shows the trainer reads each one.
+tests/trainer/test_trainer_fields_take_effect.py shows each one changes the settings the
+trainer runs with (its effective settings at start).
 
 KNOWN_IGNORED lists what this check found ignored on 2026-12-02 and is not fixed yet;
 the test also fails when one of them starts to take effect (the list is stale)."""

@@ -102,3 +102,8 @@ def test_a_full_volume_is_named_and_the_run_resumes_once_space_is_freed(
     assert code == 0, said
     assert steps_logged(volume) == [1, 2, 3, 4]
     assert checkpoints.latest().step == 4  # type: ignore[union-attr]
+    # What the run used, reported at its start beside its metrics (loop/effective_settings.py).
+    settings = json.loads((volume / "effective-settings.json").read_text())
+    lr = yaml.safe_load(config.read_text())["actor"]["optim"]["lr"]
+    assert settings["ranks"]["actor"]["actor"]["optimizer"]["param_groups"][0]["lr"] == lr
+    assert settings["ranks"]["actor"]["rollout_engine"]["class"] == "HFRolloutEngine"

@@ -12,11 +12,12 @@ the controller pod); `run_in_process` runs every role on one rank in this proces
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,22 @@ def train(
     """Set-up, then the loop: the same for every way of running the ranks. `job`: the RLJob this
     runs for, which must own checkpoint.dir (None outside a cluster). `fleet_of`: where rollout
     engines that join later come from (None: the rollout keeps the engines it started with)."""
+    with assembled(config, placement, launch, reporter, metrics_port, job, fleet_of) as run:
+        return run.fit(max_steps, progress)
+
+
+@contextlib.contextmanager
+def assembled(
+    config: TrainerConfig,
+    placement: Placement,
+    launch: Launch,
+    reporter: ProgressReporter | None = None,
+    metrics_port: int = 0,
+    job: JobIdentity | None = None,
+    fleet_of: FleetOf | None = None,
+) -> Iterator[TrainingRun]:
+    """The run, built: its groups started, its roles, data, reward, validation and loop ready
+    to fit; closed (engines, reward workers, ranks) when the block ends."""
     if job is not None:
         claim(checkpoint_root(config), job, config.checkpoint.adopt)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -103,8 +120,10 @@ def train(
         metrics = DriverMetrics()
         metrics.serve(metrics_port)
         try:
-            run = TrainingRun(config, ppo, loader, GroupState(placement, groups), reporter, metrics, validation)
-            return run.fit(max_steps, progress)
+            # What each group's ranks run with, for the report at start (effective_settings.py).
+            ranks = {str(role): group.call_all("settings")[0] for role, group in groups.items()}
+            state = GroupState(placement, groups)
+            yield TrainingRun(config, ppo, loader, state, reporter, metrics, validation, ranks=ranks)
         finally:
             metrics.close()
     finally:

@@ -13,6 +13,12 @@ experiment and W&B's project, the experiment name is the run's name.
 
 Both continue the same run after a gang restart: the run's id is kept in the output
 directory (`trackers.json`) next to the checkpoints the driver resumes from.
+
+Every tracker's writes to the output directory go through `writing_to`: a full volume (or a
+spent quota) under TensorBoard's event file, MLflow's file store or W&B's offline run is the
+run's STORAGE_FULL exit naming the volume and the tracker's folder, as it is for metrics.jsonl.
+TensorBoard writes from a thread of its own, so each step's events are flushed inside the block
+(its writer raises the thread's error there).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import re
 import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast, get_args
@@ -91,10 +98,18 @@ class MlflowTracker:
 
     def __init__(self, output_dir: Path, project: str, experiment: str, env: Mapping[str, str] | None = None) -> None:
         self.uri = mlflow_tracking_uri(output_dir, env)
+        # Where its writes land on a volume: the file store's folder (a server's are not ours).
+        self.folder = output_dir
         if self.uri.startswith("file:"):
+            self.folder = Path(urllib.parse.unquote(urllib.parse.urlparse(self.uri).path))
             # MLflow 3 keeps the file store in maintenance mode and refuses it unless asked;
             # a file store is what needs no server and no database on a laptop or a volume.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        with writing_to(self.folder):
+            self._start(output_dir, project, experiment)
+        log.info("mlflow: run %s in experiment %r at %s", self.run_id, project, self.uri)
+
+    def _start(self, output_dir: Path, project: str, experiment: str) -> None:
         # The optional extra, imported only when asked for (about two seconds).
         self._metric = _import("mlflow.entities", "mlflow").Metric
         self.client = _import("mlflow.tracking", "mlflow").MlflowClient(tracking_uri=self.uri)
@@ -107,7 +122,6 @@ class MlflowTracker:
             experiment_id = found.experiment_id if found else self.client.create_experiment(project)
             self.run_id = self.client.create_run(experiment_id, run_name=experiment).info.run_id
             _remember_run_id(output_dir, "mlflow", self.run_id)
-        log.info("mlflow: run %s in experiment %r at %s", self.run_id, project, self.uri)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         now = int(time.time() * 1000)
@@ -116,10 +130,12 @@ class MlflowTracker:
             for k, v in metrics.items()
             if isinstance(v, numbers.Real)
         ]
-        self.client.log_batch(self.run_id, metrics=batch)
+        with writing_to(self.folder):
+            self.client.log_batch(self.run_id, metrics=batch)
 
     def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+        with writing_to(self.folder):
+            self.client.set_terminated(self.run_id)
 
 
 class WandbTracker:
@@ -130,14 +146,16 @@ class WandbTracker:
         self._wandb = wandb = _import("wandb", "wandb")
         run_id = _run_ids(output_dir).get("wandb") or secrets.token_hex(4)
         _remember_run_id(output_dir, "wandb", run_id)
-        self.run = wandb.init(
-            project=project,
-            name=experiment,
-            id=run_id,
-            resume="allow",
-            mode=self.mode,
-            dir=str(output_dir),
-        )
+        self.folder = output_dir / "wandb"
+        with writing_to(self.folder):
+            self.run = wandb.init(
+                project=project,
+                name=experiment,
+                id=run_id,
+                resume="allow",
+                mode=self.mode,
+                dir=str(output_dir),
+            )
         log.info("wandb: run %s of project %r (%s) in %s", run_id, project, self.mode, output_dir / "wandb")
 
     @staticmethod
@@ -148,13 +166,39 @@ class WandbTracker:
         return cast(WandbMode, mode)
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
-        self.run.log(dict(metrics), step=step)
+        # W&B's service process writes the run file; an error it meets there comes back here
+        # only where the SDK raises it.
+        with writing_to(self.folder):
+            self.run.log(dict(metrics), step=step)
 
     def close(self) -> None:
-        self.run.finish()
-        # finish() can return before W&B's service has written the run file; the driver
-        # exits right after this, so wait for the service to shut down (and flush).
-        self._wandb.teardown()
+        with writing_to(self.folder):
+            self.run.finish()
+            # finish() can return before W&B's service has written the run file; the driver
+            # exits right after this, so wait for the service to shut down (and flush).
+            self._wandb.teardown()
+
+
+class TensorBoardWriter:
+    """TensorBoard event files in `folder`; `purge_step` as SummaryWriter's."""
+
+    def __init__(self, folder: Path, purge_step: int | None = None) -> None:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (heavy; only when asked)
+
+        self.folder = folder
+        with writing_to(folder):
+            self.writer = SummaryWriter(str(folder), purge_step=purge_step)
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        # Written by the writer's thread: the flush raises what it met, inside the block.
+        with writing_to(self.folder):
+            for key, value in metrics.items():
+                self.writer.add_scalar(key, value, step)
+            self.writer.flush()
+
+    def close(self) -> None:
+        with writing_to(self.folder):
+            self.writer.close()
 
 
 EXPERIMENT_TRACKERS: dict[str, Callable[[Path, str, str], ExperimentTracker]] = {
@@ -216,14 +260,12 @@ class Tracker:
         output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl = output_dir / "metrics.jsonl"
         self.console = "console" in loggers
-        self.tensorboard: Any = None
+        self.tensorboard: TensorBoardWriter | None = None
         if "tensorboard" in loggers:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415  (heavy; only when asked)
-
             # purge_step: TensorBoard hides the older events at or after it, so a retrained step
             # shows once, with this run's values.
             purge = None if resumed_at is None else resumed_at + 1
-            self.tensorboard = SummaryWriter(str(output_dir / "tensorboard" / experiment), purge_step=purge)
+            self.tensorboard = TensorBoardWriter(output_dir / "tensorboard" / experiment, purge)
         self.trackers: list[ExperimentTracker] = [
             make(output_dir, project, experiment) for name, make in EXPERIMENT_TRACKERS.items() if name in loggers
         ]
@@ -233,8 +275,7 @@ class Tracker:
         if self.console:
             log.info("%s", step_line(step, metrics))
         if self.tensorboard is not None:
-            for key, value in metrics.items():
-                self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.log(step, metrics)
         for tracker in self.trackers:
             tracker.log(step, metrics)
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tqdm import tqdm
 
@@ -29,6 +30,7 @@ from rlkube_trainer.loop.async_training.partial_rollout import (
 )
 from rlkube_trainer.loop.async_training.schedule import OneStepOff
 from rlkube_trainer.loop.async_training.staleness import OffPolicyBuffer, Taken
+from rlkube_trainer.loop.effective_settings import report, run_settings
 from rlkube_trainer.loop.ppo import PPOTrainer, Timer
 from rlkube_trainer.loop.progress import NullReporter, ProgressReporter, progress_payload
 from rlkube_trainer.loop.prometheus import DriverMetrics
@@ -107,8 +109,12 @@ class TrainingRun:
         metrics: DriverMetrics | None = None,
         validation: Validation | None = None,
         termination: Termination = TERMINATION,
+        ranks: dict[str, Any] | None = None,
     ) -> None:
+        """`ranks`: the settings rank 0 of each group runs with (Rank.settings), for the report
+        at start (effective_settings.py)."""
         self.config = config
+        self.ranks = ranks or {}
         self.termination = termination
         self.ppo = ppo
         self.loader = loader
@@ -307,6 +313,17 @@ class TrainingRun:
         finally:
             self.schedule = None
 
+    def open_tracker(self, resumed_at: int) -> Tracker:
+        """The run's metrics writers in checkpoint.dir; `resumed_at` as Tracker's (-1: a fresh run)."""
+        trainer = self.config.trainer
+        return Tracker(
+            Path(self.config.checkpoint.dir),
+            list(trainer.logger),
+            trainer.experiment_name,
+            project=trainer.project_name,
+            resumed_at=resumed_at,
+        )
+
     def fit(self, max_steps: int | None = None, progress: bool = True) -> RunResult:
         config = self.config
         if max_steps is not None:
@@ -318,14 +335,9 @@ class TrainingRun:
             fetch_metrics(self.saves.root / METRICS_FILE, output_dir / METRICS_FILE)
         # Rows past the checkpoint resumed from are redone by this run: logged once, validated once.
         resumed_at = self.step if self.saves.last_step is not None else -1
-        tracker = Tracker(
-            output_dir,
-            list(config.trainer.logger),
-            config.trainer.experiment_name,
-            project=config.trainer.project_name,
-            resumed_at=resumed_at,
-        )
+        tracker = self.open_tracker(resumed_at)
         tracker.rewind(resumed_at)
+        report(run_settings(self, tracker), output_dir)
         if self.validation is not None:
             self.validation.rewind(resumed_at)
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, desc="steps", unit="step")

@@ -60,6 +60,15 @@ def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_si
     `tensor_parallel_size` > 1 this rank is one of the engine's ranks: every rank of the
     engine calls this, on an initialised torch.distributed group whose consecutive ranks
     form the engines (vLLM's external launcher), and then calls generate with the same prompts."""
+    name, arguments = engine_arguments(config, device, tensor_parallel_size)
+    return build_rollout_engine(name, **arguments)
+
+
+def engine_arguments(
+    config: TrainerConfig, device: torch.device, tensor_parallel_size: int = 1
+) -> tuple[str, dict[str, Any]]:
+    """The engine `build_engine` starts and its constructor's arguments, without starting it
+    (the effective settings report them; workers/settings.py)."""
     rollout = config.rollout
     on_cpu = device.type == "cpu"
     dtype = rollout.dtype if rollout.dtype != "auto" else ("float32" if on_cpu else "bfloat16")
@@ -70,7 +79,7 @@ def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_si
                 f"roles.rollout.tensorParallelSize is {tensor_parallel_size}, but rollout.name 'hf' runs "
                 "one engine per process: use the vllm engine, or tensorParallelSize 1"
             )
-        return build_rollout_engine("hf", **common)
+        return "hf", common
     parallel: dict[str, Any] = {}
     if tensor_parallel_size > 1:
         parallel = {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": "external_launcher"}
@@ -80,8 +89,7 @@ def build_engine(config: TrainerConfig, device: torch.device, tensor_parallel_si
         # process; a fixed KV budget (the same fraction of total RAM) is predictable.
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         kv_cache["kv_cache_memory_bytes"] = int(rollout.gpu_memory_utilization * total)
-    return build_rollout_engine(
-        "vllm",
+    return "vllm", dict(
         **common,
         **kv_cache,
         **parallel,

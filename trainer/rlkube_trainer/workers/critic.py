@@ -55,7 +55,7 @@ class Critic(Trainable):
         dtype = DTYPES[config.fsdp_config.model_dtype] if uses_fsdp2(device, config.strategy) else None
         master = dtype or torch.float32
         self.packed = config.use_remove_padding
-        lora = LoraSettings.of(config)
+        lora = self.lora = LoraSettings.of(config)
 
         def adapted(critic: CriticModel) -> CriticModel:
             # Adapters on the backbone only: the value head, new and small, trains in full.

@@ -51,6 +51,7 @@ from rlkube_trainer.workers.resharding import (
     staged,
     tp_slice,
 )
+from rlkube_trainer.workers.settings import rank_settings
 from rlkube_trainer.workers.training import Trainable
 from rlkube_trainer.workers.weight_sync import BroadcastGroup, Manifest, load_into_engine, manifest_of
 
@@ -159,6 +160,7 @@ class Rank:
         self.reference: Reference | None = None
         self.reward_model: RewardScorer | None = None
         self.engine: RolloutEngine | None = None
+        self.engine_arguments: dict[str, Any] = {}  # what the engine was started with
         self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
         self.broadcast: BroadcastGroup | None = None
         self.generation_stream = GenerationStream(self.device, enabled=False)
@@ -193,7 +195,7 @@ class Rank:
         if Role.REWARD in hosts:
             self.reward_model = build_reward_scorer(config.reward, self.device)
         if Role.ROLLOUT in hosts:
-            from rlkube_trainer.rollout import build_engine  # noqa: PLC0415  (vLLM only where needed)
+            from rlkube_trainer.rollout import build_rollout_engine, engine_arguments  # noqa: PLC0415  (vLLM only where needed)
 
             tp = spec.tensor_parallel_size
             if tp > 1:
@@ -202,12 +204,17 @@ class Rank:
                 os.environ.setdefault("LOCAL_RANK", "0")
                 if self.device.type == "cpu":
                     clear_stale_cpu_shm(rendezvous.rank, tp)
-            self.engine = build_engine(config, self.device, tp)
+            name, self.engine_arguments = engine_arguments(config, self.device, tp)
+            self.engine = build_rollout_engine(name, **self.engine_arguments)
             # colocate_async: the actor's update runs beside this engine's generation.
             overlapped = self.actor is not None and config.trainer.v1.trainer_mode == "colocate_async"
             self.generation_stream = GenerationStream(self.device, enabled=overlapped)
         roles = ", ".join(sorted(hosts))
         return f"{spec.group} rank {spec.rank} on {os.uname().nodename} ({self.device}, {roles}), pid {os.getpid()}"
+
+    def settings(self) -> dict[str, Any]:
+        """What its roles run with, read from what setup built (workers/settings.py)."""
+        return rank_settings(self)
 
     # --- actor -----------------------------------------------------------------------------------
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
@@ -328,16 +335,8 @@ class Rank:
         if self.broadcast is None:
             addr = os.environ.get(Env.WEIGHT_SYNC_ADDR, addr)
             port = int(os.environ.get(Env.WEIGHT_SYNC_PORT, port))
-            self.broadcast = BroadcastGroup(
-                addr,
-                port,
-                world_size,
-                rank,
-                self.device,
-                self.collective_timeout,
-                is_master=False,
-                generation=generation,
-            )
+            timeout = self.collective_timeout
+            self.broadcast = BroadcastGroup(addr, port, world_size, rank, self.device, timeout, False, generation)
         else:
             self.broadcast.reform(generation, world_size, rank)
 
