@@ -78,8 +78,8 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
         if update == 0:
             results["old_log_probs"] = gathered(batch.old_log_probs)
             results["values"] = gathered(batch.values)
-        results["actor"].append(actor.update(batch))
-        results["critic"].append(critic.update(batch))
+        results["actor"].append(mean_over_ranks(actor.update(batch)))
+        results["critic"].append(mean_over_ranks(critic.update(batch)))
     results["actor_grads"], results["critic_grads"] = actor_grads, critic_grads
     results["actor_weights"] = {name: t.clone() for name, t in actor.named_weights()}
     results["critic_weights"] = {name: full(t) for name, t in critic.model.state_dict().items()}
@@ -90,6 +90,13 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     }
     if rank == 0:
         torch.save(results, out / "results.pt")
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric's mean over the ranks, as the driver reports an update's."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, metrics)
+    return {key: sum(p[key] for p in parts) / len(parts) for key in metrics}
 
 
 def rank_main(rank: int, layouts: list[tuple[str, int]]) -> None:

@@ -2,7 +2,7 @@
 the actor's policy loss and the critic's value loss through their real update code, for TP 2,
 SP 2 and TP 2 × DP 2 against a single rank (fp32 under FSDP2 both): the old log-probs and
 values, each update's losses, the gradients of the first optimizer step and the weights after
-three updates (six optimizer steps) agree within float32 reduction-order noise. And a layout
+three updates (three optimizer steps) agree within float32 reduction-order noise. And a layout
 the ranks or the model cannot take is refused, naming the RLJob field."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ PROBE = Path(__file__).with_name("model_parallel_probe.py")
 # name: (ranks, tensorParallelSize, ulyssesSequenceParallelSize)
 LAYOUTS = {"one": (1, 1, 1), "tp2": (2, 2, 1), "sp2": (2, 1, 2), "tp2dp2": (4, 2, 1)}
 # Measured differences to one rank: log-probs and losses about 1e-7, gradients 1e-7 (largest
-# entry 0.5), weights 7e-6 after six AdamW steps of lr 3e-3 (a wrong gradient moves a weight by
-# about lr per step, 300 times the tolerance).
+# entry 0.5), weights 7e-6 after AdamW steps of lr 3e-3 (a wrong gradient moves a weight by
+# about lr per step, 30 times the tolerance).
 CLOSE = {"atol": 1e-5, "rtol": 1e-4}
 WEIGHTS = {"atol": 1e-4, "rtol": 0.0}
 
@@ -46,8 +46,11 @@ def config_for(workdir: Path, ranks: int, tensor: int, sequence: int) -> dict[st
         raw[role].update(
             {
                 "strategy": "fsdp2",
-                "ppo_mini_batch_size": SAMPLES // 8,
-                "ppo_micro_batch_size_per_gpu": 2,
+                # One mini-batch (16 samples: 4 prompts × rollout.n 4) per update, so that data
+                # parallel ranks step on the same samples as one rank; micro-batches of 4 in the
+                # same order (no shuffle), so that each update's metrics are the same means too.
+                "ppo_mini_batch_size": SAMPLES // 4,
+                "ppo_micro_batch_size_per_gpu": 4,
                 "fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}},
             }
         )
