@@ -1,7 +1,7 @@
 """Tensor parallel and Ulysses sequence parallel train as one process does: on gloo ranks (CPU),
 the actor's policy loss and the critic's value loss through their real update code, for TP 2,
-SP 2 and TP 2 × DP 2 against a single rank (fp32 under FSDP2 both): the old log-probs and
-values, each update's losses, the gradients of the first optimizer step and the weights after
+SP 2 and TP 2 × DP 2 against a single rank (fp32 under FSDP2 both): the old log-probs, the
+reference's log-probs and the values, each update's losses, the gradients of the first optimizer step and the weights after
 three updates (three optimizer steps) agree within float32 reduction-order noise. And a layout
 the ranks or the model cannot take is refused, naming the RLJob field."""
 
@@ -40,6 +40,7 @@ def config_for(workdir: Path, ranks: int, tensor: int, sequence: int) -> dict[st
     raw["roles"] = {
         "actor": {"replicas": ranks, "gpus_per_replica": 0, **sizes},
         "critic": {"colocate_with": "actor", **sizes},
+        "reference": {"colocate_with": "actor", **sizes},
     }
     raw["data"]["train_batch_size"] = SAMPLES // 4
     for role in ("actor", "critic"):
@@ -83,6 +84,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 def assert_same_run(run: dict[str, Any], one: dict[str, Any]) -> None:
     torch.testing.assert_close(run["old_log_probs"], one["old_log_probs"], **CLOSE)
     torch.testing.assert_close(run["values"], one["values"], **CLOSE)
+    torch.testing.assert_close(run["ref_log_probs"], one["ref_log_probs"], **CLOSE)
     for role, loss in (("actor", "actor/pg_loss"), ("critic", "critic/vf_loss")):
         for update, (mine, single) in enumerate(zip(run[role], one[role], strict=True)):
             for key in (loss, f"{role}/grad_norm"):
