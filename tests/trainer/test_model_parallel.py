@@ -1,7 +1,7 @@
 """Tensor parallel and Ulysses sequence parallel train as one process does: on gloo ranks (CPU),
 the actor's policy loss and the critic's value loss through their real update code, for TP 2,
-SP 2 and TP 2 × DP 2 against a single rank (fp32 under FSDP2 both): the old log-probs, the
-reference's log-probs and the values, each update's losses, the gradients of the first optimizer step and the weights after
+SP 2 (the critic's packed rows, the actor's padded batches) and TP 2 × DP 2 against a single
+rank (padded, fp32 under FSDP2 both): the old log-probs, the reference's log-probs and the values, each update's losses, the gradients of the first optimizer step and the weights after
 three updates (three optimizer steps) agree within float32 reduction-order noise. And a layout
 the ranks or the model cannot take is refused, naming the RLJob field."""
 
@@ -35,13 +35,17 @@ def config_for(workdir: Path, ranks: int, tensor: int, sequence: int) -> dict[st
     from fsdp_probe import SAMPLES  # noqa: PLC0415
 
     raw = trainer_config(workdir, "gae")
-    raw["model"]["use_remove_padding"] = False  # Ulysses runs padded batches
+    raw["model"]["use_remove_padding"] = False
     sizes = {"tensor_parallel_size": tensor, "ulysses_sequence_parallel_size": sequence}
     raw["roles"] = {
         "actor": {"replicas": ranks, "gpus_per_replica": 0, **sizes},
         "critic": {"colocate_with": "actor", **sizes},
         "reference": {"colocate_with": "actor", **sizes},
     }
+    if sequence > 1:
+        # Ulysses over packed rows for the critic (model.packing's document mask), padded
+        # batches for the actor and the reference.
+        raw["critic"]["use_remove_padding"] = True
     raw["data"]["train_batch_size"] = SAMPLES // 4
     for role in ("actor", "critic"):
         raw[role].update(

@@ -193,7 +193,6 @@ class Actor(Trainable):
             config.fsdp_config,
             prepare=prepare,
             mesh=self.mesh,
-            packed=self.packed,
         )
         if config.compile_decoder_layers:
             # After sharding, so that FSDP2's hooks run eagerly around each compiled layer.

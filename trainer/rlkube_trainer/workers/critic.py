@@ -73,7 +73,6 @@ class Critic(Trainable):
             config.fsdp_config,
             prepare=enable_packed_attention if self.packed else None,
             mesh=self.mesh,
-            packed=self.packed,
         )
         if config.compile_decoder_layers:
             compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
