@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -25,10 +26,12 @@ from fsdp_probe import SAMPLES, global_batch  # type: ignore[import-not-found]
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.cluster.rank_group import split
+from rlkube_trainer.parallel.sequence import STATE_ATTRIBUTE
 from rlkube_trainer.workers.builders import build_actor, build_critic, build_reference
 from rlkube_trainer.workers.training import Trainable
 
 UPDATES = 3
+UNSET = SimpleNamespace(inner=None)
 
 
 def full(t: torch.Tensor) -> torch.Tensor:
@@ -89,6 +92,10 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     results["split"] = {
         "attention": actor.model.config._attn_implementation,  # type: ignore[union-attr]
         "q_proj": list(local_tensor(q_proj).shape),
+        # The attention a Ulysses critic runs inside its all-to-alls (None without Ulysses).
+        "critic_inner": getattr(
+            critic.model.get_submodule("backbone.layers.0.self_attn"), STATE_ATTRIBUTE, UNSET
+        ).inner,
     }
     if rank == 0:
         torch.save(results, out / "results.pt")

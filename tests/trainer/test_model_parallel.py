@@ -107,27 +107,28 @@ def assert_same_run(run: dict[str, Any], one: dict[str, Any]) -> None:
 def test_the_single_rank_run_moves_the_weights(runs: dict[str, dict[str, Any]]) -> None:
     """What the layouts are compared with is a real update, not a standing start."""
     one = runs["one"]
-    assert one["split"] == {"attention": "sdpa", "q_proj": [64, 64]}
+    assert one["split"] == {"attention": "sdpa", "q_proj": [64, 64], "critic_inner": None}
     assert all(m["actor/grad_norm"] > 0 for m in one["actor"]) and all(m["critic/grad_norm"] > 0 for m in one["critic"])
     assert one["actor"][0]["actor/pg_loss"] != one["actor"][2]["actor/pg_loss"]
 
 
 @pytest.mark.trainer
 def test_tensor_parallel_2_trains_as_one_rank(runs: dict[str, dict[str, Any]]) -> None:
-    assert runs["tp2"]["split"] == {"attention": "sdpa", "q_proj": [32, 64]}  # half the heads each
+    assert runs["tp2"]["split"] == {"attention": "sdpa", "q_proj": [32, 64], "critic_inner": None}  # half the heads
     assert_same_run(runs["tp2"], runs["one"])
 
 
 @pytest.mark.trainer
 def test_ulysses_sequence_parallel_2_trains_as_one_rank(runs: dict[str, dict[str, Any]]) -> None:
     # FSDP2 shards over the Ulysses group: the projection's rows are split between its 2 ranks.
-    assert runs["sp2"]["split"] == {"attention": "rlkube_ulysses", "q_proj": [32, 64]}
+    # The critic's Ulysses attention runs packing's inside: it attends over packed rows.
+    assert runs["sp2"]["split"] == {"attention": "rlkube_ulysses", "q_proj": [32, 64], "critic_inner": "rlkube_packed"}
     assert_same_run(runs["sp2"], runs["one"])
 
 
 @pytest.mark.trainer
 def test_tensor_parallel_2_by_data_parallel_2_trains_as_one_rank(runs: dict[str, dict[str, Any]]) -> None:
-    assert runs["tp2dp2"]["split"] == {"attention": "sdpa", "q_proj": [16, 64]}  # tensor, then FSDP2
+    assert runs["tp2dp2"]["split"] == {"attention": "sdpa", "q_proj": [16, 64], "critic_inner": None}  # TP, FSDP2
     assert_same_run(runs["tp2dp2"], runs["one"])
 
 
