@@ -25,7 +25,7 @@ from rlkube_trainer.model.packing import LossScale
 from rlkube_trainer.model.token_scores import response_scores
 from rlkube_trainer.model.value_head import CriticModel, response_values
 from rlkube_trainer.parallel.pipeline import build_pipeline
-from rlkube_trainer.parallel.pipeline_heads import ResponseScoresHead, ResponseValuesHead
+from rlkube_trainer.model.stage_heads import ResponseScoresHead, ResponseValuesHead
 from rlkube_trainer.workers.actor import actor_loss
 from rlkube_trainer.workers.training import build_optimizer
 

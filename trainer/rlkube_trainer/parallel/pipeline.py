@@ -2,7 +2,7 @@
 
 A Hugging Face decoder-only model (Llama, Qwen2, Qwen3, Mistral) is cut into stages: the
 embeddings on the first, the final norm and the role's head (the actor's response scores, the
-critic's values, `pipeline_heads.py`) on the last, the decoder layers divided evenly. Each rank
+critic's values, `model/stage_heads.py`) on the last, the decoder layers divided evenly. Each rank
 of a pipeline group keeps only its stages' layers (`prune_to_stages`); the modules keep their
 names, so a rank's state dict is the full model's, restricted to what it holds.
 
@@ -319,7 +319,7 @@ class Pipeline:
         if self.tied_shape is None:
             return
         if self.tied is not None:
-            if self.tied.grad is None:
+            if self.tied.grad is None:  # no gradient reached this copy in this mini-batch
                 self.tied.grad = torch.zeros_like(self.tied)
             grad = self.tied.grad
             local = grad.to_local() if hasattr(grad, "to_local") else grad
@@ -362,7 +362,13 @@ def build_pipeline(
     dimension; a collective over it); `model` keeps only what the rank holds."""
     embeddings = cast(nn.Embedding, backbone_of(model).embed_tokens)
     head_module = getattr(model, "lm_head", None)
-    tied = tied_embedding(model) and head_module is not None and head_module.weight is embeddings.weight
+    # A frozen tied weight (a LoRA base) has no gradient to share.
+    tied = (
+        tied_embedding(model)
+        and head_module is not None
+        and head_module.weight is embeddings.weight
+        and embeddings.weight.requires_grad
+    )
     split = split_stages(model, head, dist.get_rank(group), dist.get_world_size(group), virtual, role, head_names)
     weight: nn.Parameter | None = None
     if tied and split.first:
