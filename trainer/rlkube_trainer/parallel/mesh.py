@@ -4,7 +4,8 @@
 
 so a tensor-parallel group is consecutive ranks (kept inside one node, where the links are
 fastest), then a sequence-parallel group, then data parallel, with pipeline stages outermost.
-Two flattened dimensions are named as well: "dp" (dp_replicate × dp_shard, the ranks that see
+Three flattened dimensions are named as well: "mp" (pp × sp × tp, the ranks that run the same
+samples), "dp" (dp_replicate × dp_shard, the ranks that see
 different samples) and "fsdp" (dp_shard × sp, what FSDP2 shards over: the ranks of a Ulysses
 group hold different tokens of the same samples, so FSDP2 averages their gradients as verl's
 FSDP does over its Ulysses groups). Without fsdpSize dp_replicate is 1; with it FSDP2 shards
@@ -30,6 +31,7 @@ class RoleMesh:
     layout: ParallelLayout
     dp: DeviceMesh  # the ranks that see different samples (flattened dp_replicate × dp_shard)
     fsdp: DeviceMesh  # what FSDP2 shards over: 1-D, or 2-D (dp_replicate, fsdp) for HSDP
+    model_parallel: DeviceMesh  # the ranks that run the same samples (flattened pp × sp × tp)
 
     @property
     def tp(self) -> DeviceMesh:
@@ -63,4 +65,5 @@ def role_mesh(device_type: str, layout: ParallelLayout, fsdp_size: int | None = 
     fsdp = mesh["dp_shard", "sp"]._flatten("fsdp")
     if replicate > 1:
         fsdp = mesh["dp_replicate", "fsdp"]
-    return RoleMesh(mesh, layout, dp, fsdp)
+    model_parallel = mesh["pp", "sp", "tp"]._flatten("mp")
+    return RoleMesh(mesh, layout, dp, fsdp, model_parallel)
