@@ -27,7 +27,7 @@ from rlkube_trainer.model.value_head import CriticModel, response_values
 from rlkube_trainer.parallel.pipeline import build_pipeline
 from rlkube_trainer.model.stage_heads import ResponseScoresHead, ResponseValuesHead
 from rlkube_trainer.workers.actor import actor_loss
-from rlkube_trainer.workers.training import build_optimizer
+from rlkube_trainer.workers.optimizer import build_optimizer
 
 SAMPLES, PROMPT, RESPONSE = 8, 4, 3
 MINI, MICRO, UPDATES, TEMPERATURE = 4, 2, 2, 0.7
@@ -178,7 +178,7 @@ def pipelined(kind: str, path: str, group: dist.ProcessGroup, virtual: int | Non
             record["losses"].extend(pipeline.share([losses[k] for k in sorted(losses)]))
             if "grads" not in record:
                 record["grads"] = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-            record.setdefault("norms", []).append(pipeline.clip_grad_norm(params, GRAD_CLIP[kind]))
+            record.setdefault("norms", []).append(float(pipeline.clip_grad_norm(params, GRAD_CLIP[kind])))
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         record["weights"].append({n: p.detach().clone() for n, p in model.named_parameters()})

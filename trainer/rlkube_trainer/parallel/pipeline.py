@@ -21,13 +21,16 @@ mini-batch, as the non-pipelined gradient accumulation does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from rlkube_trainer.parallel.gradients import clip_grad_norm
 
 # Decoder-only models whose backbone is embed_tokens → layers → norm with a rotary embedding
 # module, and whose head's output is used as is: the models a stage can be cut from.
@@ -222,11 +225,13 @@ class Pipeline:
     group: dist.ProcessGroup
     device: torch.device
     virtual: int | None = None
-    # The embedding weight, where this rank holds it on the first stage or (tied) as the LM
-    # head on the last: its two copies' gradients are summed across the group.
-    tied: nn.Parameter | None = None
-    # Its local shape, on every rank of the group (None: no tied embedding).
-    tied_shape: tuple[int, ...] | None = None
+    # The module whose `weight` is the tied embedding, where this rank holds it: the
+    # embeddings on the first stage, the LM head on the last (looked up at each use: FSDP2
+    # replaces the parameter by its sharded one). Every rank of the group knows whether the
+    # model ties them (`tied_everywhere`): the ranks between add zeros to the gradients' sum.
+    tied_owner: nn.Module | None = None
+    tied_everywhere: bool = False
+    _tied_shape: tuple[int, ...] | None = None
     _schedules: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     _loss: LossOfRows | None = None
 
@@ -316,29 +321,44 @@ class Pipeline:
         """The LM head tied to the embeddings: its copy on the last stage and the embeddings' on
         the first each have part of the gradient; both get the sum, so that they step alike. The
         ranks between them add zeros (one all-reduce over the group, no second group to form)."""
-        if self.tied_shape is None:
+        if not self.tied_everywhere:
             return
-        if self.tied is not None:
-            if self.tied.grad is None:  # no gradient reached this copy in this mini-batch
-                self.tied.grad = torch.zeros_like(self.tied)
-            grad = self.tied.grad
+        weight = self.tied
+        local: torch.Tensor | None = None
+        if weight is not None:
+            if weight.grad is None:  # no gradient reached this copy in this mini-batch
+                weight.grad = torch.zeros_like(weight)
+            grad = weight.grad
             local = grad.to_local() if hasattr(grad, "to_local") else grad
-            dist.all_reduce(local, group=self.group)
-        else:
-            dist.all_reduce(torch.zeros(self.tied_shape, device=self.device), group=self.group)
+        if self._tied_shape is None:  # the local shard's shape, from the first stage, once
+            box: list[Any] = [tuple(local.shape) if local is not None else None]
+            dist.broadcast_object_list(box, group=self.group, group_src=0)
+            self._tied_shape = box[0]
+        assert self._tied_shape is not None
+        dist.all_reduce(
+            local if local is not None else torch.zeros(self._tied_shape, device=self.device), group=self.group
+        )
 
-    def clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> float:
-        """`nn.utils.clip_grad_norm_` over the whole model: each stage's norm combined across the
-        group (the tied embedding counted once, on the first stage)."""
-        counted = [p for p in parameters if not (self.tied is not None and p is self.tied and not self.split.first)]
-        grads = [p.grad for p in counted if p.grad is not None]
-        local = nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=self.device)
-        local = local.full_tensor() if hasattr(local, "full_tensor") else local
-        squared = local.detach().double() ** 2
+    @property
+    def tied(self) -> nn.Parameter | None:
+        return None if self.tied_owner is None else cast(nn.Parameter, self.tied_owner.weight)
+
+    def clip_grad_norm(self, parameters: Iterable[nn.Parameter], max_norm: float) -> torch.Tensor:
+        """`nn.utils.clip_grad_norm_` over the whole model: the norm of this rank's gradients (over
+        each of their meshes, `gradients.clip_grad_norm`), combined across the group with the tied
+        embedding counted once (on the first stage), then every gradient scaled by one number."""
+        params = list(parameters)
+        counted = [p for p in params if not (self.tied is not None and p is self.tied and not self.split.first)]
+        local = float(clip_grad_norm(counted, math.inf))
+        squared = torch.tensor([local**2], dtype=torch.float64, device=self.device)
         dist.all_reduce(squared, group=self.group)
-        norm = squared.sqrt().float()
-        nn.utils.clip_grads_with_norm_(parameters, max_norm, norm)
-        return float(norm)
+        norm = torch.tensor(math.sqrt(float(squared)))
+        coefficient = max_norm / (float(norm) + 1e-6)
+        if coefficient < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coefficient)
+        return norm
 
 
 def micro_batch_rows(rows: int, wanted: int) -> int:
@@ -370,12 +390,9 @@ def build_pipeline(
         and embeddings.weight.requires_grad
     )
     split = split_stages(model, head, dist.get_rank(group), dist.get_world_size(group), virtual, role, head_names)
-    weight: nn.Parameter | None = None
+    owner: nn.Module | None = None
     if tied and split.first:
-        weight = cast(nn.Parameter, embeddings.weight)
+        owner = embeddings
     elif tied and split.last:
-        weight = cast(nn.Parameter, cast(nn.Linear, head_module).weight)
-    box: list[Any] = [tuple(weight.shape) if weight is not None else None]
-    if tied:
-        dist.broadcast_object_list(box, group=group, group_src=0)
-    return Pipeline(split, group, device, virtual, weight, box[0] if tied else None)
+        owner = head_module
+    return Pipeline(split, group, device, virtual, owner, tied)

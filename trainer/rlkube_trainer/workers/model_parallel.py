@@ -29,11 +29,6 @@ def mesh_for(device: torch.device, layout: ParallelLayout, fsdp_size: int | None
     None when only data parallel, today's path untouched."""
     if layout.only_data_parallel:
         return None
-    if layout.pipeline > 1:
-        raise LayoutError(
-            f"{layout.field('pipelineParallelSize')} {layout.pipeline}: pipeline-parallel training "
-            "is not available in this trainer build"
-        )
     return role_mesh(device.type, layout, fsdp_size)
 
 
