@@ -1,17 +1,16 @@
-"""Pipeline parallelism (torch.distributed.pipelining) over 2 gloo ranks trains as one process
-does: a tiny 4-layer Llama (tied embeddings, so the LM head on the last stage and the
-embeddings on the first share one weight) under the actor's policy loss (with its entropy and
-KL terms) and under the critic's value loss, with 2 stages (1F1B) and with 2 virtual stages per
-rank (interleaved 1F1B). Each micro-batch's loss, the gradients of the first mini-batch, the
-gradient norm of every optimizer step, the weights after each update (two updates of two
-mini-batches each) and the forward-only pass (old log-probs, values) match the unpipelined
-run (`pipeline_probe.reference`, Trainable.update's loop).
+"""Pipeline parallelism (torch.distributed.pipelining) trains as one rank does, through the
+actor's and the critic's own update and forward-only code (workers.builders; FSDP2 per stage,
+fp32, gloo): a tiny 4-layer Llama with tied embeddings (the LM head on the last stage and the
+embeddings on the first share one weight) under roles.<role>.pipelineParallelSize 2 (1F1B)
+and 2 × virtualPipelineParallelSize 2 (interleaved 1F1B, one layer a stage), the actor's policy
+loss with its entropy term and the critic's value loss on the last stage. The old log-probs and
+values, each update's loss and gradient norm, the first optimizer step's gradients, the
+weights after three updates and the whole model the rollout receives from every rank match the
+single rank's.
 
-Tolerances, all fp32: the first mini-batch's losses and gradient norm 1e-5 relative, later
-ones (on weights that differ by the tolerance below) 1e-3; gradients 1e-5 × (1 + the largest gradient);
-weights 1e-4 absolute, 1 % of one AdamW step at the learning rate 1e-2 (Adam divides each
-gradient by its own scale, so the 1e-7 differences of near-zero gradients' summation order
-show there, not in the loss); forward outputs 1e-5."""
+Tolerances (measured differences in brackets): forward passes, losses and gradient norms
+1e-5 absolute or 1e-4 relative [2e-7]; gradients 1e-5 [7e-8]; weights 1e-4 after six AdamW steps
+at lr 3e-3 [7e-6] (a wrong gradient moves a weight by about lr a step)."""
 
 from __future__ import annotations
 
@@ -27,61 +26,9 @@ from rlkube_trainer.parallel.pipeline import PipelineLayoutError, micro_batch_ro
 from rlkube_trainer.tiny.task import build_model
 
 sys.path.insert(0, str(Path(__file__).parent))
-from pipeline_probe import MICRO, MINI, reference
 
-PROBE = Path(__file__).with_name("pipeline_probe.py")
-PIPELINE = 2
 # The last stage's LM head is the tied embedding, one parameter (listed once) without a pipeline.
 TIED = {"lm_head.weight": "model.embed_tokens.weight"}
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Both roles and both layouts in one start of 2 processes; the references in this one."""
-    path = tmp_path_factory.mktemp("pipeline")
-    model = build_model(path / "model", layers=4)
-    result = subprocess.run(
-        [sys.executable, str(PROBE), str(PIPELINE), str(model), str(path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [torch.load(path / f"rank_{r}.pt") for r in range(PIPELINE)]
-    return {"ranks": ranks, "reference": {kind: reference(kind, str(model)) for kind in ("actor", "critic")}}
-
-
-@pytest.mark.trainer
-@pytest.mark.parametrize("kind", ["actor", "critic"])
-@pytest.mark.parametrize("virtual", [1, 2])
-def test_pipelined_update_matches_one_process(runs: dict[str, Any], kind: str, virtual: int) -> None:
-    expected = runs["reference"][kind]
-    ranks = [rank[f"{kind}-v{virtual}"] for rank in runs["ranks"]]
-    assert [rank["stages"] for rank in ranks] == [stages_of_rank(r, PIPELINE, virtual) for r in range(PIPELINE)]
-    held: dict[str, list[str]] = {}
-    for r, rank in enumerate(ranks):
-        # Every rank reports the last stage's losses and the norm of the whole model's gradient.
-        first = MINI // MICRO  # the first mini-batch's micro-batches, on the same weights
-        torch.testing.assert_close(rank["losses"][:first], expected["losses"][:first], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(rank["norms"][0], expected["norms"][0], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(rank["losses"], expected["losses"], rtol=1e-3, atol=1e-5)
-        torch.testing.assert_close(rank["norms"], expected["norms"], rtol=1e-3, atol=1e-5)
-        torch.testing.assert_close(rank["forward"][..., :2], expected["forward"][..., :2], rtol=1e-5, atol=1e-5)
-        for name, grad in rank["grads"].items():
-            want = expected["grads"][TIED.get(name, name)]
-            tolerance = 1e-5 * (1 + float(want.abs().max()))
-            torch.testing.assert_close(grad, want, rtol=0, atol=tolerance, msg=name)
-        for after, weights in enumerate(rank["weights"]):
-            for name, weight in weights.items():
-                want = expected["weights"][after][TIED.get(name, name)]
-                torch.testing.assert_close(weight, want, rtol=0, atol=1e-4, msg=name)
-                held.setdefault(TIED.get(name, name), []).append(str(r))
-    # Between them the ranks hold the whole model, each layer on one rank; the embedding and
-    # the tied head on the first and last stage's, equal after every update.
-    assert set(held) == set(expected["weights"][0])
-    layers = {name: ranks_ for name, ranks_ in held.items() if ".layers." in name}
-    assert all(len(set(ranks_)) == 1 for ranks_ in layers.values())
 
 
 @pytest.mark.trainer
@@ -101,3 +48,92 @@ def test_stages_divide_the_layers_evenly_or_are_refused() -> None:
         1,
         2,
     ]
+
+
+ROLES_PROBE = Path(__file__).with_name("pipeline_roles_probe.py")
+# name: (ranks, pipelineParallelSize, virtualPipelineParallelSize)
+ROLE_LAYOUTS = {"one": (1, 1, None), "pp2": (2, 2, None), "pp2v2": (2, 2, 2)}
+
+
+@pytest.fixture(scope="module")
+def role_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    """The real Actor and Critic (workers.builders, FSDP2, fp32) under each layout, one start of
+    the processes for all; each rank's results."""
+    import yaml  # noqa: PLC0415
+    from fsdp_probe import free_port  # noqa: PLC0415
+    from test_model_parallel import config_for  # noqa: PLC0415
+
+    workdir = tmp_path_factory.mktemp("pipeline-roles")
+    build_model(workdir / "model", layers=4)
+    (workdir / "data").mkdir()
+    (workdir / "data" / "train.parquet").touch()  # the config names it; the probe reads no data
+    (workdir / "reward.py").touch()
+    arguments = []
+    for name, (ranks, pipeline, virtual) in ROLE_LAYOUTS.items():
+        raw = config_for(workdir, ranks, 1, 1)
+        sizes = {"pipeline_parallel_size": pipeline, "virtual_pipeline_parallel_size": virtual}
+        raw["roles"]["actor"].update(sizes)
+        raw["roles"]["critic"].update(sizes)
+        raw["actor"]["entropy_coeff"] = 0.01  # the last stage's entropy in the loss, too
+        (workdir / name).mkdir()
+        (workdir / name / "config.yaml").write_text(yaml.safe_dump(raw))
+        arguments += [str(workdir / name / "config.yaml"), str(free_port())]
+    result = subprocess.run(
+        [sys.executable, str(ROLES_PROBE), *arguments], capture_output=True, text=True, timeout=600, check=False
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {
+        name: [torch.load(workdir / name / f"rank_{r}.pt") for r in range(ranks)]
+        for name, (ranks, _, _) in ROLE_LAYOUTS.items()
+    }
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("layout", ["pp2", "pp2v2"])
+def test_pipelined_actor_and_critic_train_as_one_rank(role_runs: dict[str, list[dict[str, Any]]], layout: str) -> None:
+    """Through the roles' own update and forward-only code: old log-probs and values, each
+    update's loss and gradient norm, the first step's gradients, the weights after three
+    updates (a stage's on its rank), and the full weights the rollout receives from every rank."""
+    (one,) = role_runs["one"]
+    for rank in role_runs[layout]:
+        torch.testing.assert_close(rank["old_log_probs"], one["old_log_probs"], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(rank["values"], one["values"], rtol=1e-4, atol=1e-5)
+        for role, loss in (("actor", "actor/pg_loss"), ("critic", "critic/vf_loss")):
+            for mine, single in zip(rank[role], one[role], strict=True):
+                for key in (loss, f"{role}/grad_norm"):
+                    assert mine[key] == pytest.approx(single[key], abs=1e-5, rel=1e-4), (role, key)
+            for kind, tolerance in (("grads", 1e-5), ("weights", 1e-4)):
+                for name, tensor in rank[f"{role}_{kind}"].items():
+                    want = one[f"{role}_{kind}"][TIED.get(name, name) if name not in one[f"{role}_{kind}"] else name]
+                    torch.testing.assert_close(tensor, want, rtol=0, atol=tolerance, msg=f"{role} {kind} {name}")
+        # The rollout gets the whole model from every rank, not the rank's stages.
+        assert rank["actor_weights"].keys() == one["actor_weights"].keys()
+        for name, weight in rank["actor_weights"].items():
+            torch.testing.assert_close(weight, one["actor_weights"][name], rtol=0, atol=1e-4, msg=name)
+    layers = [{n for n in rank["actor_own_weights"] if ".layers." in n} for rank in role_runs[layout]]
+    assert layers[0] and layers[1] and not layers[0] & layers[1]  # each rank holds its stages only
+
+
+@pytest.mark.trainer
+def test_what_a_pipeline_cannot_run_is_refused_naming_the_fields() -> None:
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from rlkube_trainer.parallel.layout import LayoutError, ParallelLayout  # noqa: PLC0415
+    from rlkube_trainer.workers.pipelined import check_pipelined  # noqa: PLC0415
+
+    def mesh(**sizes: int) -> Any:
+        return SimpleNamespace(layout=ParallelLayout.of("actor", 4, **sizes))
+
+    fields = ("model.use_remove_padding", "actor.use_dynamic_bsz")
+    check_pipelined(mesh(pipeline=2), False, False, *fields)
+    with pytest.raises(
+        LayoutError, match=r"roles\.actor\.pipelineParallelSize 2 runs padded .* set model\.use_remove_padding false"
+    ):
+        check_pipelined(mesh(pipeline=2), True, False, *fields)
+    with pytest.raises(
+        LayoutError,
+        match=r"roles\.actor\.pipelineParallelSize 2 runs micro-batches of one size: set actor\.use_dynamic_bsz false",
+    ):
+        check_pipelined(mesh(pipeline=2), False, True, *fields)
+    with pytest.raises(LayoutError, match=r"roles\.actor\.pipelineParallelSize 2 runs with tensorParallelSize"):
+        check_pipelined(mesh(pipeline=2, tensor=2), False, False, *fields)

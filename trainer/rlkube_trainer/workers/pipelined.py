@@ -32,8 +32,14 @@ OutputLoss = Callable[[TrainBatch, torch.Tensor, LossScale], tuple[torch.Tensor,
 
 def check_pipelined(mesh: RoleMesh, packed: bool, dynamic_batches: bool, packed_field: str, dynamic_field: str) -> None:
     """Refuse what a pipeline cannot run: the stages' buffers are sized by the first
-    micro-batch, so every micro-batch has one shape (no packed rows, no token budgets)."""
+    micro-batch, so every micro-batch has one shape (no packed rows, no token budgets); and
+    stages split further by tensor or sequence parallel, which no test proves yet."""
     pipeline = mesh.layout.field("pipelineParallelSize")
+    if mesh.layout.tensor > 1 or mesh.layout.sequence > 1:
+        raise LayoutError(
+            f"{pipeline} {mesh.layout.pipeline} runs with tensorParallelSize and ulyssesSequenceParallelSize 1 "
+            "in this trainer (pipeline × tensor or sequence parallel is not proven yet)"
+        )
     if packed:
         raise LayoutError(f"{pipeline} {mesh.layout.pipeline} runs padded micro-batches: set {packed_field} false")
     if dynamic_batches:
@@ -136,3 +142,12 @@ def stage_specs(pipeline: Pipeline, own: list[tuple[str, torch.Tensor]]) -> list
     mine = [(name, tuple(t.shape), t.dtype) for name, t in own]
     dist.all_gather_object(parts, mine, group=pipeline.group)
     return [(name, torch.empty(shape, dtype=dtype, device="meta")) for part in parts for name, shape, dtype in part]
+
+
+def refuse_pipeline(mesh: RoleMesh | None, what: str) -> None:
+    """Refuse pipeline stages for a pass that is not run through them (naming the field)."""
+    if mesh is not None and mesh.layout.pipeline > 1:
+        raise LayoutError(
+            f"{mesh.layout.field('pipelineParallelSize')} {mesh.layout.pipeline}: {what} run without pipeline "
+            "stages in this trainer; set it to 1 for this role"
+        )
