@@ -1,9 +1,9 @@
 """Run as a script by test_model_parallel: the actor's and the critic's real updates on gloo
-ranks under each of several layouts (roles.<role>.tensorParallelSize and
+ranks under each of several layouts (roles.<actor|critic|reference>.tensorParallelSize and
 ulyssesSequenceParallelSize; one config file each, whose actor replicas are its world size),
 fp32 under FSDP2. One start of the processes for all layouts: each layout's ranks form a
 process group of their own in turn, the others wait. For each layout rank 0 writes
-LAYOUT/results.pt: the old log-probs and values of the whole batch, each update's metrics,
+LAYOUT/results.pt: the old log-probs and values of the whole batch, the reference's log-probs, each update's metrics,
 the gradients of the first optimizer step (whole tensors), the weights after the last update,
 and how the model was split (the attention function, a split projection's local shape).
 
@@ -25,7 +25,7 @@ from fsdp_probe import SAMPLES, global_batch  # type: ignore[import-not-found]
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.cluster.rank_group import split
-from rlkube_trainer.workers.builders import build_actor, build_critic
+from rlkube_trainer.workers.builders import build_actor, build_critic, build_reference
 from rlkube_trainer.workers.training import Trainable
 
 UPDATES = 3
@@ -65,6 +65,7 @@ def gathered(part: torch.Tensor) -> torch.Tensor:
 def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     cpu = torch.device("cpu")
     actor, critic = build_actor(config, cpu, total_steps=10), build_critic(config, cpu, total_steps=10)
+    reference = build_reference(config, cpu)
     actor_grads, critic_grads = first_step_gradients(actor), first_step_gradients(critic)
     vocab = int(actor.model.config.vocab_size)  # type: ignore[union-attr, arg-type]
     shares = torch.arange(SAMPLES)[split(SAMPLES, world)[rank]]
@@ -78,8 +79,9 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
         if update == 0:
             results["old_log_probs"] = gathered(batch.old_log_probs)
             results["values"] = gathered(batch.values)
-        results["actor"].append(actor.update(batch))
-        results["critic"].append(critic.update(batch))
+            results["ref_log_probs"] = gathered(reference.compute_ref_log_prob(batch))
+        results["actor"].append(mean_over_ranks(actor.update(batch)))
+        results["critic"].append(mean_over_ranks(critic.update(batch)))
     results["actor_grads"], results["critic_grads"] = actor_grads, critic_grads
     results["actor_weights"] = {name: t.clone() for name, t in actor.named_weights()}
     results["critic_weights"] = {name: full(t) for name, t in critic.model.state_dict().items()}
@@ -90,6 +92,13 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     }
     if rank == 0:
         torch.save(results, out / "results.pt")
+
+
+def mean_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    """Each metric's mean over the ranks, as the driver reports an update's."""
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, metrics)
+    return {key: sum(p[key] for p in parts) / len(parts) for key in metrics}
 
 
 def rank_main(rank: int, layouts: list[tuple[str, int]]) -> None:

@@ -1,8 +1,8 @@
 """Tensor parallel and Ulysses sequence parallel train as one process does: on gloo ranks (CPU),
 the actor's policy loss and the critic's value loss through their real update code, for TP 2,
-SP 2 and TP 2 × DP 2 against a single rank (fp32 under FSDP2 both): the old log-probs and
-values, each update's losses, the gradients of the first optimizer step and the weights after
-three updates (six optimizer steps) agree within float32 reduction-order noise. And a layout
+SP 2 (the critic's packed rows, the actor's padded batches) and TP 2 × DP 2 against a single
+rank (padded, fp32 under FSDP2 both): the old log-probs, the reference's log-probs and the values, each update's losses, the gradients of the first optimizer step and the weights after
+three updates (three optimizer steps) agree within float32 reduction-order noise. And a layout
 the ranks or the model cannot take is refused, naming the RLJob field."""
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ PROBE = Path(__file__).with_name("model_parallel_probe.py")
 # name: (ranks, tensorParallelSize, ulyssesSequenceParallelSize)
 LAYOUTS = {"one": (1, 1, 1), "tp2": (2, 2, 1), "sp2": (2, 1, 2), "tp2dp2": (4, 2, 1)}
 # Measured differences to one rank: log-probs and losses about 1e-7, gradients 1e-7 (largest
-# entry 0.5), weights 7e-6 after six AdamW steps of lr 3e-3 (a wrong gradient moves a weight by
-# about lr per step, 300 times the tolerance).
+# entry 0.5), weights 7e-6 after AdamW steps of lr 3e-3 (a wrong gradient moves a weight by
+# about lr per step, 30 times the tolerance).
 CLOSE = {"atol": 1e-5, "rtol": 1e-4}
 WEIGHTS = {"atol": 1e-4, "rtol": 0.0}
 
@@ -35,19 +35,27 @@ def config_for(workdir: Path, ranks: int, tensor: int, sequence: int) -> dict[st
     from fsdp_probe import SAMPLES  # noqa: PLC0415
 
     raw = trainer_config(workdir, "gae")
-    raw["model"]["use_remove_padding"] = False  # Ulysses runs padded batches
+    raw["model"]["use_remove_padding"] = False
     sizes = {"tensor_parallel_size": tensor, "ulysses_sequence_parallel_size": sequence}
     raw["roles"] = {
         "actor": {"replicas": ranks, "gpus_per_replica": 0, **sizes},
         "critic": {"colocate_with": "actor", **sizes},
+        "reference": {"colocate_with": "actor", **sizes},
     }
+    if sequence > 1:
+        # Ulysses over packed rows for the critic (model.packing's document mask), padded
+        # batches for the actor and the reference.
+        raw["critic"]["use_remove_padding"] = True
     raw["data"]["train_batch_size"] = SAMPLES // 4
     for role in ("actor", "critic"):
         raw[role].update(
             {
                 "strategy": "fsdp2",
-                "ppo_mini_batch_size": SAMPLES // 8,
-                "ppo_micro_batch_size_per_gpu": 2,
+                # One mini-batch (16 samples: 4 prompts × rollout.n 4) per update, so that data
+                # parallel ranks step on the same samples as one rank; micro-batches of 4 in the
+                # same order (no shuffle), so that each update's metrics are the same means too.
+                "ppo_mini_batch_size": SAMPLES // 4,
+                "ppo_micro_batch_size_per_gpu": 4,
                 "fsdp_config": {"mixed_precision": {"param_dtype": "fp32"}},
             }
         )
@@ -80,6 +88,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
 def assert_same_run(run: dict[str, Any], one: dict[str, Any]) -> None:
     torch.testing.assert_close(run["old_log_probs"], one["old_log_probs"], **CLOSE)
     torch.testing.assert_close(run["values"], one["values"], **CLOSE)
+    torch.testing.assert_close(run["ref_log_probs"], one["ref_log_probs"], **CLOSE)
     for role, loss in (("actor", "actor/pg_loss"), ("critic", "critic/vf_loss")):
         for update, (mine, single) in enumerate(zip(run[role], one[role], strict=True)):
             for key in (loss, f"{role}/grad_norm"):

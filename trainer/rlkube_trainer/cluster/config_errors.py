@@ -15,10 +15,19 @@ def config_errors() -> tuple[type[Exception], ...]:
     wherever they are raised: in the driver, or in a rank (whose Ray error carries them)."""
     from rlkube_trainer.checkpoint.owner import CheckpointDirTaken  # noqa: PLC0415
     from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
+    from rlkube_trainer.parallel.layout import LayoutError  # noqa: PLC0415
     from rlkube_trainer.reward.scoring import RewardConfigError, RewardFunctionError  # noqa: PLC0415
     from rlkube_trainer.workers.memory import DoesNotFit  # noqa: PLC0415
 
-    return (PreflightError, DataError, RewardFunctionError, RewardConfigError, DoesNotFit, CheckpointDirTaken)
+    return (
+        PreflightError,
+        DataError,
+        RewardFunctionError,
+        RewardConfigError,
+        DoesNotFit,
+        CheckpointDirTaken,
+        LayoutError,
+    )
 
 
 class PreflightError(Exception):

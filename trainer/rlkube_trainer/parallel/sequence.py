@@ -25,8 +25,12 @@ from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 ULYSSES_ATTENTION = "rlkube_ulysses"
+# model.packing's attention function, by the name it registers with transformers: packed rows
+# keep it inside Ulysses.
+PACKING_ATTENTIONS = frozenset({"rlkube_packed"})
 
 
 def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, group: dist.ProcessGroup) -> torch.Tensor:
@@ -85,7 +89,8 @@ class _UlyssesState:
     checkpointing, runs after it and before the next)."""
 
     group: dist.ProcessGroup
-    mask: torch.Tensor | None = None
+    inner: str  # the attention function the model ran before (sdpa, or packing's for packed rows)
+    mask: Any = None  # [batch, 1, seq, seq] booleans, or a packed row's document BlockMask
 
 
 STATE_ATTRIBUTE = "_ulysses_state"
@@ -107,7 +112,9 @@ def ulysses_attention(
     state: _UlyssesState = getattr(module, STATE_ATTRIBUTE)
     group = state.group
     q, k, v = (_all_to_all_differentiable(t, 1, 2, group) for t in (query, key, value))
-    out, _ = sdpa_attention_forward(module, q, k, v, state.mask, scaling=scaling, dropout=dropout, **kwargs)
+    # A packed row's mask goes to the function that packed it (a BlockMask needs FlexAttention).
+    attend = ALL_ATTENTION_FUNCTIONS[state.inner] if state.inner in PACKING_ATTENTIONS else sdpa_attention_forward
+    out, _ = attend(module, q, k, v, state.mask, scaling=scaling, dropout=dropout, **kwargs)
     # [batch, sequence, heads / sp, dim] -> [batch, cut, heads, dim]
     return _all_to_all_differentiable(out, 1, 2, group), None
 
@@ -141,25 +148,33 @@ def _padded(t: torch.Tensor, length: int) -> torch.Tensor:
 
 def enable_ulysses(model: nn.Module, group: dist.ProcessGroup) -> nn.Module:
     """From now on `model`'s forward is sequence parallel over `group` (the ranks of one Ulysses
-    group, all running the same samples), in place. Padded batches: input_ids, attention_mask
-    [batch, seq] and position_ids passed by keyword, as `model.token_scores` and
-    `model.value_head` do."""
+    group, all running the same samples), in place. input_ids, attention_mask and position_ids
+    come by keyword, as `model.token_scores` and `model.value_head` pass them: padded batches
+    (a [batch, seq] mask), or a packed row (`model.packing`: its 4-D document mask or BlockMask
+    over the whole row, whose length is a multiple of the packing block)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     backbone = _backbone(model)
-    state = _UlyssesState(group)
+    configs: list[Any] = [getattr(m, "config", None) for m in model.modules()]
+    configs = [c for c in configs if hasattr(c, "_attn_implementation")]
+    inner = str(configs[0]._attn_implementation) if configs else "sdpa"
+    state = _UlyssesState(group, inner)
     seq_lengths: list[int] = []
 
     def cut(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        mask = kwargs.get("attention_mask")
-        if args or mask is None or mask.dim() != 2 or kwargs.get("position_ids") is None:
-            raise ValueError(
-                "Ulysses sequence parallel runs padded batches with keyword input_ids, attention_mask, position_ids"
-            )
-        seq = mask.shape[1]
-        length = -(-seq // size) * size  # rounded up to a multiple of the group's size
+        mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids")
+        if args or mask is None or ids is None or kwargs.get("position_ids") is None:
+            raise ValueError("Ulysses sequence parallel takes keyword input_ids, attention_mask and position_ids")
+        seq = ids.shape[1]
         seq_lengths.append(seq)
-        whole = {name: _padded(kwargs[name], length) for name in ("input_ids", "attention_mask", "position_ids")}
-        state.mask = whole_sequence_mask(whole["attention_mask"])
+        names = ("input_ids", "position_ids")
+        if len(mask.shape) == 2:
+            length = -(-seq // size) * size  # rounded up to a multiple of the group's size
+            whole = {name: _padded(kwargs[name], length) for name in (*names, "attention_mask")}
+            state.mask = whole_sequence_mask(whole["attention_mask"])
+        else:  # a packed row: transformers passes a 4-D mask on as it is, to the attention above
+            if seq % size:
+                raise ValueError(f"a packed row of {seq} tokens does not split over {size} sequence-parallel ranks")
+            length, whole, state.mask = seq, {name: kwargs[name] for name in names}, mask
         width = length // size
         own = slice(rank * width, (rank + 1) * width)
         return args, {**kwargs, **{name: t[:, own] for name, t in whole.items()}}

@@ -22,6 +22,7 @@ def exit_code_of(exc: BaseException) -> ExitCode:
     from rlkube_trainer.data.prompts import DataError  # noqa: PLC0415
     from rlkube_trainer.loop.ppo import TooManyGenerations  # noqa: PLC0415
     from rlkube_trainer.loop.tracking import TrackerMissing  # noqa: PLC0415
+    from rlkube_trainer.parallel.layout import LayoutError  # noqa: PLC0415
     from rlkube_trainer.pod.ray_node import NodesMissing  # noqa: PLC0415
     from rlkube_trainer.reward.scoring import RewardConfigError, RewardFunctionError  # noqa: PLC0415
     from rlkube_trainer.workers.memory import DoesNotFit  # noqa: PLC0415
@@ -33,7 +34,7 @@ def exit_code_of(exc: BaseException) -> ExitCode:
         ((TrackerMissing,), ExitCode.TRACKER_MISSING),
         ((CheckpointError, CheckpointDirTaken), ExitCode.CHECKPOINT),
         ((DataError,), ExitCode.DATA),
-        ((PreflightError, RewardFunctionError, RewardConfigError, DoesNotFit), ExitCode.CONFIG),
+        ((PreflightError, RewardFunctionError, RewardConfigError, DoesNotFit, LayoutError), ExitCode.CONFIG),
         ((RankLost,), ExitCode.RANK_LOST),
         ((NodesMissing,), ExitCode.NODES_MISSING),
     )

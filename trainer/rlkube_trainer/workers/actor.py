@@ -206,7 +206,6 @@ class Actor(Trainable):
             config.fsdp_config,
             prepare=prepare,
             mesh=self.mesh,
-            packed=self.packed,
         )
         self.recompute = LogitsRecompute(config.recompute_logits, logits_budget_bytes(device))
         # The last pipeline stage's head (None without a pipeline, and on the other stages).

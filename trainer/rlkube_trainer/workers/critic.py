@@ -81,7 +81,6 @@ class Critic(Trainable):
             config.fsdp_config,
             prepare=enable_packed_attention if self.packed else None,
             mesh=self.mesh,
-            packed=self.packed,
         )
         if self.mesh is not None and pipelining:
             head = self.model.value_head

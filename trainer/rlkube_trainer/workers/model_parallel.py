@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.parallel.layout import LayoutError, ParallelLayout
+from rlkube_trainer.parallel.layout import ParallelLayout
 from rlkube_trainer.parallel.mesh import RoleMesh, role_mesh
 from rlkube_trainer.parallel.sequence import enable_ulysses
 from rlkube_trainer.parallel.tensor import check_tensor_parallel, parallelize_decoder_layers
@@ -32,14 +32,9 @@ def mesh_for(device: torch.device, layout: ParallelLayout, fsdp_size: int | None
     return role_mesh(device.type, layout, fsdp_size)
 
 
-def split_model(model: nn.Module, mesh: RoleMesh, packed: bool) -> None:
+def split_model(model: nn.Module, mesh: RoleMesh) -> None:
     """Tensor parallel, then Ulysses, in place, before FSDP2 shards what remains over data."""
     layout = mesh.layout
-    if layout.sequence > 1 and packed:
-        raise LayoutError(
-            f"{layout.field('ulyssesSequenceParallelSize')} {layout.sequence} runs padded batches: "
-            "set useRemovePadding false for this role"
-        )
     config = next(m.config for m in model.modules() if hasattr(getattr(m, "config", None), "num_attention_heads"))
     layout.check_model(config)
     check_tensor_parallel(model, layout)

@@ -72,7 +72,6 @@ class Reference:
             mixed_precision=False,
             prepare=self._prepare,
             mesh=self.mesh,
-            packed=self.packed,
         )
         compiled = config.compile_decoder_layers
         if actor.compile_decoder_layers if compiled is None else compiled:

@@ -78,7 +78,6 @@ def distribute(
     fsdp: FSDPConfig | None = None,
     mixed_precision: bool = True,
     mesh: RoleMesh | None = None,
-    packed: bool = False,
 ) -> nn.Module:
     """FSDP2 (HSDP with `fsdp_size`, offload and mixed precision as `fsdp` says) or full replicas
     across the role group (fsdp.py). A model-parallel `mesh` splits the model first
@@ -89,7 +88,7 @@ def distribute(
                 f"{mesh.layout.field('tensorParallelSize')} / ulyssesSequenceParallelSize above 1 run "
                 "under FSDP2: the role's strategy replicate cannot carry them (use fsdp2 or auto)"
             )
-        split_model(model, mesh, packed)
+        split_model(model, mesh)
         if mesh.layout.pipeline > 1:
             return model  # FSDP2 shards each pipeline stage as its own root (pipelined.py)
     elif not uses_fsdp2(device, strategy):
@@ -119,15 +118,14 @@ def load_distributed(
     mixed_precision: bool = True,
     prepare: Callable[[nn.Module], object] | None = None,
     mesh: RoleMesh | None = None,
-    packed: bool = False,
 ) -> nn.Module:
     """A role's model, spread over its group as `distribute` does, loaded without a full copy
     per rank where it is sharded: rank 0 alone reads the checkpoint (`load`, into host memory);
     every rank builds the architecture on the meta device (`skeleton`), shards it, and receives
     its shard of each tensor from rank 0, one tensor at a time. A full copy per rank remains
     for replicas, one rank, and parameter offload (whose shards live in host memory).
-    `prepare` runs on the model before sharding (gradient checkpointing, freezing). `mesh` and
-    `packed` as in `distribute`."""
+    `prepare` runs on the model before sharding (gradient checkpointing, freezing); `mesh` as
+    in `distribute`."""
     fsdp = fsdp or FSDPConfig()
     started = time.perf_counter()
     sharded = uses_fsdp2(device, strategy) or mesh is not None
@@ -136,7 +134,7 @@ def load_distributed(
         model = load().to(device)
         if prepare is not None:
             prepare(model)
-        model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh, packed)
+        model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh)
         _report_load(model, device, "every rank read the checkpoint", started)
         return model
     full = load() if dist.get_rank() == 0 else None
@@ -144,7 +142,7 @@ def load_distributed(
         model = skeleton()
     if prepare is not None:
         prepare(model)
-    model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh, packed)
+    model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh)
     model.to_empty(device=device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, full.state_dict() if full is not None else {}, options=options)
