@@ -25,8 +25,17 @@ from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compil
 from rlkube_trainer.model.lora import LoraSettings, apply_lora, merged_names, merged_weights
 from rlkube_trainer.model.lora.merge import BASE
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
-from rlkube_trainer.model.token_scores import LogitsRecompute, ResponseScores, logits_budget_bytes, response_scores
+from rlkube_trainer.model.stage_heads import ResponseScoresHead
+from rlkube_trainer.model.token_scores import (
+    SCORES,
+    LogitsRecompute,
+    ResponseScores,
+    logits_budget_bytes,
+    response_scores,
+)
+from rlkube_trainer.workers import pipelined
 from rlkube_trainer.workers.model_parallel import mesh_for
+from rlkube_trainer.workers.pipelined import check_pipelined, pipeline_of
 from rlkube_trainer.workers.resharding import gather_full_tensors
 from rlkube_trainer.workers.training import (
     Metrics,
@@ -183,6 +192,10 @@ class Actor(Trainable):
                 enable_packed_attention(module)
 
         self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
+        if self.mesh is not None and self.mesh.layout.pipeline > 1:
+            check_pipelined(
+                self.mesh, self.packed, config.use_dynamic_bsz, "model.use_remove_padding", "actor.use_dynamic_bsz"
+            )
         self.model = load_distributed(
             # The adapters go in before sharding, on rank 0's full model and on the skeleton alike.
             lambda: apply_lora(load_causal_lm(path, "cpu", dtype, trust_remote_code=remote), lora, seed),
@@ -194,10 +207,16 @@ class Actor(Trainable):
             prepare=prepare,
             mesh=self.mesh,
         )
+        self.recompute = LogitsRecompute(config.recompute_logits, logits_budget_bytes(device))
+        # The last pipeline stage's head (None without a pipeline, and on the other stages).
+        self.stage_head: ResponseScoresHead | None = None
+        if self.mesh is not None and self.mesh.layout.pipeline > 1:
+            self.pipeline = pipeline_of(
+                self.model, self.mesh, self._stage_head, ("lm_head",), device, config.fsdp_config
+            )
         if config.compile_decoder_layers:
             # After sharding, so that FSDP2's hooks run eagerly around each compiled layer.
             compile_decoder_layers(self.model)
-        self.recompute = LogitsRecompute(config.recompute_logits, logits_budget_bytes(device))
         super().__init__(
             config.optim,
             total_steps,
@@ -235,10 +254,24 @@ class Actor(Trainable):
         scores = self._scores(batch, with_entropy)
         return scores.log_probs, scores.entropy
 
+    def _stage_head(self) -> ResponseScoresHead:
+        self.stage_head = ResponseScoresHead(self.model.lm_head, self.temperature, self.recompute)  # type: ignore[arg-type]
+        return self.stage_head
+
+    def _pipelined_scores(self, batch: TrainBatch, with_sum_pi_squared: bool) -> torch.Tensor:
+        """[batch, response_length, SCORES] from the pipeline's last stage, on every stage."""
+        assert self.pipeline is not None
+        if self.stage_head is not None:
+            self.stage_head.with_entropy, self.stage_head.with_sum_pi_squared = False, with_sum_pi_squared
+        with autocast(self.device):
+            return pipelined.forward(self.pipeline, batch, self.log_prob_batching.size, self.device, SCORES)
+
     @torch.no_grad()
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the sampled responses under the current policy (old_log_prob)."""
         self.model.eval()
+        if self.pipeline is not None:
+            return self.forward_only(batch, lambda whole: self._pipelined_scores(whole, False)[..., 0])
         return self.forward_only(
             batch,
             lambda whole: self.log_prob_batching.map(
@@ -252,6 +285,9 @@ class Actor(Trainable):
         vocabulary of pi^2 (verl's actor.calculate_sum_pi_squared; the optimal token baseline's
         path variance reads both)."""
         self.model.eval()
+        if self.pipeline is not None:
+            scores = self.forward_only(batch, lambda whole: self._pipelined_scores(whole, True))
+            return scores[..., 0].contiguous(), scores[..., 2].contiguous()
 
         def both(micro: TrainBatch) -> torch.Tensor:
             scores = self._scores(micro.to(self.device), False, with_sum_pi_squared=True)
@@ -268,6 +304,8 @@ class Actor(Trainable):
         on_gpu = self.device.type == "cuda"
         if on_gpu:
             torch.cuda.reset_peak_memory_stats(self.device)
+        if self.stage_head is not None:
+            self.stage_head.with_entropy, self.stage_head.with_sum_pi_squared = self.with_entropy, False
         metrics = super().update(batch)
         if on_gpu:
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -278,23 +316,34 @@ class Actor(Trainable):
         log_prob, entropy = self._log_probs(micro, self.with_entropy)
         return actor_loss(self.config, self.policy_loss, micro, log_prob, entropy, scale, self.correction)
 
+    def output_loss(self, micro: TrainBatch, output: torch.Tensor, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
+        entropy = output[..., 1] if self.with_entropy else None
+        return actor_loss(self.config, self.policy_loss, micro, output[..., 0], entropy, scale, self.correction)
+
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The policy's full weights for the rollout engine (HF names; shards gathered a bucket
         of tensors at a time, rollout.updateWeightsBucketMegabytes: a collective over the
         actor's group when sharded)."""
         gathered = gather_full_tensors(self.model.state_dict().items(), self.sync_bucket_bytes, self.device)
+        if self.pipeline is not None:  # each stage's rank holds its layers only
+            gathered = pipelined.every_stage(self.pipeline, gathered, self.device)
         # With LoRA the engine gets the merged weights: W + (alpha / r) * B @ A, under W's name.
         yield from merged_weights(gathered, self.lora.scaling) if self.lora.enabled else gathered
 
+    def _weight_items(self) -> list[tuple[str, torch.Tensor]]:
+        """The state dict's tensors: every stage's (on the meta device) under a pipeline."""
+        items = list(self.model.state_dict().items())
+        return items if self.pipeline is None else pipelined.stage_specs(self.pipeline, items)
+
     def weight_names(self) -> list[str]:
         """The names `named_weights` yields, without gathering anything."""
-        names = list(self.model.state_dict())
+        names = [name for name, _ in self._weight_items()]
         return merged_names(names) if self.lora.enabled else names
 
     def weight_specs(self) -> list[tuple[str, torch.Tensor]]:
         """(name, sharded tensor) of what `named_weights` yields, for their full shapes and
         dtypes (a merged weight has its base weight's): nothing is gathered."""
-        items = list(self.model.state_dict().items())
+        items = self._weight_items()
         if not self.lora.enabled:
             return items
         names = set(merged_names(name for name, _ in items))

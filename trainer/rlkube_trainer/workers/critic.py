@@ -11,8 +11,11 @@ from rlkube_trainer.model.fsdp import DTYPES
 from rlkube_trainer.model.loading import compile_decoder_layers
 from rlkube_trainer.model.lora import LoraSettings, apply_lora
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
+from rlkube_trainer.model.stage_heads import ResponseValuesHead
 from rlkube_trainer.model.value_head import CriticModel, response_values
+from rlkube_trainer.workers import pipelined
 from rlkube_trainer.workers.model_parallel import mesh_for
+from rlkube_trainer.workers.pipelined import check_pipelined, pipeline_of
 from rlkube_trainer.workers.training import (
     Metrics,
     MicroBatching,
@@ -64,6 +67,11 @@ class Critic(Trainable):
             return critic
 
         self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
+        pipelining = self.mesh is not None and self.mesh.layout.pipeline > 1
+        if self.mesh is not None and pipelining:
+            check_pipelined(
+                self.mesh, self.packed, config.use_dynamic_bsz, "critic.use_remove_padding", "critic.use_dynamic_bsz"
+            )
         self.model = load_distributed(  # type: ignore[assignment]
             lambda: adapted(CriticModel.from_pretrained(path, master, trust_remote_code=remote)),
             lambda: adapted(CriticModel.skeleton(path, master, trust_remote_code=remote)),
@@ -74,6 +82,11 @@ class Critic(Trainable):
             prepare=enable_packed_attention if self.packed else None,
             mesh=self.mesh,
         )
+        if self.mesh is not None and pipelining:
+            head = self.model.value_head
+            self.pipeline = pipeline_of(
+                self.model, self.mesh, lambda: ResponseValuesHead(head), ("value_head",), device, config.fsdp_config
+            )
         if config.compile_decoder_layers:
             compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
         self.ppo_epochs = config.ppo_epochs
@@ -98,15 +111,21 @@ class Critic(Trainable):
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        values = self.forward_only(
-            batch,
-            lambda whole: self.forward_batching.map(whole, lambda chunk: self._values(chunk.to(self.device)).cpu()),
-        )
+        values = self.forward_only(batch, self._batch_values)
         return values * batch.response_mask
 
+    def _batch_values(self, batch: TrainBatch) -> torch.Tensor:
+        """Values of a (pooled) batch, in micro-batches: through the pipeline when there is one."""
+        if self.pipeline is not None:
+            with autocast(self.device):
+                return pipelined.forward(self.pipeline, batch, self.forward_batching.size, self.device, 0)
+        return self.forward_batching.map(batch, lambda chunk: self._values(chunk.to(self.device)).cpu())
+
     def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
+        return self.output_loss(micro, self._values(micro), scale)
+
+    def output_loss(self, micro: TrainBatch, vpreds: torch.Tensor, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         assert micro.values is not None and micro.returns is not None
-        vpreds = self._values(micro)
         vf_loss, vf_clipfrac = compute_value_loss(
             vpreds,
             micro.returns,

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch import nn
 
 from rlkube_trainer.batch import TrainBatch
-from rlkube_trainer.parallel.layout import LayoutError, ParallelLayout
+from rlkube_trainer.parallel.layout import ParallelLayout
 from rlkube_trainer.parallel.mesh import RoleMesh, role_mesh
 from rlkube_trainer.parallel.sequence import enable_ulysses
 from rlkube_trainer.parallel.tensor import check_tensor_parallel, parallelize_decoder_layers
@@ -29,11 +29,6 @@ def mesh_for(device: torch.device, layout: ParallelLayout, fsdp_size: int | None
     None when only data parallel, today's path untouched."""
     if layout.only_data_parallel:
         return None
-    if layout.pipeline > 1:
-        raise LayoutError(
-            f"{layout.field('pipelineParallelSize')} {layout.pipeline}: pipeline-parallel training "
-            "is not available in this trainer build"
-        )
     return role_mesh(device.type, layout, fsdp_size)
 
 

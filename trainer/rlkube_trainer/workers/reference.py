@@ -19,6 +19,7 @@ from rlkube_trainer.model.token_scores import response_log_probs
 from rlkube_trainer.parallel.mesh import RoleMesh
 from rlkube_trainer.workers.actor import actor_batching
 from rlkube_trainer.workers.model_parallel import mesh_for, pooled
+from rlkube_trainer.workers.pipelined import refuse_pipeline
 from rlkube_trainer.workers.training import MicroBatching, Placement, autocast, load_distributed
 
 
@@ -54,8 +55,10 @@ class Reference:
             # refuses another ref.compile_decoder_layers).
             self.model = policy
             self.mesh = policy_mesh
+            refuse_pipeline(self.mesh, "the reference's log-probs through the LoRA actor's base")
             return
         self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
+        refuse_pipeline(self.mesh, "the reference's log-probs")
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         path, remote = model.path, model.trust_remote_code

@@ -18,7 +18,7 @@ import math
 import resource
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,10 @@ from rlkube_trainer.model.packing import LossScale, token_bins
 from rlkube_trainer.parallel.gradients import clip_grad_norm
 from rlkube_trainer.parallel.layout import LayoutError, ParallelLayout
 from rlkube_trainer.parallel.mesh import RoleMesh
+from rlkube_trainer.parallel.pipeline import Pipeline
+from rlkube_trainer.workers import pipelined
 from rlkube_trainer.workers.model_parallel import pooled, split_model
+from rlkube_trainer.workers.optimizer import build_optimizer, lr_factor, move_optimizer_state
 
 Metrics = dict[str, float]
 log = logging.getLogger("rlkube.trainer")
@@ -86,6 +89,8 @@ def distribute(
                 "under FSDP2: the role's strategy replicate cannot carry them (use fsdp2 or auto)"
             )
         split_model(model, mesh)
+        if mesh.layout.pipeline > 1:
+            return model  # FSDP2 shards each pipeline stage as its own root (pipelined.py)
     elif not uses_fsdp2(device, strategy):
         return model
     fsdp = fsdp or FSDPConfig()
@@ -124,7 +129,8 @@ def load_distributed(
     fsdp = fsdp or FSDPConfig()
     started = time.perf_counter()
     sharded = uses_fsdp2(device, strategy) or mesh is not None
-    if not sharded or world_size() == 1 or fsdp.param_offload:
+    # A pipeline rank cuts its stages from the whole model, so it reads the checkpoint too.
+    if not sharded or world_size() == 1 or fsdp.param_offload or (mesh is not None and mesh.layout.pipeline > 1):
         model = load().to(device)
         if prepare is not None:
             prepare(model)
@@ -168,53 +174,6 @@ def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
-
-
-HOST = torch.device("cpu")
-
-
-@torch.no_grad()
-def move_optimizer_state(optimizer: torch.optim.Optimizer, to_host: bool) -> int:
-    """Moves the optimizer state that lives beside its parameter (AdamW's moments, DTensor
-    shards under FSDP2) to host memory, or back to its parameter's device; returns the bytes
-    moved. The step count stays where torch keeps it (on the CPU unless the optimizer is fused
-    or capturable). From a GPU the host copies land in pinned memory (non-blocking copies to
-    the CPU allocate it), and the host waits for them: a checkpoint may read them next. With
-    paramOffload the parameters, and so the state, are in host memory already: nothing moves."""
-    moved = 0
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            where = HOST if to_host else param.device
-            for key, value in state.items():
-                if key == "step" or not isinstance(value, torch.Tensor) or value.device == where:
-                    continue
-                state[key] = value.to(where, non_blocking=True)
-                moved += value.numel() * value.element_size()
-    if moved and to_host and torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return moved
-
-
-def build_optimizer(params: Iterator[nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(
-        list(params), lr=optim.lr, betas=(optim.betas[0], optim.betas[1]), weight_decay=optim.weight_decay
-    )
-
-
-def lr_factor(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
-    """Linear warmup from 0, then constant or cosine down to min_lr_ratio (verl's schedules)."""
-    warmup = optim.lr_warmup_steps or int(optim.lr_warmup_steps_ratio * total_steps)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return step / max(1, warmup)
-        if optim.warmup_style == "constant":
-            return 1.0
-        progress = (step - warmup) / max(1, total_steps - warmup)
-        return optim.min_lr_ratio + (1 - optim.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return factor
 
 
 def mini_batches(
@@ -278,8 +237,10 @@ class Trainable:
     samples_per_mini_batch: int
     micro_batching: MicroBatching
     shuffle: bool
-    # The model-parallel mesh when the role's layout divides the model (model_parallel.py).
+    # The model-parallel mesh when the role's layout divides the model (model_parallel.py),
+    # and its pipeline when the layout has stages (pipelined.py).
     mesh: RoleMesh | None = None
+    pipeline: Pipeline | None = None
 
     def __init__(
         self,
@@ -314,6 +275,23 @@ class Trainable:
         `scale`, and its metrics (the micro-batch's own, unweighed)."""
         raise NotImplementedError
 
+    def output_loss(self, micro: TrainBatch, output: torch.Tensor, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
+        """`micro_batch_loss` from the last pipeline stage's `output` for the micro-batch."""
+        raise NotImplementedError
+
+    def backward(self, mini: TrainBatch, scale: LossScale) -> list[Metrics]:
+        """The mini-batch's gradients, micro-batch by micro-batch; each micro-batch's metrics."""
+        if self.pipeline is not None:
+            with autocast(self.device):
+                size = self.micro_batching.size
+                return pipelined.backward(self.pipeline, mini, scale, size, self.device, self.output_loss)
+        metrics = []
+        for group in self.micro_batching.groups(mini):
+            loss, micro_metrics = self.micro_batch_loss(mini.select(group).to(self.device), scale)
+            torch.autograd.backward(loss)
+            metrics.append(micro_metrics)
+        return metrics
+
     def update(self, batch: TrainBatch) -> Metrics:
         """PPO epochs over mini-batches of micro-batches; returns the mean of each metric."""
         self.model.train()
@@ -324,10 +302,7 @@ class Trainable:
             data_ranks, copies = self.mesh.layout.data, self.mesh.layout.model_parallel
         for _ in range(self.ppo_epochs):
             for mini in mini_batches(batch, self.samples_per_mini_batch, self.shuffle, self.generator, data_ranks):
-                scale = LossScale.of(mini.response_mask, copies)
-                for group in self.micro_batching.groups(mini):
-                    loss, metrics = self.micro_batch_loss(mini.select(group).to(self.device), scale)
-                    torch.autograd.backward(loss)
+                for metrics in self.backward(mini, LossScale.of(mini.response_mask, copies)):
                     for key, value in metrics.items():
                         stats[key].append(value)
                 stats[f"{self.prefix}/grad_norm"].append(self._optimizer_step())
@@ -339,6 +314,7 @@ class Trainable:
     def _optimizer_step(self) -> float:
         average_gradients(self.model)
         clip = nn.utils.clip_grad_norm_ if self.mesh is None else clip_grad_norm
+        clip = clip if self.pipeline is None else self.pipeline.clip_grad_norm
         norm = clip(self.trainable, self.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(grad_norm):
