@@ -323,6 +323,16 @@ INVALID = [
         _set("spec.ref.fsdpConfig", {"optimizerOffload": True}),
         ("spec.ref.fsdpConfig.optimizerOffload", "the reference has no optimizer"),
     ),
+    Case(
+        "reference-mixed-precision",
+        _set("spec.ref.fsdpConfig", {"mixedPrecision": {"paramDtype": "fp32"}}),
+        ("spec.ref.fsdpConfig.mixedPrecision", "mixedPrecision applies to actor and critic"),
+    ),
+    Case(
+        "reference-model-dtype",
+        _set("spec.ref.fsdpConfig", {"modelDtype": "bf16"}),
+        ("spec.ref.fsdpConfig.modelDtype", "the reference has no master weights"),
+    ),
     # "on"/"off" would be YAML 1.1 booleans in a trainer YAML: the values are always/never/auto.
     Case("recompute-logits-unknown", _set("spec.actor.recomputeLogits", "on"), ("spec.actor.recomputeLogits",)),
     Case(

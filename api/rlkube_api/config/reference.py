@@ -18,6 +18,21 @@ class ReferenceConfig(ApiModel):
             "the reference has no optimizer: optimizerOffload applies to actor and critic",
             ".fsdpConfig.optimizerOffload",
         ),
+        # The reference only runs forward passes in the dtype the model loads in (bf16 on GPU,
+        # fp32 on CPU): it has no master weights to keep in another dtype and no gradients.
+        CelRule(
+            "!has(self.fsdpConfig) || !has(self.fsdpConfig.mixedPrecision)"
+            " || ((!has(self.fsdpConfig.mixedPrecision.paramDtype) || self.fsdpConfig.mixedPrecision.paramDtype == 'bf16')"
+            " && (!has(self.fsdpConfig.mixedPrecision.reduceDtype) || self.fsdpConfig.mixedPrecision.reduceDtype == 'fp32'))",
+            "the reference computes in the dtype it loads in (bf16 on GPU) and reduces no gradients: "
+            "mixedPrecision applies to actor and critic",
+            ".fsdpConfig.mixedPrecision",
+        ),
+        CelRule(
+            "!has(self.fsdpConfig) || !has(self.fsdpConfig.modelDtype) || self.fsdpConfig.modelDtype == 'fp32'",
+            "the reference has no master weights: modelDtype applies to actor and critic",
+            ".fsdpConfig.modelDtype",
+        ),
     )
 
     log_prob_max_token_len_per_gpu: TokenBudget | None = Field(
@@ -28,8 +43,8 @@ class ReferenceConfig(ApiModel):
 
     fsdp_config: FSDPConfig = Field(
         default_factory=FSDPConfig,
-        description="FSDP2 settings of the reference; it computes in bf16 on GPU whatever mixedPrecision "
-        "says (it has no master weights), so paramOffload is what applies.",
+        description="FSDP2 settings of the reference; it has no master weights and no gradients, so "
+        "mixedPrecision and modelDtype other than their defaults are refused; paramOffload is what applies.",
     )
     compile_decoder_layers: bool | None = Field(
         None,
