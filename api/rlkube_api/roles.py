@@ -74,6 +74,13 @@ def _model_parallel_rules(guard: str) -> tuple[CelRule, ...]:
             "so on one node)",
             ".tensorParallelSize",
         ),
+        # Pipeline stages are proven alone (tests/trainer/test_pipeline_parallel.py); composed
+        # with tensor or sequence parallel they are not, so such a layout is refused here.
+        CelRule(
+            "self.pipelineParallelSize == 1 || (self.tensorParallelSize == 1 && self.ulyssesSequenceParallelSize == 1)",
+            "pipelineParallelSize above 1 runs with tensorParallelSize and ulyssesSequenceParallelSize 1",
+            ".pipelineParallelSize",
+        ),
         CelRule(
             "!has(self.virtualPipelineParallelSize) || self.pipelineParallelSize > 1",
             "virtualPipelineParallelSize needs pipelineParallelSize above 1 (it divides each stage's layers "
@@ -366,6 +373,24 @@ class Roles(ApiModel):
             "!has(self.reward) || !has(self.reward.fsdpSize)",
             "the reward model is not sharded: roles.reward.fsdpSize has no effect",
             ".reward.fsdpSize",
+        ),
+        *(
+            CelRule(
+                f"!has(self.reward) || self.reward.{name} == 1",
+                f"the reward model is loaded whole on each rank: roles.reward.{name} has no effect",
+                f".reward.{name}",
+            )
+            for name in ("tensorParallelSize", "pipelineParallelSize", "ulyssesSequenceParallelSize")
+        ),
+        CelRule(
+            "!has(self.reward) || !has(self.reward.virtualPipelineParallelSize)",
+            "the reward model is loaded whole on each rank: roles.reward.virtualPipelineParallelSize has no effect",
+            ".reward.virtualPipelineParallelSize",
+        ),
+        CelRule(
+            "!has(self.reference) || self.reference.pipelineParallelSize == 1",
+            "the reference runs without pipeline stages: roles.reference.pipelineParallelSize must be 1",
+            ".reference.pipelineParallelSize",
         ),
     )
 
