@@ -301,6 +301,8 @@ def gather_slices(
     ledger = ledger if ledger is not None else SyncLedger()
     me = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
+    named = list(named)
+    held = dict(zip((name for name, _ in named), boxes_by_rank([t for _, t in named]), strict=True))
     for bucket in _sharded_buckets(named, bucket_bytes):
         if not hasattr(bucket[0][1], "device_mesh"):
             name, tensor = bucket[0]
@@ -315,10 +317,10 @@ def gather_slices(
         recv_sizes = [0] * world
         for name, tensor in bucket:
             shape = tuple(tensor.shape)
-            holdings = Holdings.of(boxes_by_rank(tensor, world))
+            holdings = Holdings.of(held[name])
             needs = [_need_box(need(name, shape, r), shape) for r in range(world)]
             local = _local(tensor, device)
-            mine_box = boxes_by_rank(tensor, world)[me]
+            mine_box = held[name][me]
             incoming = []
             for i, box in enumerate(holdings.boxes):
                 for receiver in range(world):

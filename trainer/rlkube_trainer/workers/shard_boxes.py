@@ -4,14 +4,13 @@ placements: a box (an offset and a shape per dimension) per rank of the training
 Every `Shard` placement on any mesh dimension cuts a box out of the box before it (FSDP2's rows,
 a tensor-parallel plan's rows or columns, both at once on a 2-D mesh); `Replicate` gives several
 ranks the same box. torch computes a rank's box from its mesh coordinate
-(`_compute_local_shape_and_global_offset`), so every rank knows every other's without talking,
-and the resharding moves exactly the overlap of a holder's box and a receiver's need. A rank's
+(`compute_local_shape_and_global_offset`); the ranks exchange theirs once per sync (a few bytes
+per tensor), and the resharding moves exactly the overlap of a holder's box and a receiver's need. A rank's
 local tensor (`to_local()`) is its box, row-major.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -48,27 +47,33 @@ class Box:
         return tuple(slice(o - p, o - p + n) for o, p, n in zip(self.offset, outer.offset, self.shape, strict=True))
 
 
-def boxes_by_rank(tensor: Any, world: int) -> list[Box | None]:
-    """The box each rank 0..world-1 of the default group holds of `tensor`: from its placements
-    over its mesh for a DTensor (None for a rank outside the mesh), the whole tensor on every
-    rank for a plain tensor."""
+def own_box(tensor: Any) -> Box:
+    """The box this rank holds of `tensor`: from its placements over its mesh for a DTensor,
+    the whole tensor for a plain one."""
     from torch.distributed.tensor import DTensor  # noqa: PLC0415
-    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset  # noqa: PLC0415
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # noqa: PLC0415
 
     shape = tuple(tensor.shape)
     if not isinstance(tensor, DTensor):
-        return [Box.whole(shape)] * world
-    mesh = tensor.device_mesh
-    ranks = mesh.mesh
-    out: list[Box | None] = [None] * world
-    for coordinate in itertools.product(*(range(n) for n in ranks.shape)):
-        local, offset = _compute_local_shape_and_global_offset(
-            shape, tuple(ranks.shape), list(coordinate), tensor.placements
-        )
-        rank = int(ranks[coordinate])
-        if rank < world:
-            out[rank] = Box(tuple(offset), tuple(local))
-    return out
+        return Box.whole(shape)
+    local, offset = compute_local_shape_and_global_offset(shape, tensor.device_mesh, tensor.placements)
+    return Box(tuple(offset), tuple(local))
+
+
+def boxes_by_rank(tensors: list[Any], group: Any = None) -> list[list[Box]]:
+    """Per tensor, the box every rank of `group` (the default group) holds of it: each rank's own,
+    exchanged once (a collective: every rank passes the same tensors in the same order). Each
+    rank's own placements alone cannot say it: a tensor may live on a sub-mesh that differs from
+    rank to rank (FSDP's dimension of a 2-D mesh for the parameters outside the tensor-parallel
+    plan), replicated over the ranks its mesh leaves out."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    mine = [own_box(t) for t in tensors]
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return [[box] for box in mine]
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, mine, group=group)
+    return [[every[rank][i] for rank in range(len(every))] for i in range(len(tensors))]
 
 
 @dataclass(frozen=True)
@@ -79,10 +84,10 @@ class Holdings:
     holders: tuple[tuple[int, ...], ...]
 
     @staticmethod
-    def of(by_rank: list[Box | None]) -> Holdings:
+    def of(by_rank: list[Box]) -> Holdings:
         distinct: dict[Box, list[int]] = {}
         for rank, box in enumerate(by_rank):
-            if box is not None and box.numel:
+            if box.numel:
                 distinct.setdefault(box, []).append(rank)
         return Holdings(tuple(distinct), tuple(tuple(r) for r in distinct.values()))
 

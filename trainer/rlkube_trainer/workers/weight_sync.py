@@ -57,17 +57,20 @@ class TensorSpec:
 Manifest = list[TensorSpec]
 
 
-def manifest_of(named: Iterable[tuple[str, torch.Tensor]], senders: int = 1) -> Manifest:
+def manifest_of(named: Iterable[tuple[str, torch.Tensor]], senders: int = 1, group: Any = None) -> Manifest:
     """Names, full shapes and dtypes, and which sender sends which box of each tensor: from the
-    DTensor placements over the actor's ranks, each distinct box by its first holder (one
-    sender: every tensor whole from actor rank 0)."""
+    DTensor placements over the actor's ranks (`senders`, `group` or the default group: a
+    collective),
+    each distinct box by its first holder (one sender: every tensor whole from actor rank 0)."""
+    named = list(named)
+    held = boxes_by_rank([t for _, t in named], group) if senders > 1 else []
     out = []
-    for name, tensor in named:
+    for i, (name, tensor) in enumerate(named):
         shape = tuple(tensor.shape)
         if senders == 1:
             boxes: tuple[Box | None, ...] = (Box.whole(shape),)
         else:
-            holdings = Holdings.of(boxes_by_rank(tensor, senders))
+            holdings = Holdings.of(held[i])
             if not holdings.covers(shape):
                 raise ValueError(f"weight sync: the actor's shards of {name} do not tile its {shape}")
             first = {holders[0]: box for box, holders in zip(holdings.boxes, holdings.holders, strict=True)}
