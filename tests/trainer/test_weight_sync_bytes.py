@@ -79,7 +79,11 @@ def _colocated(rank: int, model_path: str, layout: tuple[int, ...]) -> dict[str,
     ledger = SyncLedger()
     wrong = []
     for name, piece, part, _ in gather_slices(
-        model.state_dict().items(), lambda n, s, r: tp_slice(n, s, shape, TP, r % TP), torch.device("cpu"), BUCKET, ledger
+        model.state_dict().items(),
+        lambda n, s, r: tp_slice(n, s, shape, TP, r % TP),
+        torch.device("cpu"),
+        BUCKET,
+        ledger,
     ):
         want = full[name] if part is None else full[name].narrow(part.dim, part.start, part.length)
         if not torch.equal(piece, want):

@@ -47,11 +47,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     (two / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 2, "replicate", None, "fp32")))
     run_probe(2, two / "config.yaml", two, f"save+load:{one}/save")
     world_size_main(0, 1, parse_trainer_config(config), str(one), f"load:{two}/save")
+    four = workdir / "four"
+    four.mkdir()
+    (four / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 4, "replicate", None, "fp32")))
+    run_probe(4, four / "config.yaml", four, f"load:{two}/save")
     return {
         "two": results(two / "save", 2),
         "one": results(one / "save", 1),
         "two-on-one": results(one / "load", 1),
         "one-on-two": results(two / "load", 2),
+        "two-on-four": results(four / "load", 4),
+        "exports": {
+            name: folder / "hf"
+            for name, folder in (("two", two / "save"), ("two-on-one", one / "load"), ("two-on-four", four / "load"))
+        },
         "one-dir": {"path": one / "save"},
     }
 
@@ -82,6 +91,32 @@ def test_two_ranks_resume_on_one(runs: dict[str, dict[str, Any]], strategy: str)
         ]
     else:
         assert reported == [["actor/rank_0.pt"], ["actor/rank_1.pt"]]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_resume_on_four(runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    assert runs["two-on-four"]["ranks"][3][strategy]["sharded"] == (strategy == "fsdp2")
+    assert_continues(runs["two"], runs["two-on-four"], strategy)
+
+
+@pytest.mark.trainer
+def test_the_hugging_face_export_is_the_same_model_on_any_number_of_ranks(runs: dict[str, dict[str, Any]]) -> None:
+    """FSDP2 on 2 ranks, resumed on 1 (a whole model) and on 4: the same updates give the same
+    exported model, tensor for tensor, to the tolerance of the weights."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    exports = {name: load_file(str(path / "model.safetensors")) for name, path in runs["exports"].items()}
+    two = exports.pop("two")
+    assert len(two) > 0
+    for name, other in exports.items():
+        assert other.keys() == two.keys(), name
+        for key, tensor in two.items():
+            torch.testing.assert_close(other[key], tensor, rtol=1e-4, atol=1e-5, msg=lambda m, k=key: f"{k}: {m}")
+    # And it is the model the actor trained: its weights after the last update.
+    last = runs["two"]["weights"]["fsdp2"][-1]
+    for key, tensor in two.items():
+        assert torch.equal(tensor, last[key]), key
 
 
 @pytest.mark.trainer
