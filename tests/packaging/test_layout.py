@@ -24,7 +24,7 @@ FLOORS = (
     ("workers",),
     ("batch", "tools"),  # tools: the public face of the rollout's tool classes
     ("rollout", "reward"),
-    ("data", "model", "checkpoint", "tiny"),
+    ("data", "model", "parallel", "checkpoint", "tiny"),
     ("algos", "scorers"),
 )
 

@@ -256,15 +256,17 @@ class LossScale:
     ranks: int
 
     @classmethod
-    def of(cls, response_mask: torch.Tensor) -> LossScale:
-        """The scale of this rank's share of a mini-batch (a collective over the group)."""
+    def of(cls, response_mask: torch.Tensor, copies: int = 1) -> LossScale:
+        """The scale of this rank's share of a mini-batch (a collective over the group). `copies`:
+        the ranks that hold each sample (a tensor or sequence parallel group runs the same
+        samples, and its gradients are one data-parallel rank's)."""
         counts = torch.stack([response_mask.sum(), (response_mask.sum(-1) > 0).sum()]).double()
         ranks = 1
         if dist.is_initialized() and dist.get_world_size() > 1:
             counts = counts.to(_collective_device())
             dist.all_reduce(counts)
             ranks = dist.get_world_size()
-        return cls(float(counts[0]), float(counts[1]), ranks)
+        return cls(float(counts[0]) / copies, float(counts[1]) / copies, ranks // copies)
 
     def weight(self, mode: LossAggMode | str, micro_mask: torch.Tensor) -> float:
         if mode == "token-mean":

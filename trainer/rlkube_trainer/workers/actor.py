@@ -26,6 +26,7 @@ from rlkube_trainer.model.lora import LoraSettings, apply_lora, merged_names, me
 from rlkube_trainer.model.lora.merge import BASE
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
 from rlkube_trainer.model.token_scores import LogitsRecompute, ResponseScores, logits_budget_bytes, response_scores
+from rlkube_trainer.workers.model_parallel import mesh_for
 from rlkube_trainer.workers.resharding import gather_full_tensors
 from rlkube_trainer.workers.training import (
     Metrics,
@@ -181,6 +182,7 @@ class Actor(Trainable):
             if self.packed:
                 enable_packed_attention(module)
 
+        self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
         self.model = load_distributed(
             # The adapters go in before sharding, on rank 0's full model and on the skeleton alike.
             lambda: apply_lora(load_causal_lm(path, "cpu", dtype, trust_remote_code=remote), lora, seed),
@@ -190,6 +192,8 @@ class Actor(Trainable):
             placement.fsdp_size,
             config.fsdp_config,
             prepare=prepare,
+            mesh=self.mesh,
+            packed=self.packed,
         )
         if config.compile_decoder_layers:
             # After sharding, so that FSDP2's hooks run eagerly around each compiled layer.
@@ -236,7 +240,12 @@ class Actor(Trainable):
     def compute_log_prob(self, batch: TrainBatch) -> torch.Tensor:
         """Log-probs of the sampled responses under the current policy (old_log_prob)."""
         self.model.eval()
-        return self.log_prob_batching.map(batch, lambda m: self._log_probs(m.to(self.device), False)[0].cpu())
+        return self.forward_only(
+            batch,
+            lambda whole: self.log_prob_batching.map(
+                whole, lambda m: self._log_probs(m.to(self.device), False)[0].cpu()
+            ),
+        )
 
     @torch.no_grad()
     def compute_log_prob_and_sum_pi_squared(self, batch: TrainBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,7 +259,9 @@ class Actor(Trainable):
             assert scores.sum_pi_squared is not None
             return torch.stack([scores.log_probs, scores.sum_pi_squared], dim=-1).cpu()
 
-        log_probs, sum_pi_squared = self.log_prob_batching.map(batch, both).unbind(dim=-1)
+        log_probs, sum_pi_squared = self.forward_only(
+            batch, lambda whole: self.log_prob_batching.map(whole, both)
+        ).unbind(dim=-1)
         return log_probs.contiguous(), sum_pi_squared.contiguous()
 
     def update(self, batch: TrainBatch) -> Metrics:

@@ -12,6 +12,7 @@ from rlkube_trainer.model.loading import compile_decoder_layers
 from rlkube_trainer.model.lora import LoraSettings, apply_lora
 from rlkube_trainer.model.packing import LossScale, enable_packed_attention
 from rlkube_trainer.model.value_head import CriticModel, response_values
+from rlkube_trainer.workers.model_parallel import mesh_for
 from rlkube_trainer.workers.training import (
     Metrics,
     MicroBatching,
@@ -62,6 +63,7 @@ class Critic(Trainable):
             apply_lora(critic.backbone, lora, seed)
             return critic
 
+        self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
         self.model = load_distributed(  # type: ignore[assignment]
             lambda: adapted(CriticModel.from_pretrained(path, master, trust_remote_code=remote)),
             lambda: adapted(CriticModel.skeleton(path, master, trust_remote_code=remote)),
@@ -70,6 +72,8 @@ class Critic(Trainable):
             placement.fsdp_size,
             config.fsdp_config,
             prepare=enable_packed_attention if self.packed else None,
+            mesh=self.mesh,
+            packed=self.packed,
         )
         if config.compile_decoder_layers:
             compile_decoder_layers(self.model)  # after sharding: FSDP2's hooks stay eager
@@ -95,7 +99,10 @@ class Critic(Trainable):
     @torch.no_grad()
     def compute_values(self, batch: TrainBatch) -> torch.Tensor:
         self.model.eval()
-        values = self.forward_batching.map(batch, lambda chunk: self._values(chunk.to(self.device)).cpu())
+        values = self.forward_only(
+            batch,
+            lambda whole: self.forward_batching.map(whole, lambda chunk: self._values(chunk.to(self.device)).cpu()),
+        )
         return values * batch.response_mask
 
     def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:

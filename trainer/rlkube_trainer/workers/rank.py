@@ -179,7 +179,7 @@ class Rank:
             self.critic = build_critic(config, self.device, spec.total_steps)
         if Role.REFERENCE in hosts:
             if config.model.lora_rank > 0 and self.actor is not None:
-                self.reference = build_reference(config, self.device, policy=self.actor.model)
+                self.reference = build_reference(config, self.device, self.actor.model, self.actor.mesh)
             elif config.model.lora_rank > 0:
                 raise ValueError("model.loraRank: the reference is the actor's base model; host it with the actor")
             else:

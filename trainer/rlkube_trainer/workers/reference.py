@@ -16,7 +16,9 @@ from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compil
 from rlkube_trainer.model.lora import adapters_disabled
 from rlkube_trainer.model.packing import enable_packed_attention
 from rlkube_trainer.model.token_scores import response_log_probs
+from rlkube_trainer.parallel.mesh import RoleMesh
 from rlkube_trainer.workers.actor import actor_batching
+from rlkube_trainer.workers.model_parallel import mesh_for, pooled
 from rlkube_trainer.workers.training import MicroBatching, Placement, autocast, load_distributed
 
 
@@ -29,12 +31,13 @@ class Reference:
         temperature: float,
         placement: Placement,
         policy: nn.Module | None = None,
+        policy_mesh: RoleMesh | None = None,
     ) -> None:
         """`actor`: the section of the policy this reference is the frozen start of: its strategy,
         micro-batches and compilation are the reference's where `config` leaves them unset (as
         verl's ref section interpolates them). `temperature`: rollout.temperature, the one the
         log-probs are taken at. `policy`: the actor's adapted model (LoRA), whose base is the
-        reference."""
+        reference, split as `policy_mesh` says."""
         device = placement.device
         self.device = device
         self.temperature = temperature
@@ -50,7 +53,9 @@ class Reference:
             # LoRA: the actor's model, compiled or not as actor.compile_decoder_layers says (the API
             # refuses another ref.compile_decoder_layers).
             self.model = policy
+            self.mesh = policy_mesh
             return
+        self.mesh = mesh_for(device, placement.layout, placement.fsdp_size)
         # Frozen and without an optimizer: bf16 weights on GPU, no fp32 master copy to keep.
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         path, remote = model.path, model.trust_remote_code
@@ -63,6 +68,8 @@ class Reference:
             config.fsdp_config,
             mixed_precision=False,
             prepare=self._prepare,
+            mesh=self.mesh,
+            packed=self.packed,
         )
         compiled = config.compile_decoder_layers
         if actor.compile_decoder_layers if compiled is None else compiled:
@@ -94,4 +101,8 @@ class Reference:
             return lp.cpu()
 
         with base:
-            return self.batching.map(batch, log_probs)
+            if self.mesh is None:
+                return self.batching.map(batch, log_probs)
+            # The ranks of a model-parallel group run their samples together (model_parallel.py).
+            whole, own = pooled(batch, self.mesh)
+            return self.batching.map(whole, log_probs)[own]

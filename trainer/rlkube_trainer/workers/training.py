@@ -12,6 +12,7 @@ micro-batch is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import resource
@@ -35,6 +36,10 @@ from rlkube_api.config import FSDPConfig, OptimConfig, Strategy
 from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.model.fsdp import DTYPES, average_gradients, device_mesh, is_sharded, shard_with_fsdp2, world_size
 from rlkube_trainer.model.packing import LossScale, token_bins
+from rlkube_trainer.parallel.gradients import clip_grad_norm
+from rlkube_trainer.parallel.layout import LayoutError, ParallelLayout
+from rlkube_trainer.parallel.mesh import RoleMesh
+from rlkube_trainer.workers.model_parallel import pooled, split_model
 
 Metrics = dict[str, float]
 log = logging.getLogger("rlkube.trainer")
@@ -43,12 +48,14 @@ log = logging.getLogger("rlkube.trainer")
 @dataclass(frozen=True)
 class Placement:
     """Where a role's model lives on this rank: the device, the size of the FSDP2 groups it is
-    sharded within (roles.<role>.fsdp_size; None: the role's whole group), and the seed its new
-    weights (adapters, a value head) and its shuffles start from."""
+    sharded within (roles.<role>.fsdp_size; None: the role's whole group), the seed its new
+    weights (adapters, a value head) and its shuffles start from, and how its ranks divide the
+    model (tensor, pipeline, Ulysses sequence parallel; data parallel alone by default)."""
 
     device: torch.device
     fsdp_size: int | None
     seed: int
+    layout: ParallelLayout = dataclasses.field(default_factory=ParallelLayout)
 
 
 def uses_fsdp2(device: torch.device, strategy: Strategy) -> bool:
@@ -67,10 +74,20 @@ def distribute(
     fsdp_size: int | None = None,
     fsdp: FSDPConfig | None = None,
     mixed_precision: bool = True,
+    mesh: RoleMesh | None = None,
+    packed: bool = False,
 ) -> nn.Module:
     """FSDP2 (HSDP with `fsdp_size`, offload and mixed precision as `fsdp` says) or full replicas
-    across the role group (fsdp.py)."""
-    if not uses_fsdp2(device, strategy):
+    across the role group (fsdp.py). A model-parallel `mesh` splits the model first
+    (model_parallel.split_model), then FSDP2 shards it over the mesh's data × sequence ranks."""
+    if mesh is not None:
+        if strategy == "replicate":
+            raise LayoutError(
+                f"{mesh.layout.field('tensorParallelSize')} / ulyssesSequenceParallelSize above 1 run "
+                "under FSDP2: the role's strategy replicate cannot carry them (use fsdp2 or auto)"
+            )
+        split_model(model, mesh, packed)
+    elif not uses_fsdp2(device, strategy):
         return model
     fsdp = fsdp or FSDPConfig()
     param_dtype = reduce_dtype = None
@@ -79,7 +96,7 @@ def distribute(
         reduce_dtype = DTYPES[fsdp.mixed_precision.reduce_dtype]
     return shard_with_fsdp2(
         model,
-        device_mesh(device, fsdp_size),
+        device_mesh(device, fsdp_size) if mesh is None else mesh.fsdp,
         param_dtype,
         reduce_dtype,
         fsdp.param_offload,
@@ -96,20 +113,24 @@ def load_distributed(
     fsdp: FSDPConfig | None = None,
     mixed_precision: bool = True,
     prepare: Callable[[nn.Module], object] | None = None,
+    mesh: RoleMesh | None = None,
+    packed: bool = False,
 ) -> nn.Module:
     """A role's model, spread over its group as `distribute` does, loaded without a full copy
     per rank where it is sharded: rank 0 alone reads the checkpoint (`load`, into host memory);
     every rank builds the architecture on the meta device (`skeleton`), shards it, and receives
     its shard of each tensor from rank 0, one tensor at a time. A full copy per rank remains
     for replicas, one rank, and parameter offload (whose shards live in host memory).
-    `prepare` runs on the model before sharding (gradient checkpointing, freezing)."""
+    `prepare` runs on the model before sharding (gradient checkpointing, freezing). `mesh` and
+    `packed` as in `distribute`."""
     fsdp = fsdp or FSDPConfig()
     started = time.perf_counter()
-    if not uses_fsdp2(device, strategy) or world_size() == 1 or fsdp.param_offload:
+    sharded = uses_fsdp2(device, strategy) or mesh is not None
+    if not sharded or world_size() == 1 or fsdp.param_offload:
         model = load().to(device)
         if prepare is not None:
             prepare(model)
-        model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision)
+        model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh, packed)
         _report_load(model, device, "every rank read the checkpoint", started)
         return model
     full = load() if dist.get_rank() == 0 else None
@@ -117,7 +138,7 @@ def load_distributed(
         model = skeleton()
     if prepare is not None:
         prepare(model)
-    model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision)
+    model = distribute(model, device, strategy, fsdp_size, fsdp, mixed_precision, mesh, packed)
     model.to_empty(device=device)
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
     set_model_state_dict(model, full.state_dict() if full is not None else {}, options=options)
@@ -198,9 +219,12 @@ def lr_factor(optim: OptimConfig, total_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def mini_batches(batch: TrainBatch, size: int, shuffle: bool, generator: torch.Generator) -> list[TrainBatch]:
-    """Mini-batches of this rank's shard: the configured size is global, split across the group."""
-    size = max(1, size // world_size())
+def mini_batches(
+    batch: TrainBatch, size: int, shuffle: bool, generator: torch.Generator, data_ranks: int | None = None
+) -> list[TrainBatch]:
+    """Mini-batches of this rank's shard: the configured size is global, split across the
+    group's `data_ranks` (every rank when data parallel alone)."""
+    size = max(1, size // (data_ranks or world_size()))
     order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
     return [batch.select(order[i : i + size]) for i in range(0, len(batch), size)]
 
@@ -256,6 +280,8 @@ class Trainable:
     samples_per_mini_batch: int
     micro_batching: MicroBatching
     shuffle: bool
+    # The model-parallel mesh when the role's layout divides the model (model_parallel.py).
+    mesh: RoleMesh | None = None
 
     def __init__(
         self,
@@ -278,6 +304,13 @@ class Trainable:
         # Where the optimizer state is meant to be now: True between updates when offloaded.
         self.optimizer_state_on_host = False
 
+    def forward_only(self, batch: TrainBatch, fn: Callable[[TrainBatch], torch.Tensor]) -> torch.Tensor:
+        """`fn` over `batch` pooled with the rank's model-parallel group; this rank's rows."""
+        if self.mesh is None:
+            return fn(batch)
+        whole, own = pooled(batch, self.mesh)
+        return fn(whole)[own]
+
     def micro_batch_loss(self, micro: TrainBatch, scale: LossScale) -> tuple[torch.Tensor, Metrics]:
         """What one micro-batch (already on the device) adds to the mini-batch's loss, weighed by
         `scale`, and its metrics (the micro-batch's own, unweighed)."""
@@ -287,9 +320,13 @@ class Trainable:
         """PPO epochs over mini-batches of micro-batches; returns the mean of each metric."""
         self.model.train()
         stats: dict[str, list[float]] = defaultdict(list)
+        data_ranks, copies = None, 1
+        if self.mesh is not None:
+            batch, _ = pooled(batch, self.mesh)
+            data_ranks, copies = self.mesh.layout.data, self.mesh.layout.model_parallel
         for _ in range(self.ppo_epochs):
-            for mini in mini_batches(batch, self.samples_per_mini_batch, self.shuffle, self.generator):
-                scale = LossScale.of(mini.response_mask)
+            for mini in mini_batches(batch, self.samples_per_mini_batch, self.shuffle, self.generator, data_ranks):
+                scale = LossScale.of(mini.response_mask, copies)
                 for group in self.micro_batching.groups(mini):
                     loss, metrics = self.micro_batch_loss(mini.select(group).to(self.device), scale)
                     torch.autograd.backward(loss)
@@ -303,7 +340,8 @@ class Trainable:
 
     def _optimizer_step(self) -> float:
         average_gradients(self.model)
-        norm = nn.utils.clip_grad_norm_(self.trainable, self.grad_clip)
+        clip = nn.utils.clip_grad_norm_ if self.mesh is None else clip_grad_norm
+        norm = clip(self.trainable, self.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         if math.isfinite(grad_norm):
             self._load_optimizer_state()
