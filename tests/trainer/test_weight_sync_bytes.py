@@ -1,6 +1,6 @@
 """What each rank sends and holds in a weight sync, on 4 gloo ranks with the tiny model:
 
-- colocated, from FSDP 4 and from FSDP 2 × tensor parallel 2 (torch's DTensor plans on a 2-D
+- colocated, from FSDP 4 and from FSDP 2 × tensor parallel 2 (the trainer's DTensor plan on a 2-D
   mesh), into tensor-parallel-2 engines: each rank ends with exactly its slices, sends only
   what others keep of its shards, and never holds the whole model;
 - separate, from an actor of 2 FSDP ranks (both send) to 2 rollout ranks with real HF engines:
@@ -51,27 +51,17 @@ def _model(path: str) -> Any:
     return model
 
 
-def _tensor_parallel(model: Any, mesh: Any) -> None:
-    """Megatron's split of each decoder layer over the mesh's "tp" dimension (torch's plans)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # noqa: PLC0415
-
-    plan = {f"self_attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")}
-    plan |= {"mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel()}
-    plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
-    for layer in model.model.layers:
-        parallelize_module(layer, mesh["tp"], plan)
-
-
 def _colocated(rank: int, model_path: str, layout: tuple[int, ...]) -> dict[str, Any]:
     from torch.distributed.device_mesh import init_device_mesh  # noqa: PLC0415
 
     from rlkube_trainer.model.fsdp import shard_with_fsdp2  # noqa: PLC0415
+    from rlkube_trainer.parallel.tensor import parallelize_decoder_layers  # noqa: PLC0415
 
     model = _model(model_path)
     full = {k: v.clone() for k, v in model.state_dict().items()}
     if len(layout) == 2:
         mesh = init_device_mesh("cpu", layout, mesh_dim_names=("dp", "tp"))
-        _tensor_parallel(model, mesh)
+        parallelize_decoder_layers(model, mesh["tp"])  # the trainer's tensor-parallel plan
         shard_with_fsdp2(model, mesh["dp"])
     else:
         shard_with_fsdp2(model, init_device_mesh("cpu", layout, mesh_dim_names=("dp",)))

@@ -258,7 +258,9 @@ class ElasticRollout:
         world = senders + len(members)
         addr, port = self.address
         log.info("weight-sync group %d: the actor's ranks and rollout ranks %s", self.generation, list(members))
-        actor = self.actor.submit("rejoin_weight_sync", [(addr, port, self.generation, world, a) for a in range(senders)])
+        actor = self.actor.submit(
+            "rejoin_weight_sync", [(addr, port, self.generation, world, a) for a in range(senders)]
+        )
         joins = {
             r: self.groups[r].submit("rejoin_weight_sync", [(addr, port, self.generation, world, senders + i)])
             for i, r in enumerate(members)
