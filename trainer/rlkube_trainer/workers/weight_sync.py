@@ -113,6 +113,10 @@ def load_into_engine(
 SENDERS_KEY = "senders"
 
 
+def _box(spec: TensorSpec, sender: int) -> Box | None:
+    return spec.boxes[sender] if sender < len(spec.boxes) else None
+
+
 class WeightSyncGroup:
     """Every actor rank (a sender) and every rollout rank. Each sender has a process group of
     its own with every rollout rank (sender first), over which it broadcasts its shards; the
@@ -194,7 +198,9 @@ class WeightSyncGroup:
             flats: dict[int, torch.Tensor] = {}
             works = []
             for sender, group in self.groups.items():
-                numel = sum(box.numel for spec in bucket if (box := spec.boxes[sender]) is not None)
+                # A manifest of fewer senders (LoRA's merged weights: actor rank 0 alone) leaves
+                # the others' groups idle.
+                numel = sum(box.numel for spec in bucket if (box := _box(spec, sender)) is not None)
                 if numel:
                     flats[sender] = torch.empty(numel, dtype=bucket[0].dtype, device=self.device)
                     ledger.hold(flats[sender])
