@@ -128,9 +128,9 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
 
     results: dict[str, Any] = {}
     weights: dict[str, list[dict[str, torch.Tensor]]] = {}
-    # A tensor-parallel actor is trained with FSDP2 over its data ranks only.
-    tensor_parallel = config.roles.actor is not None and config.roles.actor.tensor_parallel_size > 1
-    for strategy in ("fsdp2",) if tensor_parallel else ("replicate", "fsdp2"):
+    # A config that names fsdp2 (the layouts' runs: a tensor-parallel actor is trained with
+    # FSDP2 over its data ranks) runs that strategy alone; one naming replicate, both.
+    for strategy in ("fsdp2",) if config.actor.strategy == "fsdp2" else ("replicate", "fsdp2"):
         config.actor.strategy = strategy
         actor = build_actor(config, torch.device("cpu"), total_steps=10)
         checkpoint = Path(out, strategy)
