@@ -130,7 +130,8 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
     weights: dict[str, list[dict[str, torch.Tensor]]] = {}
     # A config that names fsdp2 (the layouts' runs: a tensor-parallel actor is trained with
     # FSDP2 over its data ranks) runs that strategy alone; one naming replicate, both.
-    for strategy in ("fsdp2",) if config.actor.strategy == "fsdp2" else ("replicate", "fsdp2"):
+    named = config.actor.strategy  # the loop sets it; `save+load` calls this twice on one config
+    for strategy in ("fsdp2",) if named == "fsdp2" else ("replicate", "fsdp2"):
         config.actor.strategy = strategy
         actor = build_actor(config, torch.device("cpu"), total_steps=10)
         checkpoint = Path(out, strategy)
@@ -157,6 +158,7 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
             state = {name: t.cpu() for name, t in actor.named_weights()}
             if rank == 0:
                 export_hf(actor.model, None, Path(out, "hf"), state_dict=state)
+    config.actor.strategy = named
     Path(out, f"rank_{rank}.json").write_text(json.dumps(results))
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))
