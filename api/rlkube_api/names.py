@@ -61,7 +61,7 @@ def pod_dns_name(job: str, role: str, index: int, namespace: str) -> str:
 
 # --- ports ---------------------------------------------------------------------------------------
 RENDEZVOUS_PORT: Final = 29500  # torch.distributed store of each role group
-WEIGHT_SYNC_PORT: Final = 29600  # actor rank 0 -> rollout workers
+WEIGHT_SYNC_PORT: Final = 29600  # actor ranks -> rollout workers
 RAY_PORT: Final = 6379  # Ray head (GCS) in the controller pod
 DRIVER_METRICS_PORT: Final = 9400  # Prometheus endpoint of the driver
 NODE_HEALTH_PORT: Final = 9401  # health endpoint of each role pod

@@ -9,8 +9,8 @@ Vocabulary:
 - a *group* is a role with pods of its own: a StatefulSet, and one rank per GPU of
   each pod (one per pod on CPU). Its ranks form one torch.distributed group.
   A group hosts its own role and every role colocated with it;
-- the *weight sync* is the group over which actor rank 0 broadcasts new weights to
-  every rank of a separate rollout group;
+- the *weight sync* is the group over which every actor rank sends its shards of the new
+  weights to every rank of a separate rollout group;
 - an *engine* is one vLLM instance spanning `tensorParallelSize` consecutive ranks of the
   group hosting the rollout (the actor's when colocated): each rank holds a tensor-parallel
   slice of the weights, and the engines split the prompts data-parallel.
@@ -65,10 +65,11 @@ class Group:
 
 @dataclass(frozen=True)
 class WeightSync:
-    """Separate rollout: actor rank 0 is rank 0 of this group, rollout rank r is 1 + r."""
+    """Separate rollout: actor rank a is rank a of this group (each sends its own shards of the
+    weights), rollout rank r is (actor ranks) + r."""
 
     world_size: int
-    # The first weight-sync rank of each group's ranks (only actor rank 0 joins from the actor).
+    # The first weight-sync rank of each group's ranks.
     rank_offsets: tuple[tuple[Role, int], ...]
 
     def rank_offset(self, role: Role) -> int | None:
@@ -77,7 +78,7 @@ class WeightSync:
     def rank_of(self, role: Role, rank: int) -> int | None:
         """This process's rank in the weight-sync group, or None when it takes no part."""
         offset = self.rank_offset(role)
-        if offset is None or (role == Role.ACTOR and rank != 0):
+        if offset is None:
             return None
         return offset + rank
 
@@ -197,7 +198,8 @@ def placement_of(config: TrainerConfig) -> Placement:
     weight_sync = None
     rollout = next((g for g in groups if g.name == Role.ROLLOUT), None)
     if rollout is not None:
-        weight_sync = WeightSync(1 + rollout.world_size, ((Role.ACTOR, 0), (Role.ROLLOUT, 1)))
+        senders = groups[0].world_size  # the actor's ranks
+        weight_sync = WeightSync(senders + rollout.world_size, ((Role.ACTOR, 0), (Role.ROLLOUT, senders)))
     host = next(g for g in groups if Role.ROLLOUT in g.hosts)
     engines = Engines(host.world_size, config.roles.rollout.tensor_parallel_size)
     return Placement(tuple(groups), weight_sync, engines)

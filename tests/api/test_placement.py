@@ -95,10 +95,10 @@ def test_separate_rollout_weight_sync_ranks() -> None:
     placement = placement_of(config({**ACTOR_2x4, **SEPARATE_2x2}))
     sync = placement.weight_sync
     assert sync is not None
-    assert sync.world_size == 1 + 4  # actor rank 0 + every rollout rank
-    assert [sync.rank_of(A, r) for r in range(8)] == [0, None, None, None, None, None, None, None]
-    assert [sync.rank_of(RO, r) for r in range(4)] == [1, 2, 3, 4]
-    assert sync.rank_offset(A) == 0 and sync.rank_offset(RO) == 1
+    assert sync.world_size == 8 + 4  # every actor rank (a sender) + every rollout rank
+    assert [sync.rank_of(A, r) for r in range(8)] == list(range(8))
+    assert [sync.rank_of(RO, r) for r in range(4)] == [8, 9, 10, 11]
+    assert sync.rank_offset(A) == 0 and sync.rank_offset(RO) == 8
     assert sync.rank_offset(C) is None
     assert placement.num_gpus == 8 + 4
 

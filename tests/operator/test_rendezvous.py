@@ -93,11 +93,11 @@ def test_rendezvous_env(example: str, role: str, master: str, world_size: int, n
 
 # mutations, example, role, expected weight-sync env (None: no variable at all)
 WEIGHT_SYNC = [
-    pytest.param([], GPU, "actor", ("actor", "9", "0"), id="gpu-actor-rank-0"),
-    pytest.param([], GPU, "rollout", ("actor", "9", "1"), id="gpu-rollout-ranks-from-1"),
-    pytest.param([], GPU, "controller", ("actor", "9", None), id="gpu-controller-knows-the-group"),
-    pytest.param([], CPU, "actor", ("actor", "2", "0"), id="cpu-actor"),
-    pytest.param([], CPU, "rollout", ("actor", "2", "1"), id="cpu-rollout"),
+    pytest.param([], GPU, "actor", ("actor", "24", "0"), id="gpu-actor-ranks-from-0"),
+    pytest.param([], GPU, "rollout", ("actor", "24", "16"), id="gpu-rollout-ranks-after-the-actors"),
+    pytest.param([], GPU, "controller", ("actor", "24", None), id="gpu-controller-knows-the-group"),
+    pytest.param([], CPU, "actor", ("actor", "3", "0"), id="cpu-actor"),
+    pytest.param([], CPU, "rollout", ("actor", "3", "2"), id="cpu-rollout"),
     pytest.param([COLOCATED_ROLLOUT], GPU, "actor", None, id="colocated-actor-none"),
     pytest.param([COLOCATED_ROLLOUT], GPU, "controller", None, id="colocated-controller-none"),
 ]
@@ -114,7 +114,7 @@ def test_weight_sync_env(
         return
     addr_role, world_size, offset = expected
     job = GPU_JOB if example == GPU else "tiny-cpu"
-    # Actor rank 0 broadcasts to every rollout worker: 1 + rollout replicas × GPUs.
+    # Every actor rank sends its shards to every rollout worker: actor ranks + rollout ranks.
     assert env[Env.WEIGHT_SYNC_ADDR] == f"{job}-{addr_role}-0.{job}-{addr_role}.ml.svc"
     assert env[Env.WEIGHT_SYNC_PORT] == "29600"
     assert env[Env.WEIGHT_SYNC_WORLD_SIZE] == world_size

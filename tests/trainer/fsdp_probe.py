@@ -37,6 +37,7 @@ from transformers import AutoConfig
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.checkpoint.export import export_hf
 from rlkube_trainer.checkpoint.state import load_rank_state, save_rank_state, stage_rank_state
 from rlkube_trainer.cluster.rank_group import split
 from rlkube_trainer.model.fsdp import offloads_parameters
@@ -127,7 +128,10 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
 
     results: dict[str, Any] = {}
     weights: dict[str, list[dict[str, torch.Tensor]]] = {}
-    for strategy in ("replicate", "fsdp2"):
+    # A config that names fsdp2 (the layouts' runs: a tensor-parallel actor is trained with
+    # FSDP2 over its data ranks) runs that strategy alone; one naming replicate, both.
+    named = config.actor.strategy  # the loop sets it; `save+load` calls this twice on one config
+    for strategy in ("fsdp2",) if named == "fsdp2" else ("replicate", "fsdp2"):
         config.actor.strategy = strategy
         actor = build_actor(config, torch.device("cpu"), total_steps=10)
         checkpoint = Path(out, strategy)
@@ -150,6 +154,11 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
         for update in (2, 3):
             results[strategy]["metrics"].append(step(actor, batch(update)))
             weights[strategy].append({name: t.clone() for name, t in actor.named_weights()})
+        if strategy == "fsdp2":  # the Hugging Face export, gathered from whatever layout this is
+            state = {name: t.cpu() for name, t in actor.named_weights()}
+            if rank == 0:
+                export_hf(actor.model, None, Path(out, "hf"), state_dict=state)
+    config.actor.strategy = named
     Path(out, f"rank_{rank}.json").write_text(json.dumps(results))
     if rank == 0:
         torch.save(weights, Path(out, "weights.pt"))

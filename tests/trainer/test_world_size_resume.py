@@ -1,5 +1,6 @@
-"""A checkpoint resumes on another number of ranks: saved on 2 gloo ranks and resumed on 1,
-saved on 1 and resumed on 2, with full replicas and with FSDP2 (one CPU rank has no process
+"""A checkpoint resumes on another number of ranks and another layout: saved on 2 gloo ranks
+and resumed on 1 and on 4, saved on 1 and resumed on 2, with full replicas and with FSDP2, and
+between tensor parallel 2 and FSDP 2 both ways (one CPU rank has no process
 group, as in the trainer, so FSDP2's shards go into a whole model and a whole model into
 shards). The resumed updates match the unbroken run's, to float tolerance: the same global
 gradient norm and the same weights after each update."""
@@ -23,6 +24,7 @@ sys.path.insert(0, str(PROBE.parent))
 from fsdp_probe import config_for, run_probe, world_size_main  # noqa: E402
 
 STRATEGIES = ("replicate", "fsdp2")
+HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 
 
 def results(out: Path, world: int) -> dict[str, Any]:
@@ -47,11 +49,40 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     (two / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 2, "replicate", None, "fp32")))
     run_probe(2, two / "config.yaml", two, f"save+load:{one}/save")
     world_size_main(0, 1, parse_trainer_config(config), str(one), f"load:{two}/save")
+    four = workdir / "four"
+    four.mkdir()
+    (four / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 4, "replicate", None, "fp32")))
+    run_probe(4, four / "config.yaml", four, f"load:{two}/save")
+    # Tensor parallel 2 on 2 ranks: saved, and resumed from FSDP 2's checkpoint; then FSDP 2
+    # resumed from tensor parallel's.
+    tp, from_tp = workdir / "tp", workdir / "from-tp"
+    for folder, tensor in ((tp, 2), (from_tp, 1)):
+        folder.mkdir()
+        raw = config_for(workdir, 2, "fsdp2", None, "fp32")
+        raw["roles"]["actor"]["tensor_parallel_size"] = tensor
+        (folder / "config.yaml").write_text(yaml.safe_dump(raw))
+    run_probe(2, tp / "config.yaml", tp, f"save+load:{two}/save")
+    run_probe(2, from_tp / "config.yaml", from_tp, f"load:{tp}/save")
     return {
         "two": results(two / "save", 2),
         "one": results(one / "save", 1),
         "two-on-one": results(one / "load", 1),
         "one-on-two": results(two / "load", 2),
+        "two-on-four": results(four / "load", 4),
+        "tp": results(tp / "save", 2),
+        "two-on-tp": results(tp / "load", 2),
+        "tp-on-two": results(from_tp / "load", 2),
+        "exports": {
+            name: folder / "hf"
+            for name, folder in (
+                ("two", two / "save"),
+                ("two-on-one", one / "load"),
+                ("two-on-four", four / "load"),
+                ("tp", tp / "save"),
+                ("two-on-tp", tp / "load"),
+                ("tp-on-two", from_tp / "load"),
+            )
+        },
         "one-dir": {"path": one / "save"},
     }
 
@@ -82,6 +113,49 @@ def test_two_ranks_resume_on_one(runs: dict[str, dict[str, Any]], strategy: str)
         ]
     else:
         assert reported == [["actor/rank_0.pt"], ["actor/rank_1.pt"]]
+
+
+@pytest.mark.trainer
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_two_ranks_resume_on_four(runs: dict[str, dict[str, Any]], strategy: str) -> None:
+    assert runs["two-on-four"]["ranks"][3][strategy]["sharded"] == (strategy == "fsdp2")
+    assert_continues(runs["two"], runs["two-on-four"], strategy)
+
+
+@pytest.mark.trainer
+def test_tensor_parallel_and_fsdp_resume_from_each_others_checkpoints(runs: dict[str, dict[str, Any]]) -> None:
+    """Tensor parallel 2 and FSDP 2 from the same start take the same updates; each resumes from
+    the other's checkpoint (torch distributed checkpoint reshards by parameter name) and goes
+    on as the unbroken run of the layout that saved."""
+    assert runs["tp"]["ranks"][0]["fsdp2"]["sharded"]
+    assert_continues(runs["two"], runs["tp"], "fsdp2")
+    assert_continues(runs["two"], runs["two-on-tp"], "fsdp2")
+    assert_continues(runs["tp"], runs["tp-on-two"], "fsdp2")
+
+
+@pytest.mark.trainer
+def test_the_hugging_face_export_is_the_same_model_on_any_number_of_ranks(runs: dict[str, dict[str, Any]]) -> None:
+    """FSDP2 on 2 ranks, resumed on 1 (a whole model) and on 4, tensor parallel 2 and the
+    resumes between it and FSDP 2: the same updates give the same exported model, tensor for
+    tensor, to the tolerance of the weights."""
+    from safetensors.torch import load_file  # noqa: PLC0415
+
+    exports = {name: load_file(str(path / "model.safetensors")) for name, path in runs["exports"].items()}
+    two = exports.pop("two")
+    assert len(two) > 0
+    # The tied LM head is written under its own name from gathered shards (its own storage), and
+    # left to the embedding from a whole model (save_pretrained drops a shared tensor's twin).
+    tied = {HEAD: EMBEDDING}
+    assert torch.equal(two.get(HEAD, two[EMBEDDING]), two[EMBEDDING])
+    for name, other in exports.items():
+        assert other.keys() - {HEAD} == two.keys() - {HEAD}, name
+        for key, tensor in two.items():
+            mine = other[key] if key in other else other[tied[key]]
+            torch.testing.assert_close(mine, tensor, rtol=1e-4, atol=1e-5, msg=lambda m, k=f"{name} {key}": f"{k}: {m}")
+    # And it is the model the actor trained: its weights after the last update.
+    last = runs["two"]["weights"]["fsdp2"][-1]
+    for key, tensor in two.items():
+        assert torch.equal(tensor, last[key]), key
 
 
 @pytest.mark.trainer

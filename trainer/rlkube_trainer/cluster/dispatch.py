@@ -132,8 +132,8 @@ class ColocatedRollout:
 
 
 class SeparateRollout:
-    """Rollout ranks of their own; actor rank 0 broadcasts new weights to every one of them,
-    and each rank of a tensor-parallel engine loads its slice (vLLM's loaders cut it)."""
+    """Rollout ranks of their own; every actor rank sends its shards of the new weights to every
+    one of them, and each rank of a tensor-parallel engine loads its slice (vLLM's loaders cut it)."""
 
     def __init__(
         self,

@@ -252,14 +252,17 @@ class ElasticRollout:
         return sent
 
     def _reform(self, members: tuple[int, ...]) -> None:
-        """A new weight-sync group: actor rank 0 is rank 0, the members 1.. in order."""
+        """New weight-sync groups: the actor's ranks (the senders) first, the members after, in order."""
         self.generation += 1
-        world = 1 + len(members)
+        senders = len(self.actor)
+        world = senders + len(members)
         addr, port = self.address
-        log.info("weight-sync group %d: actor rank 0 and rollout ranks %s", self.generation, list(members))
-        actor = self.actor.submit("rejoin_weight_sync", [(addr, port, self.generation, world, 0)], [0])
+        log.info("weight-sync group %d: the actor's ranks and rollout ranks %s", self.generation, list(members))
+        actor = self.actor.submit(
+            "rejoin_weight_sync", [(addr, port, self.generation, world, a) for a in range(senders)]
+        )
         joins = {
-            r: self.groups[r].submit("rejoin_weight_sync", [(addr, port, self.generation, world, i + 1)])
+            r: self.groups[r].submit("rejoin_weight_sync", [(addr, port, self.generation, world, senders + i)])
             for i, r in enumerate(members)
         }
         self._wait_members(joins)

@@ -330,6 +330,13 @@ class Actor(Trainable):
         # With LoRA the engine gets the merged weights: W + (alpha / r) * B @ A, under W's name.
         yield from merged_weights(gathered, self.lora.scaling) if self.lora.enabled else gathered
 
+    @property
+    def whole_weights_only(self) -> bool:
+        """Whether the rollout takes this policy's weights only whole, from `named_weights`: a
+        LoRA weight is merged from the whole of B and A, and under a pipeline each rank holds
+        only its stages' tensors, so no rank's shards tile the model's boxes alone."""
+        return self.lora.enabled or self.pipeline is not None
+
     def _weight_items(self) -> list[tuple[str, torch.Tensor]]:
         """The state dict's tensors: every stage's (on the meta device) under a pipeline."""
         items = list(self.model.state_dict().items())

@@ -14,7 +14,6 @@ import datetime
 import glob
 import logging
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,17 +42,11 @@ from rlkube_trainer.workers.builders import build_actor, build_critic, build_ref
 from rlkube_trainer.workers.critic import Critic
 from rlkube_trainer.workers.memory import check_rank
 from rlkube_trainer.workers.reference import Reference
-from rlkube_trainer.workers.resharding import (
-    CHECK_SLICES_ENV,
-    ModelShape,
-    gather_full_tensors,
-    gather_slices,
-    staged,
-    tp_slice,
-)
+from rlkube_trainer.workers.resharding import gather_full_tensors, load_slices
 from rlkube_trainer.workers.settings import rank_settings
+from rlkube_trainer.workers.shard_boxes import SyncLedger
 from rlkube_trainer.workers.training import Trainable
-from rlkube_trainer.workers.weight_sync import BroadcastGroup, Manifest, load_into_engine, manifest_of
+from rlkube_trainer.workers.weight_sync import Manifest, WeightSyncGroup, load_into_engine, manifest_of
 
 log = logging.getLogger("rlkube.trainer")
 
@@ -162,7 +155,8 @@ class Rank:
         self.engine: RolloutEngine | None = None
         self.engine_arguments: dict[str, Any] = {}  # what the engine was started with
         self.engine_asleep = False  # put to sleep by generate, woken by sync_colocated
-        self.broadcast: BroadcastGroup | None = None
+        self.weight_sync: WeightSyncGroup | None = None
+        self.last_sync = SyncLedger()
         self.generation_stream = GenerationStream(self.device, enabled=False)
 
     def setup(self) -> str:
@@ -283,87 +277,77 @@ class Rank:
             self.engine.wake_up()
             self.engine_asleep = False
         tp = self.spec.tensor_parallel_size
-        if tp == 1 or self.actor.lora.enabled:
-            # With LoRA too: a merged weight needs the whole of B and A; vLLM cuts its slice.
+        if tp == 1 or self.actor.whole_weights_only:
+            # With LoRA or a pipeline too (Actor.whole_weights_only); vLLM cuts its slice.
             # Full tensors gathered bucket by bucket, each into the engine before the next.
             return load_into_engine(self.engine, self.actor.named_weights(), self.actor.weight_names())
-        # Tensor parallel: only this rank's slice of each tensor, from the FSDP shards.
-        actor = self.actor
-        shape = ModelShape.of(actor.model.config)
-        state = actor.model.state_dict()
-        received, loaded = 0, 0
-
-        def slices() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal received, loaded
-            for name, piece, part, got in gather_slices(
-                state.items(),
-                lambda n, s, r: tp_slice(n, s, shape, tp, r % tp),
-                self.device,
-                actor.sync_bucket_bytes,
-            ):
-                received += got
-                loaded += piece.numel() * piece.element_size()
-                yield name, staged(piece, part, tuple(state[name].shape))
-
-        self.engine.update_weights(slices(), list(state))
-        log.info(
-            "weight sync: %d bytes of tensor-parallel slices, %d received from other ranks%s",
-            loaded,
-            received,
-            " (the rest of each tensor NaN)" if os.environ.get(CHECK_SLICES_ENV) else "",
-        )
-        return loaded
+        # Tensor parallel: only this rank's slice of each tensor, from the training shards.
+        self.last_sync = SyncLedger()
+        return load_slices(self.engine, self.actor.model, tp, self.device, self.actor.sync_bucket_bytes, self.last_sync)
 
     def weight_manifest(self) -> Manifest:
         assert self.actor is not None
-        # The shapes and dtypes of the full tensors, from the state dict: nothing is gathered.
-        return manifest_of(self.actor.weight_specs())
+        # The full shapes and dtypes, and which actor rank sends which box, from the DTensor
+        # placements: nothing is gathered. With LoRA or a pipeline rank 0 sends whole weights.
+        senders = 1 if self.actor.whole_weights_only else self._actor_ranks()
+        return manifest_of(self.actor.weight_specs(), senders)
+
+    def _actor_ranks(self) -> int:
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
 
     def join_weight_sync(self, addr: str, port: int) -> None:
-        """Ranks with a weight-sync rank (actor rank 0, every rollout rank) join the broadcast."""
+        """Every actor rank (a sender) and every rollout rank join the weight-sync groups."""
         if self.spec.weight_sync_rank is None:
             return
         addr, port, world = weight_sync_from_env(self.spec, addr, port)
-        self.broadcast = BroadcastGroup(
-            addr, port, world, self.spec.weight_sync_rank, self.device, self.collective_timeout
+        senders = self._actor_ranks() if self.actor is not None else None
+        self.weight_sync = WeightSyncGroup(
+            addr, port, world, self.spec.weight_sync_rank, self.device, self.collective_timeout, senders=senders
         )
 
     def rejoin_weight_sync(self, addr: str, port: int, generation: int, world_size: int, rank: int) -> None:
-        """Elastic rollout: the weight-sync group formed anew, as the driver numbers its members
-        now (actor rank 0 first, then the rollout engines it keeps). A new engine connects to
-        the actor's store where the operator's env says it is."""
-        if self.broadcast is None:
+        """Elastic rollout: the weight-sync groups formed anew, as the driver numbers their
+        members now (the actor's ranks first, then the rollout engines it keeps). A new engine
+        connects to the actor's store where the operator's env says it is."""
+        if self.weight_sync is None:
             addr = os.environ.get(Env.WEIGHT_SYNC_ADDR, addr)
             port = int(os.environ.get(Env.WEIGHT_SYNC_PORT, port))
-            timeout = self.collective_timeout
-            self.broadcast = BroadcastGroup(addr, port, world_size, rank, self.device, timeout, False, generation)
+            self.weight_sync = WeightSyncGroup(
+                addr, port, world_size, rank, self.device, self.collective_timeout, False, generation
+            )
         else:
-            self.broadcast.reform(generation, world_size, rank)
+            self.weight_sync.reform(generation, world_size, rank)
 
     def send_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
-        """Every actor rank: rank 0 broadcasts; with a sharded policy the others must still
-        take part in gathering each full tensor."""
-        assert self.actor is not None
-        if self.broadcast is None:
-            for _ in self.actor.named_weights():
-                pass
-            return 0
-        named = self.actor.named_weights()
+        """Every actor rank sends its own boxes of the weights (its shards); with LoRA rank 0
+        sends the merged weights, gathered with the others."""
+        assert self.actor is not None and self.weight_sync is not None
+        self.last_sync = SyncLedger()
+        merged = len(manifest[0].boxes) == 1 if manifest else False  # one sender: whole tensors
+        named = self.actor.named_weights() if merged else iter(self.actor.model.state_dict().items())
         try:
-            return self.broadcast.send(named, manifest, bucket_bytes)
+            if merged and self.spec.rank != 0:
+                for _ in named:  # gathering each merged weight is a collective of the actor's ranks
+                    pass
+                return 0
+            return self.weight_sync.send(named, manifest, bucket_bytes, self.last_sync)
         except RuntimeError:
-            # A rollout engine left mid-broadcast (elastic rollout): the other actor ranks gather
-            # every tensor with this one, so take part to the end before the driver retries.
+            # A rollout engine left mid-sync (elastic rollout): the other actor ranks gather
+            # every merged tensor with this one, so take part to the end before the driver retries.
             for _ in named:
                 pass
             raise
 
     def receive_weights(self, manifest: Manifest, bucket_bytes: int) -> int:
-        """Rollout ranks: the broadcast into the running engine."""
-        assert self.engine is not None and self.broadcast is not None
-        return load_into_engine(
-            self.engine, self.broadcast.receive(manifest, bucket_bytes), [spec.name for spec in manifest]
-        )
+        """Rollout ranks: every sender's boxes, assembled tensor by tensor into the running engine."""
+        assert self.engine is not None and self.weight_sync is not None
+        self.last_sync = SyncLedger()
+        received = self.weight_sync.receive(manifest, bucket_bytes, self.last_sync)
+        return load_into_engine(self.engine, received, [spec.name for spec in manifest])
+
+    def sync_ledger(self) -> SyncLedger:
+        """The bytes this rank sent, received and held at most in its last weight sync."""
+        return self.last_sync
 
     # --- checkpoints -------------------------------------------------------------------------------
     # checkpoint.async_save's write in flight (each rank's own, once save_in_background set it).

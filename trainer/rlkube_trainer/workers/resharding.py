@@ -24,6 +24,7 @@ rest is never read (a test fills it with NaN to prove it) and never moved.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -32,6 +33,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from rlkube_trainer.workers.shard_boxes import Box, Holdings, SyncLedger, boxes_by_rank, nbytes
 
 # vLLM pads the vocabulary of its embedding and LM head to a multiple of this before
 # splitting it (vocab_parallel_embedding.DEFAULT_VOCAB_PADDING_SIZE).
@@ -252,73 +255,118 @@ def gather_full_tensors(
         yield from out
 
 
+def _need_box(need: Slice | None, shape: tuple[int, ...]) -> Box:
+    if need is None:
+        return Box.whole(shape)
+    offset = tuple(need.start if d == need.dim else 0 for d in range(len(shape)))
+    return Box(offset, need.shape(shape))
+
+
+def _sharded_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int) -> Iterator[Named]:
+    """Consecutive DTensors of one dtype, up to `bucket_bytes` of full tensors (a larger one
+    alone); a plain tensor alone. Every rank forms the same buckets (names, shapes, dtypes)."""
+    bucket: Named = []
+    size = 0
+    for name, tensor in named:
+        full_bytes = tensor.numel() * tensor.element_size()
+        sharded = hasattr(tensor, "device_mesh")
+        if bucket and (not sharded or tensor.dtype != bucket[0][1].dtype or size + full_bytes > bucket_bytes):
+            yield bucket
+            bucket, size = [], 0
+        if not sharded:
+            yield [(name, tensor)]
+            continue
+        bucket.append((name, tensor))
+        size += full_bytes
+    if bucket:
+        yield bucket
+
+
 def gather_slices(
-    named: Iterable[tuple[str, torch.Tensor]], need: NeedFn, device: torch.device, bucket_bytes: int
+    named: Iterable[tuple[str, torch.Tensor]],
+    need: NeedFn,
+    device: torch.device,
+    bucket_bytes: int,
+    ledger: SyncLedger | None = None,
 ) -> Iterator[tuple[str, torch.Tensor, Slice | None, int]]:
     """(name, this rank's slice, which slice, bytes received) for every tensor, in buckets of
-    about `bucket_bytes` of full tensors (`shard_buckets`): one all-to-all per bucket over the
-    shard group, so every rank of the group must iterate.
+    about `bucket_bytes` of full tensors: one all-to-all per bucket over the default group, so
+    every rank must iterate.
 
-    `need(name, shape, global_rank)` says which slice a rank keeps: every rank knows every
-    other's, so each sends just what the others need from its rows."""
+    Whatever the training layout (FSDP2 rows, tensor-parallel rows or columns, both on a 2-D
+    mesh, replicas), each rank's box of each tensor comes from its DTensor placements
+    (`shard_boxes`), and `need(name, shape, global_rank)` says which slice a rank keeps: every
+    rank knows every other's, so each sends each other rank exactly the overlap of its box and
+    their slice, and no rank holds more than its slices of one bucket and what it sends of it."""
+    ledger = ledger if ledger is not None else SyncLedger()
     me = dist.get_rank() if dist.is_initialized() else 0
-    for group, bucket in shard_buckets(named, bucket_bytes):
-        if group is None:
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    named = list(named)
+    held = dict(zip((name for name, _ in named), boxes_by_rank([t for _, t in named]), strict=True))
+    for bucket in _sharded_buckets(named, bucket_bytes):
+        if not hasattr(bucket[0][1], "device_mesh"):
             name, tensor = bucket[0]
             mine = need(name, tuple(tensor.shape), me)
-            if hasattr(tensor, "full_tensor"):  # sharded some other way: gather it whole
-                full = tensor.full_tensor().detach()
-                local_numel = tensor.to_local().numel()  # type: ignore[attr-defined]
-                received = (full.numel() - local_numel) * full.element_size()
-            else:
-                full, received = tensor.detach(), 0
-            piece = full.narrow(mine.dim, mine.start, mine.length) if mine is not None else full
-            yield name, piece.to(device), mine, received
+            piece = tensor.detach().narrow(mine.dim, mine.start, mine.length) if mine is not None else tensor.detach()
+            yield name, piece.to(device), mine, 0
             continue
-        members = dist.get_process_group_ranks(group)
-        index = members.index(me)
-        # sends[j]: what this rank sends member j, tensor by tensor; recv[t][j]: the elements of
-        # tensor t that arrive from member j.
-        sends: list[list[torch.Tensor]] = [[] for _ in members]
-        recv: list[list[int]] = []
+        # Per tensor: its distinct boxes and holders, each rank's need, and for each receiver
+        # the (box index, overlap) pairs it gets, in box order, from whom.
+        plans = []
+        sends: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        recv_sizes = [0] * world
         for name, tensor in bucket:
             shape = tuple(tensor.shape)
-            mine = need(name, shape, me)
+            holdings = Holdings.of(held[name])
+            needs = [_need_box(need(name, shape, r), shape) for r in range(world)]
             local = _local(tensor, device)
-            own = _shard_rows(shape[0], len(members), index)
-            sizes = []
-            for j, member in enumerate(members):
-                theirs = need(name, shape, member)
-                rows = _overlap(own, theirs.rows(shape[0]) if theirs is not None else (0, shape[0]))
-                block = local[rows[0] - own[0] : rows[1] - own[0]]
-                if theirs is not None and theirs.dim != 0:
-                    block = block.narrow(theirs.dim, theirs.start, theirs.length)
-                sends[j].append(block.reshape(-1))
-                their_rows = _shard_rows(shape[0], len(members), j)
-                wanted = _overlap(their_rows, mine.rows(shape[0]) if mine is not None else (0, shape[0]))
-                sizes.append(math.prod(_piece(shape, wanted, mine)))
-            recv.append(sizes)
+            mine_box = held[name][me]
+            incoming = []
+            for i, box in enumerate(holdings.boxes):
+                for receiver in range(world):
+                    overlap = box.intersect(needs[receiver])
+                    if overlap is None or holdings.source(i, receiver) != me:
+                        continue
+                    assert mine_box == box
+                    sends[receiver].append(local[overlap.within(box)].reshape(-1))
+                overlap = box.intersect(needs[me])
+                if overlap is not None:
+                    source = holdings.source(i, me)
+                    incoming.append((source, overlap))
+                    recv_sizes[source] += overlap.numel
+            plans.append((name, shape, needs[me], incoming))
         send_sizes = [sum(b.numel() for b in blocks) for blocks in sends]
-        recv_sizes = [sum(sizes[j] for sizes in recv) for j in range(len(members))]
         dtype = bucket[0][1].dtype
-        out = torch.empty(sum(recv_sizes), dtype=dtype, device=device)
-        dist.all_to_all_single(
-            out, torch.cat([b for blocks in sends for b in blocks]), recv_sizes, send_sizes, group=group
-        )
+        flat = torch.cat([b for blocks in sends for b in blocks]) if sum(send_sizes) else torch.empty(0, dtype=dtype)
         del sends
-        # From each member, its pieces of the bucket's tensors in order; a tensor's pieces in
-        # member order are in row order: together they are its slice.
-        from_member = list(torch.split(out, recv_sizes))
-        for t, (name, tensor) in enumerate(bucket):
-            shape = tuple(tensor.shape)
+        out = torch.empty(sum(recv_sizes), dtype=dtype, device=device)
+        ledger.hold(flat)
+        ledger.hold(out)
+        dist.all_to_all_single(out, flat.to(device), recv_sizes, send_sizes)
+        ledger.sent += nbytes(sum(send_sizes) - send_sizes[me], dtype)
+        ledger.release(flat)
+        del flat
+        # From each rank, its pieces of the bucket's tensors in the order both sides planned.
+        from_rank = list(torch.split(out, recv_sizes))
+        slices = []
+        for name, shape, mine_box, incoming in plans:
+            piece = torch.empty(mine_box.shape, dtype=dtype, device=device)
+            ledger.hold(piece)
+            received = 0
+            for source, overlap in incoming:
+                piece[overlap.within(mine_box)] = from_rank[source][: overlap.numel].view(overlap.shape)
+                from_rank[source] = from_rank[source][overlap.numel :]
+                if source != me:
+                    received += nbytes(overlap.numel, dtype)
             mine = need(name, shape, me)
-            pieces = []
-            for j in range(len(members)):
-                pieces.append(from_member[j][: recv[t][j]])
-                from_member[j] = from_member[j][recv[t][j] :]
-            piece_shape = mine.shape(shape) if mine is not None else shape
-            received = (sum(recv[t]) - recv[t][index]) * out.element_size()
-            yield name, torch.cat(pieces).view(piece_shape), mine, received
+            slices.append((name, piece, mine, received))
+        ledger.received += nbytes(sum(recv_sizes) - recv_sizes[me], dtype)
+        ledger.release(out)
+        del out, from_rank
+        for name, piece, mine, received in slices:
+            yield name, piece, mine, received
+        for _, piece, _, _ in slices:
+            ledger.release(piece)
 
 
 def staged(piece: torch.Tensor, part: Slice | None, full_shape: tuple[int, ...]) -> torch.Tensor:
@@ -331,3 +379,38 @@ def staged(piece: torch.Tensor, part: Slice | None, full_shape: tuple[int, ...])
         buffer.fill_(float("nan"))
     buffer.narrow(part.dim, part.start, part.length).copy_(piece)
     return buffer
+
+
+def load_slices(
+    engine: Any, model: torch.nn.Module, tp: int, device: torch.device, bucket_bytes: int, ledger: SyncLedger
+) -> int:
+    """Colocated, tensor parallel: this rank's slice of each tensor, from the training shards
+    (`gather_slices`), into its own engine, each in a full-shaped buffer (`staged`) made only
+    as the engine takes it. Returns the bytes of the slices."""
+    log = logging.getLogger("rlkube.trainer")
+    shape = ModelShape.of(model.config)
+    state = model.state_dict()
+    loaded = 0
+
+    def slices() -> Iterator[tuple[str, torch.Tensor]]:
+        nonlocal loaded
+        for name, piece, part, _ in gather_slices(
+            state.items(), lambda n, s, r: tp_slice(n, s, shape, tp, r % tp), device, bucket_bytes, ledger
+        ):
+            loaded += piece.numel() * piece.element_size()
+            buffer = staged(piece, part, tuple(state[name].shape))
+            if buffer is not piece:
+                ledger.hold(buffer)
+            yield name, buffer
+            if buffer is not piece:
+                ledger.release(buffer)
+
+    engine.update_weights(slices(), list(state))
+    log.info(
+        "weight sync: %d bytes of tensor-parallel slices, %d received from other ranks, %d held at most%s",
+        loaded,
+        ledger.received,
+        ledger.peak,
+        " (the rest of each tensor NaN)" if os.environ.get(CHECK_SLICES_ENV) else "",
+    )
+    return loaded
