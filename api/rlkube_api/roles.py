@@ -47,6 +47,7 @@ _NO_PODS_NO_TEMPLATE = "a role inside the actor's workers has no pods: set the a
 _WORLD_SIZE = "(self.replicas * (has(self.gpusPerReplica) && self.gpusPerReplica > 0 ? self.gpusPerReplica : 1))"
 # The ranks one model replica spans (tensor × pipeline × sequence parallel); the world size over
 # it is the data-parallel factor FSDP2 shards over.
+_ACTOR_WORLD_SIZE = "(self.actor.replicas * (has(self.actor.gpusPerReplica) && self.actor.gpusPerReplica > 0 ? self.actor.gpusPerReplica : 1))"
 _MODEL_PARALLEL = "(self.tensorParallelSize * self.pipelineParallelSize * self.ulyssesSequenceParallelSize)"
 _MODEL_PARALLEL_FIELDS = (
     "tensorParallelSize",
@@ -265,20 +266,6 @@ class RoleSpec(_PodRole, _ModelParallel):
             "a role colocated with another is sharded like its host: fsdpSize has no effect",
             ".fsdpSize",
         ),
-        *(
-            CelRule(
-                f"!has(self.colocateWith) || self.{name} == 1",
-                f"a role colocated with another runs in its host's ranks and layout: {name} has no effect",
-                f".{name}",
-            )
-            for name in ("tensorParallelSize", "pipelineParallelSize", "ulyssesSequenceParallelSize")
-        ),
-        CelRule(
-            "!has(self.colocateWith) || !has(self.virtualPipelineParallelSize)",
-            "a role colocated with another runs in its host's ranks and layout: virtualPipelineParallelSize "
-            "has no effect",
-            ".virtualPipelineParallelSize",
-        ),
         CelRule(
             "!has(self.colocateWith) || self.replicas == 1",
             "a role colocated with another has no pods: replicas has no effect",
@@ -386,6 +373,18 @@ class Roles(ApiModel):
             "!has(self.reward) || !has(self.reward.virtualPipelineParallelSize)",
             "the reward model is loaded whole on each rank: roles.reward.virtualPipelineParallelSize has no effect",
             ".reward.virtualPipelineParallelSize",
+        ),
+        # A role colocated with the actor runs on the actor's ranks, in a layout of its own.
+        *(
+            CelRule(
+                f"!has(self.{role}) || !has(self.{role}.colocateWith) || {_ACTOR_WORLD_SIZE} % "
+                f"(self.{role}.tensorParallelSize * self.{role}.pipelineParallelSize"
+                f" * self.{role}.ulyssesSequenceParallelSize) == 0",
+                "a role colocated with the actor runs on the actor's ranks: tensorParallelSize × "
+                "pipelineParallelSize × ulyssesSequenceParallelSize must divide the actor's world size",
+                f".{role}.tensorParallelSize",
+            )
+            for role in ("critic", "reference")
         ),
         CelRule(
             "!has(self.reference) || self.reference.pipelineParallelSize == 1",

@@ -131,9 +131,19 @@ INVALID = [
         ("spec.roles.actor.fsdpSize", "data-parallel ranks"),
     ),
     Case(
-        "colocated-role-with-a-layout",
-        _set("spec.roles.reference.ulyssesSequenceParallelSize", 2),
-        ("spec.roles.reference.ulyssesSequenceParallelSize", "has no effect"),
+        "pipeline-beside-tensor-parallel",
+        _all(_set("spec.roles.actor.tensorParallelSize", 2), _set("spec.roles.actor.pipelineParallelSize", 2)),
+        ("spec.roles.actor.pipelineParallelSize", "runs with tensorParallelSize and ulyssesSequenceParallelSize 1"),
+    ),
+    Case(
+        "reward-model-tensor-parallel",
+        _set("spec.roles.reward", {"colocateWith": "actor", "tensorParallelSize": 2}),
+        ("spec.roles.reward.tensorParallelSize", "loaded whole on each rank"),
+    ),
+    Case(
+        "colocated-role-with-a-layout-that-does-not-divide-the-actor",
+        _set("spec.roles.reference.ulyssesSequenceParallelSize", 3),
+        ("spec.roles.reference.tensorParallelSize", "must divide the actor's world size"),
     ),
     Case(
         "fit-names-and-states-the-model",
