@@ -65,7 +65,7 @@ LAG_KEYS = (
     "timing_s/gen",
 )
 # The driver's line for each weight-sync group it forms (elastic_rollout.py `_reform`).
-GROUP = re.compile(r"weight-sync group (\d+): actor rank 0 and rollout ranks \[([\d, ]*)\]")
+GROUP = re.compile(r"weight-sync group (\d+): the actor's ranks and rollout ranks \[([\d, ]*)\]")
 
 
 def _groups(log: str) -> list[list[int]]:
