@@ -12,15 +12,15 @@ import pytest
 import torch
 
 from rlkube_trainer.loop.assembly import free_port
-from rlkube_trainer.workers.weight_sync import BroadcastGroup
+from rlkube_trainer.workers.weight_sync import WeightSyncGroup
 
 
 def test_a_collective_without_its_peer_fails_after_the_configured_timeout() -> None:
     port, timeout = free_port(), datetime.timedelta(seconds=2)
-    groups: dict[int, BroadcastGroup] = {}
+    groups: dict[int, WeightSyncGroup] = {}
 
     def join(rank: int) -> None:
-        groups[rank] = BroadcastGroup("127.0.0.1", port, 2, rank, torch.device("cpu"), timeout)
+        groups[rank] = WeightSyncGroup("127.0.0.1", port, 2, rank, torch.device("cpu"), timeout, senders=1)
 
     threads = [threading.Thread(target=join, args=(rank,)) for rank in (0, 1)]
     for thread in threads:
@@ -31,7 +31,7 @@ def test_a_collective_without_its_peer_fails_after_the_configured_timeout() -> N
     start = time.monotonic()
     with pytest.raises(RuntimeError):
         # Rank 1 never takes part: the broadcast must give up after 2 s, not 300.
-        groups[0].group.allreduce([torch.ones(4)]).wait()
+        groups[0].groups[0].allreduce([torch.ones(4)]).wait()
     assert time.monotonic() - start < 60
 
 
