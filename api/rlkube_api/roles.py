@@ -75,13 +75,6 @@ def _model_parallel_rules(guard: str) -> tuple[CelRule, ...]:
             "so on one node)",
             ".tensorParallelSize",
         ),
-        # Pipeline stages are proven alone (tests/trainer/test_pipeline_parallel.py); composed
-        # with tensor or sequence parallel they are not, so such a layout is refused here.
-        CelRule(
-            "self.pipelineParallelSize == 1 || (self.tensorParallelSize == 1 && self.ulyssesSequenceParallelSize == 1)",
-            "pipelineParallelSize above 1 runs with tensorParallelSize and ulyssesSequenceParallelSize 1",
-            ".pipelineParallelSize",
-        ),
         CelRule(
             "!has(self.virtualPipelineParallelSize) || self.pipelineParallelSize > 1",
             "virtualPipelineParallelSize needs pipelineParallelSize above 1 (it divides each stage's layers "

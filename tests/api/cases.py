@@ -131,11 +131,6 @@ INVALID = [
         ("spec.roles.actor.fsdpSize", "data-parallel ranks"),
     ),
     Case(
-        "pipeline-beside-tensor-parallel",
-        _all(_set("spec.roles.actor.tensorParallelSize", 2), _set("spec.roles.actor.pipelineParallelSize", 2)),
-        ("spec.roles.actor.pipelineParallelSize", "runs with tensorParallelSize and ulyssesSequenceParallelSize 1"),
-    ),
-    Case(
         "reward-model-tensor-parallel",
         _set("spec.roles.reward", {"colocateWith": "actor", "tensorParallelSize": 2}),
         ("spec.roles.reward.tensorParallelSize", "loaded whole on each rank"),
@@ -336,7 +331,7 @@ INVALID = [
     Case(
         "reference-mixed-precision",
         _set("spec.ref.fsdpConfig", {"mixedPrecision": {"paramDtype": "fp32"}}),
-        ("spec.ref.fsdpConfig.mixedPrecision", "mixedPrecision applies to actor and critic"),
+        ("spec.ref.fsdpConfig.mixedPrecision.paramDtype", "applies to actor and critic"),
     ),
     Case(
         "reference-model-dtype",

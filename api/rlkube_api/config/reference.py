@@ -20,13 +20,15 @@ class ReferenceConfig(ApiModel):
         ),
         # The reference only runs forward passes in the dtype the model loads in (bf16 on GPU,
         # fp32 on CPU): it has no master weights to keep in another dtype and no gradients.
-        CelRule(
-            "!has(self.fsdpConfig) || !has(self.fsdpConfig.mixedPrecision)"
-            " || ((!has(self.fsdpConfig.mixedPrecision.paramDtype) || self.fsdpConfig.mixedPrecision.paramDtype == 'bf16')"
-            " && (!has(self.fsdpConfig.mixedPrecision.reduceDtype) || self.fsdpConfig.mixedPrecision.reduceDtype == 'fp32'))",
-            "the reference computes in the dtype it loads in (bf16 on GPU) and reduces no gradients: "
-            "mixedPrecision applies to actor and critic",
-            ".fsdpConfig.mixedPrecision",
+        *(
+            CelRule(
+                f"!has(self.fsdpConfig) || !has(self.fsdpConfig.mixedPrecision)"
+                f" || !has(self.fsdpConfig.mixedPrecision.{name}) || self.fsdpConfig.mixedPrecision.{name} == '{default}'",
+                "the reference computes in the dtype it loads in (bf16 on GPU) and reduces no gradients: "
+                f"mixedPrecision.{name} applies to actor and critic",
+                f".fsdpConfig.mixedPrecision.{name}",
+            )
+            for name, default in (("paramDtype", "bf16"), ("reduceDtype", "fp32"))
         ),
         CelRule(
             "!has(self.fsdpConfig) || !has(self.fsdpConfig.modelDtype) || self.fsdpConfig.modelDtype == 'fp32'",
