@@ -210,7 +210,7 @@ def test_episodes_train_against_a_separate_rollout_rank_over_ray(tmp_path: Path)
 
     result = run(config)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "weight-sync group: rank 1 of 2" in result.stderr  # the rollout rank joined the broadcast
+    assert "weight-sync group 0: rank 1 of 2, 1 senders" in result.stderr  # the rollout rank joined the group
     logged = metrics(tmp_path)
     steps = [r for r in logged if r["step"] >= 1 and "critic/score/mean" in r]
     assert [int(r["step"]) for r in steps] == list(range(1, SEPARATE_STEPS + 1))

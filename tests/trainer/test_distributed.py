@@ -103,7 +103,8 @@ def test_two_actor_ranks_critic_and_separate_rollout_learn(learning_run: Run) ->
     result = learning_run.result
     assert result.returncode == 0, result.stderr[-4000:]
     assert "ready: actor rank 1" in result.stderr
-    assert "weight-sync group: rank 1 of 2" in result.stderr  # the rollout worker joined the broadcast
+    # The rollout worker joined the weight-sync groups after both actor ranks (the senders).
+    assert "weight-sync group 0: rank 2 of 3, 2 senders" in result.stderr
     rows = learning_run.metrics
     scores = [r["critic/score/mean"] for r in rows if r["step"] >= 1]
     assert scores[0] < 0.3
