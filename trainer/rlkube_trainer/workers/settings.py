@@ -98,14 +98,21 @@ def declared_arguments(function: Any, values: Settings) -> Settings:
     return {name: value for name, value in values.items() if name in declared}
 
 
+def trainable_settings(trainable: Trainable, total_steps: int) -> Settings:
+    """What every trained role runs with: its model, optimizer and mini- and micro-batching."""
+    return {
+        "model": model_settings(trainable.model),
+        "optimizer": optimizer_settings(trainable, total_steps),
+        "ppo_epochs": trainable.ppo_epochs,
+        "samples_per_mini_batch": trainable.samples_per_mini_batch,
+        "micro_batching": _batching(trainable.micro_batching),
+    }
+
+
 def actor_settings(actor: Actor, total_steps: int) -> Settings:
     config = actor.config
     return {
-        "model": model_settings(actor.model),
-        "optimizer": optimizer_settings(actor, total_steps),
-        "ppo_epochs": actor.ppo_epochs,
-        "samples_per_mini_batch": actor.samples_per_mini_batch,
-        "micro_batching": _batching(actor.micro_batching),
+        **trainable_settings(actor, total_steps),
         "log_prob_batching": _batching(actor.log_prob_batching),
         "shuffle": actor.shuffle,
         "packed": actor.packed,
@@ -144,11 +151,7 @@ def actor_settings(actor: Actor, total_steps: int) -> Settings:
 def critic_settings(critic: Critic, total_steps: int) -> Settings:
     config = critic.config
     return {
-        "model": model_settings(critic.model),
-        "optimizer": optimizer_settings(critic, total_steps),
-        "ppo_epochs": critic.ppo_epochs,
-        "samples_per_mini_batch": critic.samples_per_mini_batch,
-        "micro_batching": _batching(critic.micro_batching),
+        **trainable_settings(critic, total_steps),
         "forward_batching": _batching(critic.forward_batching),
         "packed": critic.packed,
         "lora": dataclasses.asdict(critic.lora),
