@@ -65,6 +65,17 @@ def gathered(part: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def scored_batch(actor: Any, critic: Any, vocab: Any, shares: torch.Tensor, update: int) -> TrainBatch:
+    """This rank's share of update `update`'s batch, with the old log-probs, values and returns
+    the actor's and the critic's updates read."""
+    batch: TrainBatch = global_batch(vocab, seed=update).select(shares)
+    batch.old_log_probs = actor.compute_log_prob(batch)
+    batch.values = critic.compute_values(batch)
+    assert batch.advantages is not None
+    batch.returns = batch.values + batch.advantages
+    return batch
+
+
 def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     cpu = torch.device("cpu")
     actor, critic = build_actor(config, cpu, total_steps=10), build_critic(config, cpu, total_steps=10)
@@ -74,11 +85,7 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     shares = torch.arange(SAMPLES)[split(SAMPLES, world)[rank]]
     results: dict[str, Any] = {"actor": [], "critic": []}
     for update in range(UPDATES):
-        batch: TrainBatch = global_batch(vocab, seed=update).select(shares)
-        batch.old_log_probs = actor.compute_log_prob(batch)
-        batch.values = critic.compute_values(batch)
-        assert batch.advantages is not None
-        batch.returns = batch.values + batch.advantages
+        batch = scored_batch(actor, critic, vocab, shares, update)
         if update == 0:
             results["old_log_probs"] = gathered(batch.old_log_probs)
             results["values"] = gathered(batch.values)

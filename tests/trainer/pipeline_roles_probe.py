@@ -13,11 +13,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
-from fsdp_probe import SAMPLES, global_batch  # type: ignore[import-not-found]
-from model_parallel_probe import UPDATES, first_step_gradients, full, gathered  # type: ignore[import-not-found]
+from fsdp_probe import SAMPLES  # type: ignore[import-not-found]
+from model_parallel_probe import UPDATES, first_step_gradients, full, gathered, scored_batch  # type: ignore[import-not-found]
 
 from rlkube_api.validation import parse_trainer_config
-from rlkube_trainer.batch import TrainBatch
 from rlkube_trainer.cluster.rank_group import split
 from rlkube_trainer.workers.builders import build_actor, build_critic
 
@@ -30,11 +29,7 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
     shares = torch.arange(SAMPLES)[split(SAMPLES, world)[rank]]
     results: dict[str, Any] = {"actor": [], "critic": []}
     for update in range(UPDATES):
-        batch: TrainBatch = global_batch(vocab, seed=update).select(shares)
-        batch.old_log_probs = actor.compute_log_prob(batch)
-        batch.values = critic.compute_values(batch)
-        assert batch.advantages is not None
-        batch.returns = batch.values + batch.advantages
+        batch = scored_batch(actor, critic, vocab, shares, update)
         if update == 0:
             results["old_log_probs"] = gathered(batch.old_log_probs)
             results["values"] = gathered(batch.values)
