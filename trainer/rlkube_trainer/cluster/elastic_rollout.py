@@ -149,8 +149,9 @@ class NoRolloutEngine(RuntimeError):
 
 class ElasticRollout:
     """`ppo.Rollout` over rollout engines that come and go (separate placement, one process
-    per engine). The weights reach them from actor rank 0 over the weight-sync group,
-    re-formed whenever its members change."""
+    per engine). The weights reach them from every actor rank (each sends its own slices; under
+    LoRA or a pipeline, rank 0 sends them whole) over the weight-sync group, re-formed whenever its
+    members change."""
 
     def __init__(
         self,
