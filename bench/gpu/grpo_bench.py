@@ -46,6 +46,11 @@ ROOT = Path(__file__).resolve().parents[2]
 for _sub in ("trainer", "api"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
+# The reward pool's workers are fresh interpreters (python -m rlkube_trainer.reward.pool): they
+# find the trainer through PYTHONPATH, not through this process's sys.path.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "trainer"), str(ROOT / "api"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+)
 
 # Colocated: the engine lives in this process (weights move by reference). flashinfer is not
 # installed on the benchmark host: its sampler import would fail.
