@@ -641,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             print(trace_bins(path))
         return 0
     gb.log(f"async_bench: {vars(args)}")
+    gb.trainer_on_pythonpath()
     return main_run(args)
 
 

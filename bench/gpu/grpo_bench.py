@@ -46,11 +46,16 @@ ROOT = Path(__file__).resolve().parents[2]
 for _sub in ("trainer", "api"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
-# The reward pool's workers are fresh interpreters (python -m rlkube_trainer.reward.pool): they
-# find the trainer through PYTHONPATH, not through this process's sys.path.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [str(ROOT / "trainer"), str(ROOT / "api"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-)
+
+
+def trainer_on_pythonpath() -> None:
+    """The reward pool's workers are fresh interpreters (python -m rlkube_trainer.reward.pool):
+    they find the trainer through PYTHONPATH, not through this process's sys.path."""
+    paths = [str(ROOT / "trainer"), str(ROOT / "api")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [*paths, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+
 
 # Colocated: the engine lives in this process (weights move by reference). flashinfer is not
 # installed on the benchmark host: its sampler import would fail.
@@ -1140,6 +1145,7 @@ def _sizes_table(sizes: list[dict[str, Any]], trl_sizes: dict[str, dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    trainer_on_pythonpath()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["rlkube", "trl", "mp-engine", "report"])
     parser.add_argument("paths", nargs="*", type=Path, help="report: the JSON files")
