@@ -53,6 +53,15 @@ def rljob(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
 
 
+def shared(workdir: Path) -> list[dict[str, Any]]:
+    """spec.volumes: the work folder as a volume every pod mounts, so that checkpoint.dir under it
+    is shared storage (the API refuses a checkpoint.dir in a container's own filesystem). On one
+    host the pods are processes and the folder is simply there; the claim is never looked up."""
+    return [
+        {"name": "work", "mountPath": str(workdir), "source": {"persistentVolumeClaim": {"claimName": "bench-work"}}}
+    ]
+
+
 def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     """The tiny task's trainer config as an RLJob spec (camelCase), on 1 or 2 GPUs."""
     from rlkube_trainer.tiny.task import init
@@ -61,6 +70,7 @@ def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     config = yaml.safe_load(init(task, "grpo", 60).read_text())
     spec: dict[str, Any] = {
         "image": "rlkube-trainer:bench",
+        "volumes": shared(workdir),
         "model": {"path": config["model"]["path"]},
         "data": {
             "trainFiles": config["data"]["train_files"],
@@ -94,6 +104,7 @@ def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
 def tput_job(workdir: Path, model: Path, data: Path, placement: str) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "image": "rlkube-trainer:bench",
+        "volumes": shared(workdir),
         "model": {"path": str(model)},
         "data": {
             "trainFiles": [str(data)],
