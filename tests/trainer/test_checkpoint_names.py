@@ -50,3 +50,14 @@ def test_a_dense_model_passes_through(tmp_path: Path) -> None:
     names = CheckpointNames(model, model.state_dict().items())
     assert not names.converts
     assert [n for n, _ in names.tensors(model.state_dict().items())] == list(model.state_dict())
+
+
+def test_vllm_on_cpu_refuses_a_mixture_of_experts_it_could_not_update(tmp_path: Path) -> None:
+    """vLLM's CPU experts keep the weights they were packed with: the rollout is refused before
+    the engine starts, naming the model, rather than sampling from a stale policy."""
+    from rlkube_trainer.rollout.vllm.weights import check_updatable_on_cpu  # noqa: PLC0415
+
+    moe = build_model(tmp_path / "moe", experts=4)
+    with pytest.raises(ValueError, match=r"model.path .*moe: a mixture of experts \(4 experts, Qwen3MoeForCausalLM\)"):
+        check_updatable_on_cpu(str(moe))
+    check_updatable_on_cpu(str(build_model(tmp_path / "dense")))
