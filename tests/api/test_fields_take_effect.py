@@ -13,8 +13,6 @@ the test also fails when one of them starts to take effect (the list is stale)."
 from __future__ import annotations
 
 import copy
-import functools
-import json
 import types
 import typing
 from typing import Any, Literal, Union, get_args, get_origin
@@ -25,8 +23,6 @@ import pytest
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-import rlkube_api.base
-from rlkube_api.base import CelRule
 from rlkube_api.rljob import RLJob, RLJobSpec
 from rlkube_api.validation import parse_rljob, parse_trainer_config
 from rlkube_operator.desired import desired_children
@@ -145,23 +141,6 @@ def _verdict(base_obj: dict[str, Any], base_children: list[dict[str, Any]], path
     except Exception as exc:  # a builder crash on a valid spec is a finding too
         return f"builders raised {type(exc).__name__}: {exc}"
     return None if children != base_children else f"set to {value!r}: no child or trainer config changed"
-
-
-@pytest.fixture
-def remembered_cel_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each model's CEL rules evaluated once per distinct value. A variant changes one field, so
-    nearly every sub-object it validates is one validated before; the rules are pure functions of
-    the value, and evaluating them (celpy walks each rule's tree) was nearly all this test's time."""
-    evaluate = rlkube_api.base.first_failing_rule
-
-    @functools.cache
-    def remembered(rules: tuple[CelRule, ...], value: str) -> CelRule | None:
-        return evaluate(list(rules), json.loads(value))
-
-    def first_failing_rule(rules: list[CelRule], self_value: Any) -> CelRule | None:
-        return remembered(tuple(rules), json.dumps(self_value, sort_keys=True))
-
-    monkeypatch.setattr(rlkube_api.base, "first_failing_rule", first_failing_rule)
 
 
 @pytest.mark.usefixtures("remembered_cel_verdicts")
