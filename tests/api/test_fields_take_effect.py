@@ -28,6 +28,9 @@ from rlkube_api.validation import parse_rljob, parse_trainer_config
 from rlkube_operator.desired import desired_children
 from tests.operator.helpers import GPU, RAY_TOKEN, UID, example
 
+# Every test here validates many variants of one spec.
+pytestmark = pytest.mark.usefixtures("remembered_cel_verdicts")
+
 # Fields whose effect is outside the pure builders, with the place that reads them.
 ELSEWHERE: dict[str, str] = {
     "suspend": "desired_children(pods_wanted=...) in reconcile.py",
@@ -143,7 +146,6 @@ def _verdict(base_obj: dict[str, Any], base_children: list[dict[str, Any]], path
     return None if children != base_children else f"set to {value!r}: no child or trainer config changed"
 
 
-@pytest.mark.usefixtures("remembered_cel_verdicts")
 def test_every_spec_field_takes_effect_or_is_refused_by_name() -> None:
     base_obj = example(GPU)
     base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
