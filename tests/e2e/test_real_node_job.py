@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rlkube_api.names import LABEL_JOB
+from rlkube_api.names import DRIVER_METRICS_PORT, LABEL_JOB, RAY_PORT
 from rlkube_e2e import tinyjob
 from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e import real_node_kit
@@ -79,6 +79,8 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         spec["controller"]["pool"] = {"nodeSelector": {"test/index": str(apart["controller"])}}
         for role, settings in spec["roles"].items():
             settings["pool"] = {"nodeSelector": {"test/index": str(apart[role])}}
+        spec["networkPolicy"] = {"metricsNamespace": MONITORING}
+        _start_probes(kubectl, namespace, real_cluster.images["base"].ref)
         tinyjob.apply(kubectl, namespace, job)
         seen = wait_for(lambda: _inside(kubectl, namespace, f"{job.name}-actor-0"), "an exec into actor-0", 600)
         # The image's non-root user, a home of its own for the caches (Hugging Face, vLLM,
@@ -86,6 +88,7 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         # operator mounts: the node's memory, not a runtime's 64 MB default, which breaks NCCL.
         assert seen["uid"] == tinyjob.TRAINER_UID and seen["home"] == "/home/rlkube", seen
         assert seen["shm_bytes"] >= 1024**3 and seen["shm_type"] == "tmpfs", seen
+        _check_reachability(kubectl, namespace, job.name)
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 600)
         assert final["state"] == "Succeeded", final
         assert final["progress"]["step"] == STEPS
@@ -112,6 +115,57 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         role = _plugin(kubeconfig, "-n", namespace, "logs", job.name, "--role", "actor")
         assert role.returncode == 1 and role.stderr.count("error") == 1 and "is Succeeded" in role.stderr
+
+
+# The job's ports on its controller pod: Ray's GCS, Ray's client server (`ray start --head`
+# opens it) and the driver's metrics.
+JOB_PORTS = [RAY_PORT, 10001, DRIVER_METRICS_PORT]
+# The namespace the job names as its monitoring one, and another where nothing is allowed.
+MONITORING, ELSEWHERE = "tiny-monitoring", "tiny-elsewhere"
+# Probe pods: (namespace or None for the job's own, name, node). The job's controller runs on
+# node 1: the probe there reaches it across the node's bridge, the others through the routes
+# between the nodes.
+PROBES = [(ELSEWHERE, "elsewhere", 1), (None, "neighbour", 0), (MONITORING, "monitor", 0)]
+
+
+def _start_probes(kubectl: Kubectl, namespace: str, image: str) -> None:
+    """The probe pods, started with the job so they are up by the time its ports are."""
+    for other in (MONITORING, ELSEWHERE):
+        kubectl("create", "namespace", other, check=False)  # a second run finds it
+        kubectl("label", "namespace", other, "pod-security.kubernetes.io/enforce=restricted")
+    for where, name, node in PROBES:
+        pod = real_node_kit.probe_pod(name, image, node)
+        kubectl("-n", where or namespace, "apply", "-f", "-", input=json.dumps(pod))
+
+
+def _check_reachability(kubectl: Kubectl, namespace: str, job: str) -> None:
+    """The job's NetworkPolicy, as the nodes' agent enforces it: the job's own pods reach its
+    controller's ports (an actor, from the other node); a pod of the job's namespace without
+    the job's labels and a pod of another namespace reach none of them (their connections
+    time out); the monitoring namespace reaches the metrics port only."""
+    ip = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}").stdout
+    everything = dict.fromkeys(JOB_PORTS, "open")
+    started = time.monotonic()
+
+    def own_actor_reaches() -> bool:
+        return real_node_kit.reach(kubectl, namespace, f"{job}-actor-0", ip, JOB_PORTS, "trainer") == everything
+
+    wait_for(own_actor_reaches, "the controller's ports open to the job's own actor", 600, interval=1)
+    for where, name, _node in PROBES:
+
+        def running(where: str = where or namespace, name: str = name) -> bool:
+            pod = kubectl("-n", where, "get", "pod", name, "-o", "jsonpath={.status.phase}")
+            return pod.stdout == "Running"
+
+        wait_for(running, f"probe pod {name}", 60, interval=0.5)
+        seen = real_node_kit.reach(kubectl, where or namespace, name, ip, JOB_PORTS)
+        wanted = {
+            port: "open" if where == MONITORING and port == DRIVER_METRICS_PORT else "timeout" for port in JOB_PORTS
+        }
+        assert seen == wanted, f"from {where or namespace}/{name}: {seen}"
+    print(f"reachability of the job's ports checked in {time.monotonic() - started:.1f} s")
+    for where, name, _node in PROBES:
+        kubectl("-n", where or namespace, "delete", "pod", name, "--wait=false", "--grace-period=0", check=False)
 
 
 # After a job's end (its completionTime), every pod of it is gone within this many seconds.
