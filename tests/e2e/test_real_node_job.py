@@ -16,6 +16,8 @@ import pytest
 
 from rlkube_api.names import DRIVER_METRICS_PORT, LABEL_JOB, RAY_PORT
 from rlkube_e2e import tinyjob
+from rlkube_e2e.node import network_policies
+from rlkube_e2e.node.node import RealNode, find_node_binaries
 from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
@@ -115,6 +117,17 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         role = _plugin(kubeconfig, "-n", namespace, "logs", job.name, "--role", "actor")
         assert role.returncode == 1 and role.stderr.count("error") == 1 and "is Succeeded" in role.stderr
+        _agent_comes_back(real_cluster.nodes[1])
+
+
+def _agent_comes_back(node: RealNode) -> None:
+    """The NetworkPolicy agent killed (after the job, which a fail-closed gap could slow), its
+    supervisor starts it again and it loads its rules anew."""
+    log = node.logs_dir / f"{network_policies.NAME}.log"
+    synced = log.read_text().count(SYNCED)
+    real_node_kit.kill_daemon(node, find_node_binaries().network_policies)
+    wait_for(lambda: log.read_text().count(SYNCED) > synced, "the restarted agent to load its rules", 60)
+    assert node.enforcing()
 
 
 # The job's ports on its controller pod: Ray's GCS, Ray's client server (`ray start --head`
@@ -143,14 +156,27 @@ def _check_reachability(kubectl: Kubectl, namespace: str, job: str) -> None:
     controller's ports (an actor, from the other node); a pod of the job's namespace without
     the job's labels and a pod of another namespace reach none of them (their connections
     time out); the monitoring namespace reaches the metrics port only."""
-    ip = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}").stdout
     everything = dict.fromkeys(JOB_PORTS, "open")
     started = time.monotonic()
+    own: dict[int, str] = {}
+    ip = ""
 
     def own_actor_reaches() -> bool:
-        return real_node_kit.reach(kubectl, namespace, f"{job}-actor-0", ip, JOB_PORTS, "trainer") == everything
+        nonlocal ip
+        # Read each time: on a loaded machine the gang may restart, with new pods and addresses.
+        ip = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}").stdout
+        try:
+            own.update(real_node_kit.reach(kubectl, namespace, f"{job}-actor-0", ip, JOB_PORTS, "trainer"))
+        except AssertionError:  # the actor is not (or no longer) running
+            return False
+        return own == everything
 
-    wait_for(own_actor_reaches, "the controller's ports open to the job's own actor", 600, interval=1)
+    # Refused until the driver has started Ray's head and its metrics server.
+    try:
+        wait_for(own_actor_reaches, "the controller's ports open to the job's own actor", 600, interval=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last seen {own}") from None
+    waited, started = time.monotonic() - started, time.monotonic()
     for where, name, _node in PROBES:
 
         def running(where: str = where or namespace, name: str = name) -> bool:
@@ -163,11 +189,13 @@ def _check_reachability(kubectl: Kubectl, namespace: str, job: str) -> None:
             port: "open" if where == MONITORING and port == DRIVER_METRICS_PORT else "timeout" for port in JOB_PORTS
         }
         assert seen == wanted, f"from {where or namespace}/{name}: {seen}"
-    print(f"reachability of the job's ports checked in {time.monotonic() - started:.1f} s")
+    print(f"the job's ports open to its actor after {waited:.1f} s; the probes took {time.monotonic() - started:.1f} s")
     for where, name, _node in PROBES:
         kubectl("-n", where or namespace, "delete", "pod", name, "--wait=false", "--grace-period=0", check=False)
 
 
+# The agent's log line once its caches are synced, just before it writes its rules.
+SYNCED = "Caches are synced for kube-network-policies"
 # After a job's end (its completionTime), every pod of it is gone within this many seconds.
 FINISHED_WITHIN = 15.0
 

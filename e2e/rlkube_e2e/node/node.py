@@ -232,7 +232,7 @@ class RealNode:
         self._start_network_policies(binaries, enter, holder)
         self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
         # Ready for pods means NetworkPolicies enforced: the agent has loaded its rules.
-        self._wait(deadline, lambda: self.enforcing(binaries, holder), f"node {self.name}'s NetworkPolicy agent")
+        self._wait(deadline, self.enforcing, f"node {self.name}'s NetworkPolicy agent")
         self._log(f"node {self.name} Ready at {self.address} (pods {self.net.pod_cidr}); logs in {self.logs_dir}")
 
     def _start_network_policies(self, binaries: NodeBinaries, enter: list[str], holder: int) -> None:
@@ -241,9 +241,10 @@ class RealNode:
         inputs = network_policies.AgentInputs(binaries.network_policies, self.name, self.server)
         self._spawn_supervised(network_policies.NAME, enter, holder, network_policies.agent_command(inputs))
 
-    def enforcing(self, binaries: NodeBinaries, holder: int) -> bool:
+    def enforcing(self) -> bool:
         """Whether the node's NetworkPolicy agent has its nftables rules in place."""
-        enter_net = [str(binaries.nsenter), f"--target={holder}", "--net", "--"]
+        binaries = find_node_binaries()
+        enter_net = [str(binaries.nsenter), f"--target={self._holder_file.read_text().strip()}", "--net", "--"]
         return network_policies.rules_loaded([*enter_net, str(binaries.nft)])
 
     @staticmethod
