@@ -10,7 +10,7 @@ from rlkube_e2e.node import network_policies
 from rlkube_e2e.node.network_policies import AgentInputs, agent_command, rbac_objects, write_service_account
 
 
-def test_the_agent_reaches_the_apiserver_the_node_uses_as_its_node_without_nri() -> None:
+def test_the_agent_reaches_the_apiserver_the_node_uses_as_its_node() -> None:
     command = agent_command(AgentInputs(Path("/cache/kube-network-policies"), "real-0", "https://10.201.0.1:6443"))
     assert command[:4] == [
         "env",
@@ -18,7 +18,7 @@ def test_the_agent_reaches_the_apiserver_the_node_uses_as_its_node_without_nri()
         "KUBERNETES_SERVICE_PORT=6443",
         "/cache/kube-network-policies",
     ]
-    assert "--hostname-override=real-0" in command and "--disable-nri" in command
+    assert "--hostname-override=real-0" in command
     # Fails closed: packets it has not judged are dropped, not let through.
     assert not any(arg.startswith("--fail-open") for arg in command)
 

@@ -94,9 +94,10 @@ class AgentInputs:
 
 
 def agent_command(inputs: AgentInputs) -> list[str]:
-    """The agent's command line. NRI (pod IPs from the runtime before the API has them) is
-    off: the node's containerd serves no NRI socket, so the agent learns pod IPs from the API
-    a moment after a pod starts. Its metrics stay on the node's loopback."""
+    """The agent's command line. Without NRI (pod IPs from the runtime before the API has
+    them): the node's containerd serves no NRI socket, so the agent finds none, says so once
+    and learns pod IPs from the API a moment after a pod starts. (Its `--disable-nri` would
+    say the same, but v0.8.0 never reads the flag.) Its metrics stay on the node's loopback."""
     server = urlsplit(inputs.server)
     return [
         "env",
@@ -104,7 +105,6 @@ def agent_command(inputs: AgentInputs) -> list[str]:
         f"KUBERNETES_SERVICE_PORT={server.port or 443}",
         str(inputs.binary),
         f"--hostname-override={inputs.node_name}",
-        "--disable-nri",
         "--metrics-bind-address=127.0.0.1:9080",
         "--v=2",
     ]
