@@ -192,7 +192,9 @@ def _check_reachability(kubectl: Kubectl, namespace: str, job: str) -> None:
         blocked = {port for port, verdict in seen.items() if verdict == "timeout"}
         allowed = {DRIVER_METRICS_PORT} if where == MONITORING else set()
         assert reached == allowed and blocked == set(JOB_PORTS) - allowed, f"from {where or namespace}/{name}: {seen}"
-    print(f"Ray's ports open to the job's actor after {waited:.1f} s; the probes took {time.monotonic() - started:.1f} s")
+    print(
+        f"Ray's ports open to the job's actor after {waited:.1f} s; the probes took {time.monotonic() - started:.1f} s"
+    )
     for where, name, _node in PROBES:
         kubectl("-n", where or namespace, "delete", "pod", name, "--wait=false", "--grace-period=0", check=False)
 
