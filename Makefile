@@ -47,9 +47,9 @@ toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kubelet
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps
-sysdeps: ## Debian packages the nodes need (iproute2; the real node: containerd, runc, CNI plugins, iptables, conntrack), installed when missing
+sysdeps: ## Debian packages the nodes need (iproute2; the real node: containerd, runc, CNI plugins, iptables, nft, conntrack), installed when missing
 	@missing=""; export PATH="$$PATH:/usr/sbin:/sbin"; \
-	for pair in ip:iproute2 containerd:containerd runc:runc iptables:iptables conntrack:conntrack; do \
+	for pair in ip:iproute2 containerd:containerd runc:runc iptables:iptables nft:nftables conntrack:conntrack; do \
 		command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing="$$missing containernetworking-plugins"; \
 	if [ -n "$$missing" ]; then \
