@@ -76,27 +76,3 @@ def namespace(kube: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
 
     with namespace_for_test(CoreV1Api(kube), request.node.name, {"rlkube.dev/test": "true"}) as name:
         yield name
-
-
-@pytest.fixture
-def remembered_cel_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each model's CEL rules evaluated once per distinct value, for a test that validates many
-    variants of one spec: a variant changes one field, so nearly every sub-object it validates
-    is one validated before. The rules are pure functions of the value, and evaluating them
-    (celpy walks each rule's tree) is most of such a test's time."""
-    import functools
-    import json
-
-    import rlkube_api.base
-    from rlkube_api.base import CelRule
-
-    evaluate = rlkube_api.base.first_failing_rule
-
-    @functools.cache
-    def remembered(rules: tuple[CelRule, ...], value: str) -> CelRule | None:
-        return evaluate(list(rules), json.loads(value))
-
-    def first_failing_rule(rules: list[CelRule], self_value: object) -> CelRule | None:
-        return remembered(tuple(rules), json.dumps(self_value, sort_keys=True))
-
-    monkeypatch.setattr(rlkube_api.base, "first_failing_rule", first_failing_rule)

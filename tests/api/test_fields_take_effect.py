@@ -28,9 +28,6 @@ from rlkube_api.validation import parse_rljob, parse_trainer_config
 from rlkube_operator.desired import desired_children
 from tests.operator.helpers import GPU, RAY_TOKEN, UID, example
 
-# Every test here validates many variants of one spec.
-pytestmark = pytest.mark.usefixtures("remembered_cel_verdicts")
-
 # Fields whose effect is outside the pure builders, with the place that reads them.
 ELSEWHERE: dict[str, str] = {
     "suspend": "desired_children(pods_wanted=...) in reconcile.py",

@@ -344,7 +344,6 @@ def _valid(raw: dict[str, Any]) -> TrainerConfig | None:
         return None
 
 
-@pytest.mark.usefixtures("remembered_cel_verdicts")
 def test_every_trainer_field_changes_the_effective_settings(base: dict[str, Any], cache: _RankCache) -> None:
     raw, files = base["raw"], base["files"]
     defaults = TrainerConfig.model_validate(raw).model_dump(mode="json")
