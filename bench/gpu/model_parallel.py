@@ -43,7 +43,7 @@ for _sub in ("api", "trainer"):
         sys.path.insert(0, str(ROOT / _sub))
 sys.path.insert(0, str(HERE))
 
-from multi_gpu import REWARD, metrics, rljob, shared, write_prompts  # noqa: E402
+from multi_gpu import REWARD, grpo_spec, metrics, rljob, write_prompts  # noqa: E402
 
 SHAPE = {"prompts": 32, "n": 8, "prompt_len": 256, "response_len": 512}
 COMMON = {"max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "vocab_size": 152064}
@@ -73,37 +73,10 @@ def job(workdir: Path, name: str, model: Path, data: Path, steps: int) -> dict[s
         actor_role["tensorParallelSize"] = tp
     if pp > 1:
         actor_role["pipelineParallelSize"] = pp
-    spec: dict[str, Any] = {
-        "image": "rlkube-trainer:bench",
-        "volumes": shared(workdir),
-        "model": {"path": str(model), "enableGradientCheckpointing": True},
-        "data": {
-            "trainFiles": [str(data)],
-            "maxPromptLength": SHAPE["prompt_len"],
-            "maxResponseLength": SHAPE["response_len"],
-            "trainBatchSize": SHAPE["prompts"],
-            "shuffle": False,
-        },
-        "algorithm": {"advEstimator": "grpo"},
-        "actor": {
-            "optim": {"lr": 1e-6},
-            "ppoMiniBatchSize": SHAPE["prompts"],
-            "ppoMicroBatchSizePerGpu": 4,
-            "strategy": "fsdp2",
-            "fsdpConfig": {"modelDtype": master},
-        },
-        "rollout": {
-            "samplesPerPrompt": SHAPE["n"],
-            "temperature": 1.0,
-            "ignoreEos": True,
-            "gpuMemoryUtilization": 0.3,
-            "freeCacheEngine": False,
-        },
-        "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
-        "trainer": {"totalTrainingSteps": steps, "saveFreq": -1, "seed": 1},
-        "checkpoint": {"dir": str(workdir / "runs" / name / "checkpoints")},
-        "roles": {"actor": actor_role, "rollout": {"tensorParallelSize": rollout_tp}},
-    }
+    spec = grpo_spec(workdir, name, model, data, SHAPE, micro_batch=4, steps=steps)
+    spec["model"]["enableGradientCheckpointing"] = True
+    spec["actor"]["fsdpConfig"] = {"modelDtype": master}
+    spec["roles"] = {"actor": actor_role, "rollout": {"tensorParallelSize": rollout_tp}}
     return rljob(name, spec)
 
 
