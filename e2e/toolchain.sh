@@ -39,6 +39,20 @@ export GOFLAGS=${GOFLAGS:--trimpath}
 
 log() { printf '[toolchain %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# The source folder of a Go module (MODULE@VERSION) in Go's module cache, downloaded if needed.
+module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
+
+# A writable copy of a Go module's source at WORK, for a build that patches it (the module
+# cache itself is read-only, and shared).
+patchable_source() {
+  local src
+  src=$(module_dir "$1")
+  rm -rf "$2"
+  mkdir -p "$(dirname "$2")"
+  cp -r "$src" "$2"
+  chmod -R u+w "$2"
+}
+
 # Runs a command while printing a heartbeat every 30 s, so a cold build that
 # takes tens of minutes never looks hung.
 with_progress() {
@@ -152,7 +166,7 @@ build_pause() {
   command -v gcc >/dev/null || { log "pause: gcc is not installed (apt-get install gcc libc6-dev)"; exit 1; }
   log "pause (k8s v$K8S_VERSION): building"
   local src
-  src=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  src=$(module_dir "k8s.io/kubernetes@v$K8S_VERSION")
   mkdir -p "$dir/ctx"
   gcc -Os -static -o "$dir/ctx/pause" "$src/build/pause/linux/pause.c"
   strip "$dir/ctx/pause" 2>/dev/null || true
@@ -201,12 +215,9 @@ build_kwok() {
   local dest=$CACHE/$KWOK_BUILD/bin
   [[ -x $dest/kwok ]] && return
   log "kwok v$KWOK_VERSION: building (with the kubelet's UID precondition on pod deletes)"
-  local src work=$CACHE/src/$KWOK_BUILD
-  src=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  rm -rf "$work"
-  mkdir -p "$(dirname "$work")" "$dest"
-  cp -r "$src" "$work"
-  chmod -R u+w "$work"
+  local work=$CACHE/src/$KWOK_BUILD
+  mkdir -p "$dest"
+  patchable_source "sigs.k8s.io/kwok@v$KWOK_VERSION" "$work"
   local file=$work/pkg/kwok/controllers/pod_controller.go
   local call='c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, deleteOpt)'
   grep -qF "err := $call" "$file" || { log "kwok: the pod delete to patch is not in $file"; exit 1; }
@@ -226,12 +237,9 @@ build_network_policies() {
   local dest=$CACHE/$NETWORK_POLICIES_BUILD/bin
   [[ -x $dest/kube-network-policies ]] && return
   log "kube-network-policies v$NETWORK_POLICIES_VERSION: building (with the xtables NFQUEUE target)"
-  local src work=$CACHE/src/$NETWORK_POLICIES_BUILD
-  src=$(go mod download -json "sigs.k8s.io/kube-network-policies@v$NETWORK_POLICIES_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  rm -rf "$work"
-  mkdir -p "$(dirname "$work")" "$dest"
-  cp -r "$src" "$work"
-  chmod -R u+w "$work"
+  local work=$CACHE/src/$NETWORK_POLICIES_BUILD
+  mkdir -p "$dest"
+  patchable_source "sigs.k8s.io/kube-network-policies@v$NETWORK_POLICIES_VERSION" "$work"
   local pkg=$work/pkg/networkpolicy
   cat > "$pkg/xt_nfqueue.go" <<'GO'
 package networkpolicy
@@ -277,7 +285,7 @@ build_kueue() {
   [[ -x $dir/bin/kueue && -s $dir/webhook/manifests.yaml ]] && return
   go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION"
   local src
-  src=$(go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  src=$(module_dir "sigs.k8s.io/kueue@v$KUEUE_VERSION")
   mkdir -p "$dir/crd" "$dir/webhook"
   cp "$src"/config/components/crd/bases/*.yaml "$dir/crd/"
   cp "$src/config/components/webhook/manifests.yaml" "$dir/webhook/manifests.yaml"
