@@ -111,7 +111,9 @@ def start_rank(item: pytest.Item, slow_groups: set[str]) -> int:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if getattr(config.option, "dist", "no") == "no":
+    # A worker sees its controller's `--dist loadgroup` as `loadgroup` (xdist sets its own `dist`
+    # to "no"); the grouping is only needed there.
+    if not getattr(config.option, "loadgroup", False):
         return
     slow_groups = {worker_group(item) for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: start_rank(item, slow_groups))
