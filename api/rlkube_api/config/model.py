@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -32,7 +32,7 @@ class ModelConfig(ApiModel):
     """The policy model (actor, and reference unless stated otherwise)."""
 
     # A running job's checkpoints, optimizer state and rollout engines all hold this model.
-    cel_rules = (CelRule("self == oldSelf", "model is immutable", transition=True),)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule("self == oldSelf", "model is immutable", transition=True),)
 
     path: str = Field(
         min_length=1,
