@@ -1,8 +1,10 @@
 """`rlkube-trainer fetch` (model.uri, data.uri) against the real S3-compatible server the
 checkpoint tests run (gofakes3): a prefix fetched into a folder with its marker, not fetched
 again while the source is unchanged, fetched again when an object changes; a cut-off fetch never
-looks complete; a missing key or bucket and a full volume give errors naming the uri. hf:// as
-far as no internet allows: an unreachable Hub mirror gives an error naming the repo."""
+looks complete; a missing key or bucket and a full volume give errors naming the uri. hf://
+through the Hub's own client against a local server speaking the Hub's API (hub_server.py):
+resolved to a commit, fetched once, again on a new commit, the token sent; a missing repo and an
+unreachable mirror give errors naming the repo."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from rlkube_trainer.fetch.place import MARKER, staging_of
 from rlkube_trainer.fetch.run import FetchError, fetch
 from rlkube_trainer.fetch.source import HubSource, S3Source, parse_source
 from rlkube_trainer.pod.cli import main
+from tests.trainer.hub_server import HubRepo, hub_server
 from tests.trainer.small_volume import tmpfs
 
 FILES = {"config.json": b'{"model_type": "tiny"}', "model.safetensors": b"w" * 4096, "tok/vocab.txt": b"a\nb\n"}
@@ -117,3 +120,33 @@ def test_an_unreachable_hub_mirror_is_named_with_the_repo(tmp_path: Path) -> Non
         fetch("hf://org/tiny@main", tmp_path / "m", "http://127.0.0.1:9", progress=lambda _: None)
     assert "hf://org/tiny@main: cannot resolve model org/tiny@main at http://127.0.0.1:9" in str(failed.value)
     assert not (tmp_path / "m").exists()
+
+
+def test_a_hub_repo_is_resolved_to_its_commit_and_fetched_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    model = HubRepo("org/tiny", dict(FILES))
+    rows = HubRepo("org/rows", {"train.parquet": b"rows"}, revision="v1", kind="datasets")
+    with hub_server([model, rows]) as (endpoint, requests):
+        dest = tmp_path / "model"
+        first = fetch("hf://org/tiny", dest, endpoint, progress=lambda _: None)
+        assert first.downloaded and first.revision == model.sha
+        assert {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()} == {*FILES, MARKER}
+        assert (dest / "model.safetensors").read_bytes() == FILES["model.safetensors"]
+        assert json.loads((dest / MARKER).read_text())["revision"] == model.sha
+        assert all(r.endswith("(Bearer hf_test_token)") for r in requests)
+
+        requests.clear()
+        assert not fetch("hf://org/tiny", dest, endpoint, progress=lambda _: None).downloaded
+        assert requests == ["GET /api/models/org/tiny/revision/main (Bearer hf_test_token)"]  # resolved only
+
+        model.files["config.json"] = b'{"model_type": "tinier"}'
+        model.sha = "0" * 40  # a new commit on main
+        assert fetch("hf://org/tiny", dest, endpoint, progress=lambda _: None).revision == model.sha
+        assert (dest / "config.json").read_bytes() == b'{"model_type": "tinier"}'
+
+        assert main(["fetch", "hf://org/rows@v1", str(tmp_path / "rows"), "--endpoint-url", endpoint, "--dataset"]) == 0
+        assert (tmp_path / "rows" / "train.parquet").read_bytes() == b"rows"
+        with pytest.raises(
+            FetchError, match=r"hf://org/none: cannot resolve model org/none@main at .*RepositoryNotFound"
+        ):
+            fetch("hf://org/none", tmp_path / "none", endpoint)

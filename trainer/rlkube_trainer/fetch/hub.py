@@ -53,9 +53,9 @@ def download_hub(
             local_dir=staging,
             endpoint=endpoint_url,
         )
-    except OSError:
-        raise
     except Exception as exc:
+        if isinstance(exc, OSError) and exc.errno is not None:
+            raise  # a local write (run.py tells a full volume)
         raise FetchError(f"{source.uri}: download of {source.repo_id}@{listing.revision}: {_reason(exc)}") from exc
     # snapshot_download keeps its own bookkeeping in local_dir/.cache: not part of the repo.
     cache = staging / ".cache"
