@@ -90,8 +90,13 @@ def test_a_missing_key_or_bucket_is_named_with_the_uri(s3: S3Server, tmp_path: P
     missing = f"s3://{s3.bucket}/models/none"
     with pytest.raises(FetchError, match=rf"{missing}: no object under this prefix \(NoSuchKey\)"):
         fetch(missing, tmp_path / "m", s3.endpoint)
-    with pytest.raises(FetchError, match=r"s3://no-bucket/m: cannot list it: NoSuchBucket"):
+    with pytest.raises(FetchError, match=r"s3://no-bucket/m: cannot list it: NoSuchBucket") as failed:
         fetch("s3://no-bucket/m", tmp_path / "m", s3.endpoint)
+    assert failed.value.code is ExitCode.CONFIG
+    # No server there: not the source's fault, run again (by the kubelet).
+    with pytest.raises(FetchError, match=r"s3://no-bucket/m: cannot list it") as failed:
+        fetch("s3://no-bucket/m", tmp_path / "m", "http://127.0.0.1:9")
+    assert failed.value.code is ExitCode.UNEXPECTED
     # The command: the error on stderr and the class (CONFIG: fetching again cannot help) as exit code.
     assert main(["fetch", missing, str(tmp_path / "m"), "--endpoint-url", s3.endpoint]) == ExitCode.CONFIG
     assert not (tmp_path / "m").exists()
@@ -119,6 +124,7 @@ def test_an_unreachable_hub_mirror_is_named_with_the_repo(tmp_path: Path) -> Non
     with pytest.raises(FetchError) as failed:
         fetch("hf://org/tiny@main", tmp_path / "m", "http://127.0.0.1:9", progress=lambda _: None)
     assert "hf://org/tiny@main: cannot resolve model org/tiny@main at http://127.0.0.1:9" in str(failed.value)
+    assert failed.value.code is ExitCode.UNEXPECTED  # no connection: the kubelet runs the fetch again
     assert not (tmp_path / "m").exists()
 
 
@@ -148,5 +154,6 @@ def test_a_hub_repo_is_resolved_to_its_commit_and_fetched_once(tmp_path: Path, m
         assert (tmp_path / "rows" / "train.parquet").read_bytes() == b"rows"
         with pytest.raises(
             FetchError, match=r"hf://org/none: cannot resolve model org/none@main at .*RepositoryNotFound"
-        ):
+        ) as failed:
             fetch("hf://org/none", tmp_path / "none", endpoint)
+        assert failed.value.code is ExitCode.CONFIG  # the Hub's answer: fetching again cannot change it

@@ -38,7 +38,7 @@ class ModelConfig(ApiModel):
         min_length=1,
         max_length=4096,
         description="Directory of a Hugging Face causal-LM (config, weights, tokenizer) on a mounted "
-        "volume. Nothing is downloaded at run time.",
+        "volume. The trainer downloads nothing; in an RLJob, model.uri fetches it there once before the pods start.",
     )
     tokenizer_path: str | None = Field(
         None, max_length=4096, description="Tokenizer directory when it differs from path."

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from rlkube_api.exit_codes import ExitCode
 from rlkube_trainer.fetch.place import Listing
 from rlkube_trainer.fetch.source import FetchError, HubSource
 
@@ -16,6 +17,15 @@ Progress = Callable[[str], None]
 def _reason(exc: Exception) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _code(exc: Exception) -> ExitCode:
+    """CONFIG for what the Hub answered that fetching again cannot change (no such repo, revision
+    or file, no access: 4xx); UNEXPECTED, retried by the kubelet, for the rest (no connection,
+    a server error)."""
+    response = getattr(exc, "response", None)
+    status = getattr(response, "status_code", None)
+    return ExitCode.CONFIG if isinstance(status, int) and 400 <= status < 500 else ExitCode.UNEXPECTED
 
 
 def list_hub(source: HubSource, endpoint_url: str | None) -> Listing:
@@ -28,7 +38,8 @@ def list_hub(source: HubSource, endpoint_url: str | None) -> Listing:
     except Exception as exc:
         where = f" at {endpoint_url}" if endpoint_url else ""
         raise FetchError(
-            f"{source.uri}: cannot resolve {source.repo_type} {source.repo_id}@{source.revision}{where}: {_reason(exc)}"
+            f"{source.uri}: cannot resolve {source.repo_type} {source.repo_id}@{source.revision}{where}: {_reason(exc)}",
+            _code(exc),
         ) from exc
     if not info.sha:
         raise FetchError(f"{source.uri}: the Hub named no commit for revision {source.revision}")
@@ -56,7 +67,9 @@ def download_hub(
     except Exception as exc:
         if isinstance(exc, OSError) and exc.errno is not None:
             raise  # a local write (run.py tells a full volume)
-        raise FetchError(f"{source.uri}: download of {source.repo_id}@{listing.revision}: {_reason(exc)}") from exc
+        raise FetchError(
+            f"{source.uri}: download of {source.repo_id}@{listing.revision}: {_reason(exc)}", _code(exc)
+        ) from exc
     # snapshot_download keeps its own bookkeeping in local_dir/.cache: not part of the repo.
     cache = staging / ".cache"
     if cache.is_dir():

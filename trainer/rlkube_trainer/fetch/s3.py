@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rlkube_api.exit_codes import ExitCode
 from rlkube_trainer.checkpoint.objectstore import ObjectPath, storage_options
 from rlkube_trainer.fetch.place import Listing
 from rlkube_trainer.fetch.source import FetchError, S3Source
@@ -17,14 +18,20 @@ from rlkube_trainer.fetch.source import FetchError, S3Source
 Progress = Callable[[str], None]
 
 
-def _reason(exc: Exception) -> str:
-    """The first line of an object-store error (obstore's carry a long debug dump after it)."""
+# The server's answers that fetching again cannot change; anything else (a connection refused,
+# a server error) is retried by the kubelet.
+_PERMANENT = ("NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchKey")
+
+
+def _failed(source: S3Source, what: str, exc: Exception) -> FetchError:
+    """A FetchError naming the uri with the first line of an object-store error (obstore's carry
+    a long debug dump after it) and the server's error code where it gave one."""
     text = str(exc).strip().splitlines()
     first = text[0] if text else type(exc).__name__
-    for code in ("NoSuchBucket", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "NoSuchKey"):
-        if code in str(exc):
-            return f"{code}: {first}"
-    return first
+    code = next((c for c in _PERMANENT if c in str(exc)), None)
+    if code is None:
+        return FetchError(f"{source.uri}: {what}: {first}", ExitCode.UNEXPECTED)
+    return FetchError(f"{source.uri}: {what}: {code}: {first}")
 
 
 def _local_errno(exc: Exception) -> int | None:
@@ -44,7 +51,7 @@ def list_s3(source: S3Source, endpoint_url: str | None) -> Listing:
     try:
         found: dict[str, Any] = root.fs.find(root.key, detail=True)
     except Exception as exc:
-        raise FetchError(f"{source.uri}: cannot list it: {_reason(exc)}") from exc
+        raise _failed(source, "cannot list it", exc) from exc
     prefix = root.key + "/"
     files = {
         key[len(prefix) :]: {"etag": str(info.get("e_tag", "")), "size": int(info["size"])}
@@ -77,6 +84,6 @@ def download_s3(
             if _local_errno(exc) is not None:
                 # obstore writes the local file itself and reports its OSError as one of its own.
                 raise OSError(_local_errno(exc), f"writing {key}", str(local)) from exc
-            raise FetchError(f"{source.uri}: object {key}: {_reason(exc)}") from exc
+            raise _failed(source, f"object {key}", exc) from exc
         done += int(info["size"])
         progress(f"fetched {count}/{len(listing.files)} files, {done}/{total} bytes: {key}")
