@@ -13,6 +13,7 @@ import pytest
 from rlkube_api.exit_codes import ExitCode
 from rlkube_api.validation import parse_rljob
 from rlkube_operator.children.fetch import WAIT_SECONDS
+from rlkube_operator.children.references import job_references
 from rlkube_operator.initialization import FETCH_FAILED, FETCHED, FETCHING
 from rlkube_operator.observed import view_pod
 from rlkube_operator.status import Observed, compute_status
@@ -66,6 +67,10 @@ def test_the_controller_fetches_and_every_role_pod_waits_for_it() -> None:
         ], role
         assert all("envFrom" not in c and "resources" not in c for c in spec["initContainers"]), role
     assert all("initContainers" not in spec for spec in pod_specs(load_job(CPU)).values())
+    # A missing credentials Secret holds the job before any pod, naming it (references.py).
+    assert str(next(r for r in job_references(FETCHING_JOB) if r.name == "models-s3")) == (
+        "Secret models-s3 (envFrom of container fetch-model)"
+    )
 
 
 def refused(*changes: tuple[str, Any]) -> str:
