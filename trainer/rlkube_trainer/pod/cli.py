@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     fetch.add_argument("--endpoint-url", default=None, help="an S3-compatible server, or a Hub mirror (HF_ENDPOINT)")
     fetch.add_argument("--dataset", action="store_true", help="hf://: a dataset repo (data.uri)")
     fetch.add_argument("--wait", type=float, default=None, metavar="SECONDS", help="only wait for another's fetch")
-    fetch.set_defaults(handler=_fetch)
+    fetch.set_defaults(handler=_in_pod(_fetch))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return int(args.handler(args))
