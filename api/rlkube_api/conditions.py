@@ -34,6 +34,7 @@ class ConditionType(StrEnum):
     FAILED = "Failed"
     SUSPENDED = "Suspended"
     UNSCHEDULABLE = "Unschedulable"
+    INITIALIZED = "Initialized"
 
 
 def state_of(value: str | None) -> State | None:

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field
 
 from rlkube_api.base import ApiModel, CelRule
 from rlkube_api.config import CheckpointConfig, TrainerConfig
+from rlkube_api.fetch_source import FETCH_PATH_RULES, DataSpec, FetchSource, ModelSpec
 from rlkube_api.fit.model import FitSpec
 from rlkube_api.kube_syntax import ENV_NAME_PATTERN, IMAGE, LONG_NAME, SHORT_NAME
 from rlkube_api.pod_template import (
@@ -196,6 +197,7 @@ def _absolute(required: str, optional: str = "") -> CelRule:
 
 
 _PATH_RULES = (
+    *FETCH_PATH_RULES,
     _absolute("model.path"),
     _absolute("model", "tokenizerPath"),
     CelRule(
@@ -342,6 +344,8 @@ class RLJobSpec(TrainerConfig):
         description="The RLJobRuntime or ClusterRLJobRuntime this job is written against: its template gives "
         "what the job leaves out (image, pools, pod templates, volumes, run policy); see runtime_merge.",
     )
+    model: ModelSpec = Field(description="The policy model.")
+    data: DataSpec = Field(description="Training data.")
     image: Annotated[str, IMAGE] | None = Field(
         None,
         min_length=1,
@@ -386,6 +390,11 @@ class RLJobSpec(TrainerConfig):
         data = {k: v for k, v in self.to_config().items() if k in fields}
         data["checkpoint"].pop("volume", None)
         data["checkpoint"].pop("credentials_secret", None)
+        # Where model and data are fetched from: the operator's fetch reads it, the trainer reads path and files.
+        for key in FetchSource.model_fields:
+            data["model"].pop(key, None)
+            data["data"].pop(key, None)
+        data["data"].pop("dir", None)
         return TrainerConfig.model_validate(data)
 
 

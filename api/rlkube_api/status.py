@@ -10,7 +10,9 @@ from pydantic import Field, ValidationInfo, field_validator
 from rlkube_api.base import ApiModel
 from rlkube_api.runtime_ref import RuntimeSnapshot
 
-ConditionType = Literal["Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Unschedulable"]
+ConditionType = Literal[
+    "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Unschedulable", "Initialized"
+]
 JobState = Literal["Pending", "Created", "Running", "Restarting", "Succeeded", "Failed", "Suspended"]
 
 

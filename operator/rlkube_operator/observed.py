@@ -42,6 +42,18 @@ def parse_time(value: str | None) -> datetime | None:
 
 
 @dataclass(frozen=True)
+class InitContainerView:
+    """An init container's state (the fetch of model.uri and data.uri)."""
+
+    name: str
+    # waiting, running or terminated, now.
+    state: str
+    # Its last exit (now, or before a restart), with its termination message.
+    exit_code: int | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
 class PodView:
     name: str
     uid: str
@@ -81,6 +93,7 @@ class PodView:
     departed: bool = False
     # The driver recorded its run's success on its pod and idles (ANNOTATION_RUN_FINISHED).
     run_finished: bool = False
+    init_containers: tuple[InitContainerView, ...] = ()
 
     @property
     def index(self) -> int | None:
@@ -182,6 +195,18 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         progress=progress if isinstance(progress, dict) else {},
         lost_reason=status.get("message") if status.get("reason") == LOST_REASON else None,
         run_finished=ANNOTATION_RUN_FINISHED in annotations,
+        init_containers=tuple(_view_init(cs) for cs in status.get("initContainerStatuses") or []),
+    )
+
+
+def _view_init(cs: dict[str, Any]) -> InitContainerView:
+    state = cs.get("state") or {}
+    ended = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+    return InitContainerView(
+        name=str(cs.get("name", "")),
+        state=next(iter(state), "waiting"),
+        exit_code=int(ended["exitCode"]) if "exitCode" in ended else None,
+        message=str(ended.get("message") or ""),
     )
 
 

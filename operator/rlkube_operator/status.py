@@ -57,6 +57,7 @@ from rlkube_operator.children.references import Reference, job_references
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
 from rlkube_operator.gang.kueue import ADMISSION_GATE
+from rlkube_operator.initialization import initialization
 from rlkube_operator.node_loss import deletions_past_their_node
 from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
@@ -865,12 +866,23 @@ def readiness(p: _Pass) -> Fate:
 
 
 # The rules, in the order they are tried; the first to return a Fate decides the pass.
+def initialized(p: _Pass) -> Fate | None:
+    """model.uri and data.uri (initialization.py): the Initialized condition, and the job's end
+    when a fetch cannot succeed."""
+    found = initialization(p.job, p.current)
+    if found is None:
+        return None
+    p.conds.set(ConditionType.INITIALIZED, found.status, found.reason, found.message)
+    return p.finish(State.FAILED, ConditionType.FAILED, found.reason, found.message) if found.failed else None
+
+
 RULES: tuple[Rule, ...] = (
     invalid_child,
     suspended,
     past_deadline,
     driver_succeeded,
     restart_begun,
+    initialized,
     gang_failed,
     missing_reference,
     does_not_fit,

@@ -701,10 +701,39 @@ INVALID = [
         _set("spec.rollout.multiTurn", {"enable": True, "functionToolPath": "/t.py", "format": "llama3_json"}),
         ("format",),
     ),
+    # model.uri and data.uri (fetch_source.py): the uri, and the folder it fills on a writable volume.
+    Case("model-uri-of-another-scheme", _set("spec.model.uri", "ftp://models/qwen"), ("spec.model.uri",)),
+    Case("model-uri-on-a-read-only-volume", _set("spec.model.uri", "s3://models/qwen"), ("spec.model.path",)),
+    Case("data-uri-without-dir", _set("spec.data.uri", "hf://openai/gsm8k"), ("spec.data.dir",)),
+    Case(
+        "data-files-outside-dir",
+        _all(_set("spec.data.uri", "hf://openai/gsm8k@main"), _set("spec.data.dir", "/data/other")),
+        ("spec.data.trainFiles",),
+    ),
 ]
+
+_SHARED_WORK = _set(
+    "spec.volumes", [{"name": "work", "mountPath": "/work", "source": {"persistentVolumeClaim": {"claimName": "w"}}}]
+)
 
 # Specs at the edges of the rules above that both the API server and the models must accept.
 VALID = [
+    Case(
+        "model-and-data-fetched-into-a-shared-volume",
+        _all(
+            _SHARED_WORK,
+            _set("spec.model.path", "/work/models/qwen"),
+            _set("spec.model.uri", "s3://models/qwen"),
+            _set("spec.model.endpointUrl", "http://minio.storage:9000"),
+            _set("spec.model.credentialsSecret", "models-s3"),
+            _set("spec.data.uri", "hf://openai/gsm8k@refs/pr/1"),
+            _set("spec.data.endpointUrl", "https://hub-mirror.internal"),
+            _set("spec.data.dir", "/work/gsm8k"),
+            _set("spec.data.trainFiles", ["/work/gsm8k/train.parquet"]),
+            _set("spec.data.valFiles", ["/work/gsm8k/test.parquet"]),
+        ),
+        (),
+    ),
     # The runtime gives the image and the volumes: the rules that need them wait for the merge
     # (runtime_merge.resolve, in the operator).
     Case(

@@ -102,6 +102,7 @@ def test_the_rules_run_in_a_fixed_order() -> None:
         "past_deadline",
         "driver_succeeded",
         "restart_begun",
+        "initialized",
         "gang_failed",
         "missing_reference",
         "does_not_fit",

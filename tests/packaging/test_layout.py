@@ -23,7 +23,7 @@ FLOORS = (
     ("cluster",),
     ("workers",),
     ("batch", "tools"),  # tools: the public face of the rollout's tool classes
-    ("rollout", "reward"),
+    ("rollout", "reward", "fetch"),
     ("data", "model", "parallel", "checkpoint", "tiny"),
     ("algos", "scorers"),
 )

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,7 +16,6 @@ import pytest
 import torch
 import yaml
 
-from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.s3server import S3Server
 from rlkube_trainer.checkpoint.folder import COMPLETE, LATEST, MANIFEST, CheckpointError, check_complete
 from rlkube_trainer.checkpoint.integrity import Written, check_checksum, sha256_of, written
@@ -26,26 +24,6 @@ from rlkube_trainer.checkpoint.objectstore import CheckpointPath, ObjectPath, lo
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, owner_of
 from rlkube_trainer.checkpoint.state import load_torch, save_torch
 from rlkube_trainer.tiny.task import init
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("s3"))
-    try:
-        server.start()
-    except ClusterError as error:
-        pytest.fail(f"S3 server: {error}", pytrace=False)
-    saved = {k: os.environ.get(k) for k in server.client_env()}
-    os.environ.update(server.client_env())
-    try:
-        yield server
-    finally:
-        server.stop()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 def root_of(s3: S3Server, prefix: str) -> ObjectPath:

@@ -12,6 +12,8 @@ from rlkube_api.base import ApiModel, CelRule
 # Azure Blob Storage, all three through obstore's fsspec filesystem (in the trainer images).
 OBJECT_STORE_SCHEMES = ("s3", "gs", "gcs", "az", "abfs", "abfss")
 OBJECT_STORE_URL = "^(" + "|".join(OBJECT_STORE_SCHEMES) + ")://[a-z0-9][-a-z0-9._]*[a-z0-9](/.*)?$"
+# A server's address: an S3-compatible server's here, a Hugging Face Hub mirror's for an hf:// source.
+ENDPOINT_URL = r"^https?://[^ /]+(/[^ ]*)?$"
 
 
 def _checkpoint_path(field: str) -> str:
@@ -61,7 +63,7 @@ class CheckpointConfig(ApiModel):
     endpoint_url: str | None = Field(
         None,
         max_length=2048,
-        pattern=r"^https?://[^ /]+(/[^ ]*)?$",
+        pattern=ENDPOINT_URL,
         description="An S3-compatible server's address (http(s)://host:port) for an s3:// uri; default AWS S3.",
     )
     resume: str = Field(

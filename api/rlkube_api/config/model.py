@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -32,13 +32,13 @@ class ModelConfig(ApiModel):
     """The policy model (actor, and reference unless stated otherwise)."""
 
     # A running job's checkpoints, optimizer state and rollout engines all hold this model.
-    cel_rules = (CelRule("self == oldSelf", "model is immutable", transition=True),)
+    cel_rules: ClassVar[tuple[CelRule, ...]] = (CelRule("self == oldSelf", "model is immutable", transition=True),)
 
     path: str = Field(
         min_length=1,
         max_length=4096,
         description="Directory of a Hugging Face causal-LM (config, weights, tokenizer) on a mounted "
-        "volume. Nothing is downloaded at run time.",
+        "volume. The trainer downloads nothing; in an RLJob, model.uri fetches it there once before the pods start.",
     )
     tokenizer_path: str | None = Field(
         None, max_length=4096, description="Tokenizer directory when it differs from path."

@@ -29,6 +29,7 @@ from rlkube_api.names import (
 from rlkube_api.placement import Role, layout_of
 from rlkube_api.pod_template import TRAINER_CONTAINER
 from rlkube_api.rljob import RLJob
+from rlkube_operator.children.fetch import fetch_init_containers
 from rlkube_operator.children.labels import role_labels, role_selector
 from rlkube_operator.children.overrides import apply_pod_template
 from rlkube_operator.children.rbac import trainer_service_account_name
@@ -219,6 +220,8 @@ def pod_template(job: RLJob, role: PodRole, attempt: int, scheduling: PodSchedul
         # SIGTERM to SIGKILL (suspend, eviction, drain): the trainer saves the step in progress.
         "terminationGracePeriodSeconds": spec.run_policy.termination_grace_period_seconds,
     }
+    if init := fetch_init_containers(job, role.name, container):
+        pod["initContainers"] = init
     pod["serviceAccountName"] = trainer_service_account_name(job)
     if spec.image_pull_secrets:
         pod["imagePullSecrets"] = [s.to_wire() for s in spec.image_pull_secrets]

@@ -8,6 +8,8 @@
 - `tiny-task DIR`: writes the tiny CPU task (model, data, reward, config);
 - `convert VERL.yaml`: a verl config as a trainer YAML or an RLJob (rlkube_api/verl).
 - `data gsm8k|math SRC DEST`: Hugging Face parquet files as verl-format rows.
+- `fetch URI DEST`: a model or data (s3://, hf://) into the folder DEST, once (rlkube_trainer/fetch);
+  with `--wait`, only waits until another pod's fetch put it there.
 """
 
 from __future__ import annotations
@@ -270,6 +272,19 @@ def _data(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fetch(args: argparse.Namespace) -> int:
+    from rlkube_trainer.fetch.run import FetchError, fetch, wait_for  # noqa: PLC0415
+
+    try:
+        if args.wait is not None:
+            wait_for(args.uri, args.dest, args.wait)
+        else:
+            fetch(args.uri, args.dest, args.endpoint_url, "dataset" if args.dataset else "model")
+    except FetchError as exc:
+        return _fail(exc.code, str(exc))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlkube-trainer", description="rlkube's RL trainer")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -302,6 +317,13 @@ def main(argv: list[str] | None = None) -> int:
     data.add_argument("src", type=Path, help="a parquet file, or a folder of them (split from each file's name)")
     data.add_argument("dest", type=Path, help="folder for <split>.parquet")
     data.set_defaults(handler=_data)
+    fetch = sub.add_parser("fetch", help="fetch a model or data (s3://, hf://) into a folder once")
+    fetch.add_argument("uri", help="s3://bucket/prefix or hf://org/name[@revision]")
+    fetch.add_argument("dest", type=Path, help="the folder to fill (model.path, data.dir)")
+    fetch.add_argument("--endpoint-url", default=None, help="an S3-compatible server, or a Hub mirror (HF_ENDPOINT)")
+    fetch.add_argument("--dataset", action="store_true", help="hf://: a dataset repo (data.uri)")
+    fetch.add_argument("--wait", type=float, default=None, metavar="SECONDS", help="only wait for another's fetch")
+    fetch.set_defaults(handler=_in_pod(_fetch))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
     return int(args.handler(args))
