@@ -30,7 +30,7 @@ from rlkube_operator.observed import PodView, as_lost, pods_to_judge, slim_pod, 
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from rlkube_operator.rollout_scaling import scaled_away_in_spec
 from rlkube_operator.runtimes import runtime_ref
-from rlkube_operator.status import pod_loss_breaks_gang
+from rlkube_operator.status.gang_rules import pod_loss_breaks_gang
 
 log = logging.getLogger(__name__)
 

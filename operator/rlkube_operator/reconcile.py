@@ -39,15 +39,9 @@ from rlkube_operator.plan import (
 )
 from rlkube_operator.rollout_scaling import new_engine
 from rlkube_operator.runtimes import Held, held_status, resolve_checked, runtime_ref
-from rlkube_operator.status import (
-    CREATE_FAILURE_RECHECK_SECONDS,
-    Observed,
-    compute_status,
-    pods_to_come,
-    pods_to_explain,
-    references_to_check,
-    stateful_sets_to_explain,
-)
+from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status.before_pods import pods_to_come, references_to_check
+from rlkube_operator.status.starting import CREATE_FAILURE_RECHECK_SECONDS, pods_to_explain, stateful_sets_to_explain
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from kubernetes.client import ApiClient, CoreV1Api
 from rlkube_operator.fit import GPU_MEMORY_LABEL, fit_refusals, format_plan
 from rlkube_operator.kube import Kube
 from rlkube_operator.plan import ApplyChildren
-from rlkube_operator.status import DOES_NOT_FIT, Observed, compute_status
+from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status.before_pods import DOES_NOT_FIT
 from tests.operator.helpers import GPU, at, load_job, set_path
 
 # The example: the actor on 2 pods × 8 GPUs of the h100-train pool (FSDP over 16), the rollout

@@ -50,7 +50,7 @@ def test_a_missing_podgroup_crd_shows_as_create_failed(jobs: Jobs, kubectl: Kube
 
     # Once the CRD is there, the next pass creates the PodGroup and the condition clears.
     install_podgroup_crds(kubectl)
-    # A refused child is applied again within status.APPLY_RETRY_SECONDS (15 s); touching the job is quicker.
+    # A refused child is applied again within status.gang_rules.APPLY_RETRY_SECONDS (15 s); touching the job is quicker.
     jobs.patch(JOB, {"metadata": {"annotations": {"test.rlkube.dev/poke": "1"}}})
     job = jobs.wait(JOB, lambda j: is_true(j, "Created"), "condition Created=True", timeout=30)
     assert condition(job, "Created")["reason"] == "ChildrenCreated"  # type: ignore[index]

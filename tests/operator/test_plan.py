@@ -21,16 +21,11 @@ from rlkube_operator.plan import (
     ScaleToZero,
     WriteStatus,
 )
-from rlkube_operator.status import (
-    APPLY_RETRY_SECONDS,
-    COUNTS_WRITE_INTERVAL,
-    FINISHED_GRACE_SECONDS,
-    REFERENCE_RECHECK_SECONDS,
-    RULES,
-    Observed,
-    compute_status,
-    pod_loss_breaks_gang,
-)
+from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status.before_pods import REFERENCE_RECHECK_SECONDS
+from rlkube_operator.status.compute import FINISHED_GRACE_SECONDS, RULES
+from rlkube_operator.status.gang_rules import APPLY_RETRY_SECONDS, pod_loss_breaks_gang
+from rlkube_operator.status.writes import COUNTS_WRITE_INTERVAL
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import gated
 

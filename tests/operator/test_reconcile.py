@@ -15,12 +15,9 @@ from rlkube_api.conditions import State
 from rlkube_api.rljob import Condition, Progress, RLJobStatus, RoleStatus, RunPolicy
 from rlkube_operator.job_state import TrackedJob
 from rlkube_operator.reconcile import Reconciler, ReconcileResult, status_patch
-from rlkube_operator.status import (
-    CREATE_FAILURE_GRACE_SECONDS,
-    FINISHED_GRACE_SECONDS,
-    REFERENCE_RECHECK_SECONDS,
-    name_volume_source,
-)
+from rlkube_operator.status.before_pods import REFERENCE_RECHECK_SECONDS
+from rlkube_operator.status.compute import FINISHED_GRACE_SECONDS
+from rlkube_operator.status.starting import CREATE_FAILURE_GRACE_SECONDS, name_volume_source
 from tests.operator.helpers import CPU, NAMESPACE, T0, UID, Obj, at, example, gang_pods, iso, load_job, pod, replace_pod
 
 JOB = load_job(CPU)

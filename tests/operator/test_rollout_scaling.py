@@ -23,7 +23,9 @@ from rlkube_operator.rollout_scaling import (
     scaled_away,
     scaled_away_in_spec,
 )
-from rlkube_operator.status import Observed, compute_status, is_transition, stateful_sets_to_explain
+from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status.starting import stateful_sets_to_explain
+from rlkube_operator.status.writes import is_transition
 from tests.operator.helpers import CPU, Obj, at, gang_pods, load_job, pod, replace_pod, set_path
 from tests.operator.test_status import after, cond, events, run, running
 

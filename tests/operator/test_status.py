@@ -13,17 +13,11 @@ from rlkube_api.rljob import Condition, Progress, RLJob, RLJobStatus, RoleStatus
 from rlkube_operator.children.references import Reference
 from rlkube_operator.observed import as_lost, pods_to_judge, view_pod
 from rlkube_operator.plan import ApplyChildren, DeletePods, Plan
-from rlkube_operator.status import (
-    APPLY_RETRY_SECONDS,
-    CREATE_FAILURE_GRACE_SECONDS,
-    REFERENCE_RECHECK_SECONDS,
-    Observed,
-    compute_status,
-    is_transition,
-    references_to_check,
-    stateful_sets_to_explain,
-    status_write_delay,
-)
+from rlkube_operator.status import Observed, compute_status
+from rlkube_operator.status.before_pods import REFERENCE_RECHECK_SECONDS, references_to_check
+from rlkube_operator.status.gang_rules import APPLY_RETRY_SECONDS
+from rlkube_operator.status.starting import CREATE_FAILURE_GRACE_SECONDS, stateful_sets_to_explain
+from rlkube_operator.status.writes import is_transition, status_write_delay
 from tests.operator.helpers import CPU, Obj, at, gang_pods, iso, load_job, pod, replace_pod, set_path
 
 JOB = load_job(CPU)  # controller 1 + actor 2 + rollout 1; backoffLimit 2, activeDeadlineSeconds 1800
