@@ -1,5 +1,6 @@
 """The rules about the running gang: suspended, past its deadline, its driver succeeded, a
-restart begun or a member failed (the failure policy decides), and readiness."""
+restart begun or a member failed (the failure policy decides), and readiness; and whether a
+pod's deletion breaks the gang (pod_loss_breaks_gang, for the pod watch)."""
 
 from __future__ import annotations
 
