@@ -17,8 +17,11 @@ import pytest
 from tiny_model import build_tiny_model
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rlkube_trainer.rollout import RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.batch import build_batch
+from rlkube_trainer.data.prompts import Prompt
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
 from rlkube_trainer.rollout.endpoint.harness import Outcome, run_episodes
+from rlkube_trainer.rollout.endpoint.samples import training_sample
 from rlkube_trainer.rollout.endpoint.server import Endpoint
 
 pytestmark = pytest.mark.trainer
@@ -181,3 +184,20 @@ def test_calls_without_the_jobs_token_are_refused(endpoint: tuple[Endpoint, str]
             urllib.request.urlopen(request)
         assert refused.value.code == 401
     assert served.close_episode("e").calls == []
+
+
+def test_finished_episodes_become_training_rows_trained_only_on_completions(
+    outcomes: dict[str, Outcome], tokenizer: PreTrainedTokenizerBase
+) -> None:
+    records = [outcomes[m].record for m in ("chat", "completion")]
+    assert all(r is not None for r in records)
+    samples = [training_sample(i, r, 16, True) for i, r in enumerate(records) if r is not None]
+    prompts = [Prompt(i, f"#{i}", [0], "", "", "harness", None, {}) for i in range(2)]
+    batch = build_batch(prompts, RolloutBatch(samples, 1), int(tokenizer.pad_token_id))
+    for row, record in enumerate(records):
+        assert record is not None and record.trajectory is not None
+        kept = record.trajectory.response_mask[:16]
+        assert batch.response_mask[row, : len(kept)].tolist() == [float(m) for m in kept]
+        assert batch.response_mask[row, len(kept) :].sum() == 0
+        assert samples[row].finish_reason == ("length" if len(record.trajectory.response_ids) >= 16 else "stop")
+        assert samples[row].reward_info is not None and samples[row].reward_info["harness_reward"] == 0.5

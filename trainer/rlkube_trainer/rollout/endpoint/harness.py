@@ -2,7 +2,7 @@
 
 Each process gets, in its environment, `OPENAI_BASE_URL` (the endpoint with its episode's path),
 `OPENAI_API_KEY` (the job's token), `RLKUBE_REWARD_URL` (where to POST `{"reward": x}`) and
-`RLKUBE_EPISODE` (the task as JSON: the row's prompt messages, its ground truth and extra_info).
+`RLKUBE_EPISODE` (the caller's task as JSON: a row's prompt messages, say, and what scores it).
 A harness that crashes (non-zero exit), outlives `timeout` (killed, with its process group), makes
 no call, breaks its context (recorder.py) or, when a reward is required, reports none, loses
 its episode: the loss is logged by episode and reason and counted, and the other episodes go on.
