@@ -30,10 +30,18 @@ def _turn(message: Message) -> tuple[str, str, str]:
     """What of a message the chat template renders: role, content and the calls' names and
     arguments (a client echoes an assistant turn back with fields of its own: ids, refusal...)."""
     calls = [
-        (c["function"]["name"], json.dumps(json.loads(c["function"]["arguments"]), sort_keys=True))
+        (c.get("function", {}).get("name"), _arguments(c.get("function", {}).get("arguments")))
         for c in message.get("tool_calls") or []
     ]
     return str(message.get("role")), str(message.get("content") or ""), json.dumps(calls)
+
+
+def _arguments(text: Any) -> str:
+    """A call's arguments, key order aside (a client may re-serialise the JSON we returned)."""
+    try:
+        return json.dumps(json.loads(text), sort_keys=True)
+    except (TypeError, ValueError):
+        return str(text)
 
 
 def extends(before: list[Message], after: list[Message]) -> bool:
