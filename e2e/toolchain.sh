@@ -7,6 +7,8 @@
 #   $RLKUBE_CACHE/helm-v3.21.4/bin/helm
 #   $RLKUBE_CACHE/k8s-v1.36.3/bin/{kubelet,kube-proxy}  (the real node)
 #   $RLKUBE_CACHE/coredns-v1.14.7/bin/coredns
+#   $RLKUBE_CACHE/kube-network-policies-v0.8.0+xt-nfqueue/bin/kube-network-policies  (the real
+#     node's NetworkPolicy agent, patched: build_network_policies says why)
 #   $RLKUBE_CACHE/pause-v1.36.3/pause.oci.tar  (the pod sandbox image, from the module's pause.c;
 #     built by `toolchain.sh pause`, which needs buildah and gcc)
 #   $RLKUBE_CACHE/promtool-v0.316.0/bin/promtool  (Prometheus 3.16's rule linter; the Go
@@ -28,11 +30,28 @@ PROMTOOL_VERSION=${PROMTOOL_VERSION:-0.316.0}
 COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 GOFAKES3_VERSION=${GOFAKES3_VERSION:-1.2.0}
 KUEUE_VERSION=${KUEUE_VERSION:-0.17.0}
+NETWORK_POLICIES_VERSION=${NETWORK_POLICIES_VERSION:-0.8.0}
+# The cache key of our patched build (build_network_policies); e2e/rlkube_e2e/binaries.py names it too.
+NETWORK_POLICIES_BUILD=kube-network-policies-v$NETWORK_POLICIES_VERSION+xt-nfqueue
 CACHE=${RLKUBE_CACHE:-$HOME/.cache/rlkube}
 export CGO_ENABLED=0
 export GOFLAGS=${GOFLAGS:--trimpath}
 
 log() { printf '[toolchain %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+# The source folder of a Go module (MODULE@VERSION) in Go's module cache, downloaded if needed.
+module_dir() { go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p'; }
+
+# A writable copy of a Go module's source at WORK, for a build that patches it (the module
+# cache itself is read-only, and shared).
+patchable_source() {
+  local src
+  src=$(module_dir "$1")
+  rm -rf "$2"
+  mkdir -p "$(dirname "$2")"
+  cp -r "$src" "$2"
+  chmod -R u+w "$2"
+}
 
 # Runs a command while printing a heartbeat every 30 s, so a cold build that
 # takes tens of minutes never looks hung.
@@ -147,7 +166,7 @@ build_pause() {
   command -v gcc >/dev/null || { log "pause: gcc is not installed (apt-get install gcc libc6-dev)"; exit 1; }
   log "pause (k8s v$K8S_VERSION): building"
   local src
-  src=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  src=$(module_dir "k8s.io/kubernetes@v$K8S_VERSION")
   mkdir -p "$dir/ctx"
   gcc -Os -static -o "$dir/ctx/pause" "$src/build/pause/linux/pause.c"
   strip "$dir/ctx/pause" 2>/dev/null || true
@@ -196,18 +215,61 @@ build_kwok() {
   local dest=$CACHE/$KWOK_BUILD/bin
   [[ -x $dest/kwok ]] && return
   log "kwok v$KWOK_VERSION: building (with the kubelet's UID precondition on pod deletes)"
-  local src work=$CACHE/src/$KWOK_BUILD
-  src=$(go mod download -json "sigs.k8s.io/kwok@v$KWOK_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
-  rm -rf "$work"
-  mkdir -p "$(dirname "$work")" "$dest"
-  cp -r "$src" "$work"
-  chmod -R u+w "$work"
+  local work=$CACHE/src/$KWOK_BUILD
+  mkdir -p "$dest"
+  patchable_source "sigs.k8s.io/kwok@v$KWOK_VERSION" "$work"
   local file=$work/pkg/kwok/controllers/pod_controller.go
   local call='c.typedClient.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, deleteOpt)'
   grep -qF "err := $call" "$file" || { log "kwok: the pod delete to patch is not in $file"; exit 1; }
   sed -i "s|err := ${call//./\\.}|opt := deleteOpt; opt.Preconditions = metav1.NewUIDPreconditions(string(pod.UID)); err := ${call/deleteOpt/opt}|" "$file"
   grep -qF 'NewUIDPreconditions(string(pod.UID))' "$file" || { log "kwok: patching $file failed"; exit 1; }
   (cd "$work" && with_progress "kwok v$KWOK_VERSION" go build -ldflags "-s -w" -o "$dest/kwok" ./cmd/kwok)
+}
+
+# kube-network-policies enforces NetworkPolicies on the real nodes: nftables rules send the
+# first packet of each new connection to a pod to an nfqueue, where the agent decides it. It
+# writes that hand-off as the nftables `queue` expression, which needs the kernel's nft_queue
+# (CONFIG_NFT_QUEUE), and not every kernel has it (this project's CI kernel does not); the
+# xtables NFQUEUE target, reached through nft_compat, does the same and is far more often
+# built in. This build swaps the one for the other (xt_NFQ_info_v3: queue number, one queue,
+# the bypass flag when the agent fails open); the verdicts the agent gives are unchanged.
+build_network_policies() {
+  local dest=$CACHE/$NETWORK_POLICIES_BUILD/bin
+  [[ -x $dest/kube-network-policies ]] && return
+  log "kube-network-policies v$NETWORK_POLICIES_VERSION: building (with the xtables NFQUEUE target)"
+  local work=$CACHE/src/$NETWORK_POLICIES_BUILD
+  mkdir -p "$dest"
+  patchable_source "sigs.k8s.io/kube-network-policies@v$NETWORK_POLICIES_VERSION" "$work"
+  local pkg=$work/pkg/networkpolicy
+  cat > "$pkg/xt_nfqueue.go" <<'GO'
+package networkpolicy
+
+import (
+	"encoding/binary"
+
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/xt"
+)
+
+// nfqueueTarget hands a packet to nfqueue `num` through the xtables NFQUEUE target (revision
+// 3, struct xt_NFQ_info_v3), in place of the nftables queue expression.
+func nfqueueTarget(num uint16, bypass bool) expr.Any {
+	info := make([]byte, 6)
+	binary.NativeEndian.PutUint16(info[0:], num)
+	binary.NativeEndian.PutUint16(info[2:], 1) // queues_total
+	if bypass {
+		binary.NativeEndian.PutUint16(info[4:], 1) // NFQ_FLAG_BYPASS
+	}
+	payload := xt.Unknown(info)
+	return &expr.Target{Name: "NFQUEUE", Rev: 3, Info: &payload}
+}
+GO
+  perl -0pi -e 's/queue := &expr\.Queue\{Num: uint16\(c\.config\.QueueID\)\}\n\s*if c\.config\.FailOpen \{\n\s*queue\.Flag = expr\.QueueFlagBypass\n\s*\}/queue := nfqueueTarget(uint16(c.config.QueueID), c.config.FailOpen)/g' "$pkg/controller.go"
+  perl -pi -e 's/&expr\.Queue\{Num: uint16\(n\.nfQueueID\), Flag: expr\.QueueFlagBypass\}/nfqueueTarget(uint16(n.nfQueueID), true)/' "$pkg/dnsagent.go"
+  if grep -q 'expr\.Queue{' "$pkg/controller.go" "$pkg/dnsagent.go"; then
+    log "kube-network-policies: an nftables queue expression is left unpatched in $pkg"; exit 1
+  fi
+  (cd "$work" && with_progress "kube-network-policies v$NETWORK_POLICIES_VERSION" go build -ldflags "-s -w" -o "$dest/kube-network-policies" ./cmd)
 }
 
 # promtool only checks and unit-tests rule files here: without Prometheus' service
@@ -223,7 +285,7 @@ build_kueue() {
   [[ -x $dir/bin/kueue && -s $dir/webhook/manifests.yaml ]] && return
   go_install kueue sigs.k8s.io/kueue/cmd/kueue "$KUEUE_VERSION"
   local src
-  src=$(go mod download -json "sigs.k8s.io/kueue@v$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  src=$(module_dir "sigs.k8s.io/kueue@v$KUEUE_VERSION")
   mkdir -p "$dir/crd" "$dir/webhook"
   cp "$src"/config/components/crd/bases/*.yaml "$dir/crd/"
   cp "$src/config/components/webhook/manifests.yaml" "$dir/webhook/manifests.yaml"
@@ -244,6 +306,7 @@ build() {
     pause) build_pause ;;
     s3) go_install gofakes3 github.com/johannesboyne/gofakes3/cmd/gofakes3 "$GOFAKES3_VERSION" ;;
     kueue) build_kueue ;;
+    network-policies) build_network_policies ;;
     all)
       # Small ones first so a failure there shows before the long build.
       (build_kwok)
@@ -255,6 +318,7 @@ build() {
       (build_k8s_node)
       (build_kueue)
       (build_coredns)
+      (build_network_policies)
       ;;
     demo)
       # What `make demo` runs: the control plane, the real node's parts, helm and the pause
@@ -265,6 +329,7 @@ build() {
       (build_k8s)
       (build_k8s_node)
       (build_coredns)
+      (build_network_policies)
       (build_pause)
       ;;
     paths)
@@ -277,8 +342,9 @@ build() {
       echo "PAUSE_ARCHIVE=$CACHE/pause-v$K8S_VERSION/pause.oci.tar"
       echo "GOFAKES3_BIN=$CACHE/gofakes3-v$GOFAKES3_VERSION/bin"
       echo "KUEUE_DIR=$CACHE/kueue-v$KUEUE_VERSION"
+      echo "NETWORK_POLICIES_BIN=$CACHE/$NETWORK_POLICIES_BUILD/bin"
       ;;
-    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|pause|s3|kueue|all|demo|paths)"; exit 2 ;;
+    *) log "unknown target '$what' (k8s|etcd|kwok|helm|promtool|node|coredns|network-policies|pause|s3|kueue|all|demo|paths)"; exit 2 ;;
   esac
 }
 

@@ -76,3 +76,44 @@ def namespace(kube: ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
 
     with namespace_for_test(CoreV1Api(kube), request.node.name, {"rlkube.dev/test": "true"}) as name:
         yield name
+
+
+# Tests that share an expensive fixture stay on one worker when `make test` runs them on
+# several (pytest-xdist, --dist loadgroup): one control plane for every test that uses the
+# session's cluster; the end-to-end package on one worker, for its shared real nodes and because
+# its other tests start real nodes of their own, whose network and mounts would meet those; and
+# each other module whole, so that its module-scoped fixtures (trained jobs, engines,
+# checkpoints) are built once.
+CONTROL_PLANE_GROUP = "control-plane"
+REAL_NODES_GROUP = "real-nodes"
+
+
+def worker_group(item: pytest.Item) -> str:
+    if "cluster" in getattr(item, "fixturenames", ()):
+        return CONTROL_PLANE_GROUP
+    module = item.nodeid.split("::", 1)[0]
+    return REAL_NODES_GROUP if module.startswith("tests/e2e/") else module
+
+
+def start_rank(item: pytest.Item, slow_groups: set[str]) -> int:
+    """Longest first: the workers take groups in this order, and a long group taken last would
+    leave the other worker idle at the end. The two cluster groups run for the longest, then
+    modules with a slow test, then the trainer's (processes and engines), then the quick rest."""
+    group = worker_group(item)
+    if group == REAL_NODES_GROUP:
+        return 0
+    if group == CONTROL_PLANE_GROUP:
+        return 1
+    if group in slow_groups:
+        return 2
+    return 3 if item.nodeid.startswith("tests/trainer/") else 4
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    slow_groups = {worker_group(item) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: start_rank(item, slow_groups))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(worker_group(item)))

@@ -6,6 +6,7 @@ the trainer's YAML, unknown keys refused, and CEL rules that both the API server
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -72,6 +73,20 @@ def first_failing_rule(rules: list[CelRule], self_value: Any) -> CelRule | None:
     return None
 
 
+def remembered_failing_rule(rules: tuple[CelRule, ...], self_value: Any) -> CelRule | None:
+    """`first_failing_rule`, remembered per distinct value. Validating a job evaluates every
+    nested model's rules, and celpy walking the rule trees is most of a validation's time; the
+    operator, `kubectl rlkube` and the API's own checks validate the same sub-objects again and
+    again (a pool, a role's layout, an unchanged section of a changed job), and a rule's verdict
+    depends on the value alone. Bounded, as the operator runs for weeks."""
+    return _remembered(rules, json.dumps(self_value, sort_keys=True, separators=(",", ":")))
+
+
+@functools.lru_cache(maxsize=4096)
+def _remembered(rules: tuple[CelRule, ...], wire: str) -> CelRule | None:
+    return first_failing_rule(list(rules), json.loads(wire))
+
+
 # Validation context key: the object was read back from the API server, which enforced the
 # CRD's CEL rules when it was written; evaluating them again in Python is skipped (it was
 # most of the operator's CPU time per reconcile pass). Types and bounds are still checked.
@@ -95,10 +110,10 @@ class ApiModel(BaseModel):
     def _check_cel_rules(self, info: ValidationInfo) -> Self:
         if info.context and info.context.get(ADMITTED):
             return self
-        rules = [r for r in type(self).cel_rules if not r.transition]
+        rules = tuple(r for r in type(self).cel_rules if not r.transition)
         if not rules:
             return self
-        failed = first_failing_rule(rules, self.to_wire())
+        failed = remembered_failing_rule(rules, self.to_wire())
         if failed is not None:
             raise PydanticCustomError("cel", "{field}: {message}", _cel_context(failed))
         return self

@@ -440,6 +440,8 @@ def main_run(args: argparse.Namespace) -> int:
         )
 
     base_cfg = config_for(runs[0])
+    if args.cudagraph_mode:
+        limit_cuda_graphs(args.cudagraph_mode)
     gb.log("starting the vLLM engine (rollout.build_engine)")
     engine = build_engine(base_cfg, device)
     res.put("engine", {"start_s": engine.start_seconds})
@@ -497,6 +499,20 @@ def main_run(args: argparse.Namespace) -> int:
     res.put("elapsed_s", time.monotonic() - gb.T0)
     print(report(res))
     return 0
+
+
+def limit_cuda_graphs(mode: str) -> None:
+    """Every vLLM engine started after this captures CUDA graphs in `mode` (vLLM's
+    CUDAGraphMode: NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE; its default on
+    Hopper is FULL_AND_PIECEWISE). The trainer has no setting for it (only rollout.enforce_eager,
+    which turns graphs and compilation off together), so the bench wraps vllm.LLM, which the
+    trainer's engine calls by that name."""
+    import functools
+
+    import vllm
+
+    vllm.LLM = functools.partial(vllm.LLM, compilation_config={"cudagraph_mode": mode})
+    gb.log(f"vLLM engines capture CUDA graphs in {mode} mode")
 
 
 # --------------------------------------------------------------------------- report
@@ -610,6 +626,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny model and shape on CPU (smoke test)")
     parser.add_argument("--no-ceilings", action="store_true", help="skip the matmul / copy ceilings")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a trainer-config setting")
+    parser.add_argument(
+        "--cudagraph-mode",
+        default="",
+        help="vLLM's cudagraph_mode for the engine (PIECEWISE, NONE, ...); default vLLM's",
+    )
     args = parser.parse_args(argv)
     if args.phase == "report":
         for path in args.paths:
@@ -620,6 +641,7 @@ def main(argv: list[str] | None = None) -> int:
             print(trace_bins(path))
         return 0
     gb.log(f"async_bench: {vars(args)}")
+    gb.trainer_on_pythonpath()
     return main_run(args)
 
 

@@ -47,6 +47,16 @@ for _sub in ("trainer", "api"):
     if str(ROOT / _sub) not in sys.path:
         sys.path.insert(0, str(ROOT / _sub))
 
+
+def trainer_on_pythonpath() -> None:
+    """The reward pool's workers are fresh interpreters (python -m rlkube_trainer.reward.pool):
+    they find the trainer through PYTHONPATH, not through this process's sys.path."""
+    paths = [str(ROOT / "trainer"), str(ROOT / "api")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [*paths, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+
+
 # Colocated: the engine lives in this process (weights move by reference). flashinfer is not
 # installed on the benchmark host: its sampler import would fail.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -1135,6 +1145,7 @@ def _sizes_table(sizes: list[dict[str, Any]], trl_sizes: dict[str, dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    trainer_on_pythonpath()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["rlkube", "trl", "mp-engine", "report"])
     parser.add_argument("paths", nargs="*", type=Path, help="report: the JSON files")

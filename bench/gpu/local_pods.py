@@ -110,7 +110,8 @@ def pods_of(job_file: Path, out: Path, gpus: dict[str, list[str]]) -> list[tuple
                 f"--runtime-env-agent-port={52600 + node} --metrics-export-port={52700 + node}"
             )
             devices = gpus.get(role, [])
-            env["CUDA_VISIBLE_DEVICES"] = devices[index] if index < len(devices) else ""
+            # '+' joins the devices of one pod: --gpus actor=0+1+2+3 is one pod of 4 GPUs.
+            env["CUDA_VISIBLE_DEVICES"] = devices[index].replace("+", ",") if index < len(devices) else ""
             command = [*container.get("command", []), *container.get("args", [])]
             if command[:1] == ["rlkube-trainer"] and shutil.which("rlkube-trainer") is None:
                 # The project is on PYTHONPATH but not installed (no entry-point script).
@@ -126,7 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("job", type=Path, help="RLJob YAML")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--gpus", action="append", default=[], help="ROLE=DEV[,DEV...]: one device per pod index")
+    parser.add_argument(
+        "--gpus",
+        action="append",
+        default=[],
+        help="ROLE=DEV[,DEV...]: the devices of each pod index in turn, '+' between one pod's (0+1,2+3)",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--ray-stop", action="store_true", help="`ray stop --force` at the end (kills all Ray here)")
     args = parser.parse_args(argv)

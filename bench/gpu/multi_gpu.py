@@ -53,6 +53,15 @@ def rljob(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "rlkube.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": name}, "spec": spec}
 
 
+def shared(workdir: Path) -> list[dict[str, Any]]:
+    """spec.volumes: the work folder as a volume every pod mounts, so that checkpoint.dir under it
+    is shared storage (the API refuses a checkpoint.dir in a container's own filesystem). On one
+    host the pods are processes and the folder is simply there; the claim is never looked up."""
+    return [
+        {"name": "work", "mountPath": str(workdir), "source": {"persistentVolumeClaim": {"claimName": "bench-work"}}}
+    ]
+
+
 def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     """The tiny task's trainer config as an RLJob spec (camelCase), on 1 or 2 GPUs."""
     from rlkube_trainer.tiny.task import init
@@ -61,6 +70,7 @@ def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     config = yaml.safe_load(init(task, "grpo", 60).read_text())
     spec: dict[str, Any] = {
         "image": "rlkube-trainer:bench",
+        "volumes": shared(workdir),
         "model": {"path": config["model"]["path"]},
         "data": {
             "trainFiles": config["data"]["train_files"],
@@ -91,36 +101,45 @@ def learn_job(workdir: Path, gpus: int) -> dict[str, Any]:
     return rljob(f"learn-{gpus}gpu", spec)
 
 
-def tput_job(workdir: Path, model: Path, data: Path, placement: str) -> dict[str, Any]:
-    spec: dict[str, Any] = {
+def grpo_spec(
+    workdir: Path, run: str, model: Path, data: Path, shape: dict[str, int], micro_batch: int, steps: int
+) -> dict[str, Any]:
+    """GRPO at `shape` with the benchmark's settings (no saves, the engine kept awake), its
+    checkpoint folder under runs/`run`; the caller adds the roles."""
+    return {
         "image": "rlkube-trainer:bench",
+        "volumes": shared(workdir),
         "model": {"path": str(model)},
         "data": {
             "trainFiles": [str(data)],
-            "maxPromptLength": SHAPE["prompt_len"],
-            "maxResponseLength": SHAPE["response_len"],
-            "trainBatchSize": SHAPE["prompts"],
+            "maxPromptLength": shape["prompt_len"],
+            "maxResponseLength": shape["response_len"],
+            "trainBatchSize": shape["prompts"],
             "shuffle": False,
         },
         "algorithm": {"advEstimator": "grpo"},
         "actor": {
             "optim": {"lr": 1e-6},
-            "ppoMiniBatchSize": SHAPE["prompts"],
-            "ppoMicroBatchSizePerGpu": 16,
+            "ppoMiniBatchSize": shape["prompts"],
+            "ppoMicroBatchSizePerGpu": micro_batch,
             "strategy": "fsdp2",
         },
         "rollout": {
-            "samplesPerPrompt": SHAPE["n"],
+            "samplesPerPrompt": shape["n"],
             "temperature": 1.0,
             "ignoreEos": True,
             "gpuMemoryUtilization": 0.3,
             "freeCacheEngine": False,
         },
         "reward": {"function": {"path": str(workdir / "reward.py"), "name": "compute_score"}},
-        "trainer": {"totalTrainingSteps": 4, "saveFreq": -1, "seed": 1},
-        "checkpoint": {"dir": str(workdir / "runs" / f"tput-{placement}" / "checkpoints")},
-        "roles": {"actor": {"replicas": 2 if placement == "colocated" else 1, "gpusPerReplica": 1}},
+        "trainer": {"totalTrainingSteps": steps, "saveFreq": -1, "seed": 1},
+        "checkpoint": {"dir": str(workdir / "runs" / run / "checkpoints")},
     }
+
+
+def tput_job(workdir: Path, model: Path, data: Path, placement: str) -> dict[str, Any]:
+    spec = grpo_spec(workdir, f"tput-{placement}", model, data, SHAPE, micro_batch=16, steps=4)
+    spec["roles"] = {"actor": {"replicas": 2 if placement == "colocated" else 1, "gpusPerReplica": 1}}
     if placement == "separate":
         spec["roles"]["rollout"] = {"placement": "separate", "replicas": 1, "gpusPerReplica": 1}
     return rljob(f"tput-{placement}", spec)

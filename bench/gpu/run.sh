@@ -44,6 +44,10 @@
 # Several GPUs of one host (the pods of an RLJob as processes, local_pods.py):
 #   multi-gpu            MULTI_GPU="learn broadcast placement" (learn-own-gpu instead of learn with
 #                        3+ GPUs: the rollout on a GPU of its own)
+#   model-parallel       the actor in tensor x pipeline parallel layouts against FSDP alone, one pod
+#                        of all the job's GPUs (model_parallel.py): MP_JOBS (default with 8+ GPUs
+#                        "mp-32b-tp4pp2 mp-32b-fsdp8", else "mp-7b-tp2pp2 mp-7b-fsdp4 mp-7b-tp2
+#                        mp-7b-pp2"), STEPS, MP_TIMEOUT; needs Ray staged (the ray phase)
 # Also:
 #   gpu-tests            the trainer's GPU-only tests
 #   report               grpo_bench.py report over every JSON this machine's phases kept
@@ -404,6 +408,23 @@ PY
       esac
     done
     python3 "$here/multi_gpu.py" report --workdir "$work" --runs "$out" | tee "$out/report.txt" || true
+    ;;
+  model-parallel)
+    export RAY_DISABLE_USAGE_STATS=1 VLLM_ENABLE_V1_MULTIPROCESSING=0
+    export PYTHONPATH="$site:$root/api:$root/operator:$root/trainer" PATH="$site/bin:$PATH"
+    export WORKDIR=${WORKDIR:-/tmp/rlkube-mp}
+    nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$out/gpus.txt"
+    if [ "$(wc -l <"$out/gpus.txt")" -ge 8 ]; then mp_jobs="mp-32b-tp4pp2 mp-32b-fsdp8"; else
+      mp_jobs="mp-7b-tp2pp2 mp-7b-fsdp4 mp-7b-tp2 mp-7b-pp2"
+    fi
+    read -r -a mp_jobs <<<"${MP_JOBS:-$mp_jobs}"
+    elapsed "model-parallel jobs ${mp_jobs[*]}"
+    python3 "$here/model_parallel.py" prepare --workdir "$WORKDIR" --jobs "$(IFS=,; echo "${mp_jobs[*]}")" \
+      --steps "${STEPS:-4}" 2>&1 | tail -n 8
+    for name in "${mp_jobs[@]}"; do
+      pods "$name" "${MP_TIMEOUT:-900}" --gpus "actor=$(python3 "$here/model_parallel.py" gpus "$name")"
+    done
+    python3 "$here/model_parallel.py" report --workdir "$WORKDIR" --runs "$out" || true
     ;;
   gpu-tests)
     elapsed "GPU-only tests"

@@ -19,6 +19,9 @@ KWOK_VERSION = os.environ.get("KWOK_VERSION", "0.8.0")
 # Our kwok build carries a patch (e2e/toolchain.sh, build_kwok, says which and why).
 KWOK_BUILD = f"kwok-v{KWOK_VERSION}+uid-precondition"
 COREDNS_VERSION = os.environ.get("COREDNS_VERSION", "1.14.7")
+NETWORK_POLICIES_VERSION = os.environ.get("NETWORK_POLICIES_VERSION", "0.8.0")
+# Patched too (e2e/toolchain.sh, build_network_policies, says which and why).
+NETWORK_POLICIES_BUILD = f"kube-network-policies-v{NETWORK_POLICIES_VERSION}+xt-nfqueue"
 
 
 def cache_dir() -> Path:

@@ -213,7 +213,8 @@ class LocalCluster:
             self._release_node_leases(state)
             # The controller-manager gives up if the apiserver is not healthy soon,
             # so the rest starts only now.
-            self._spawn(state, components.kube_controller_manager(binaries, layout, ports))
+            simulated = any(pool.nodes for pool in pools)
+            self._spawn(state, components.kube_controller_manager(binaries, layout, ports, simulated))
             self._spawn(state, components.kube_scheduler(binaries, layout, ports))
             if binaries.kwok is not None:
                 self._spawn(state, components.kwok(binaries, layout, stages))

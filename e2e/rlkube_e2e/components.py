@@ -29,11 +29,14 @@ SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 # volume in use from being deleted (without them a deleted claim hangs in Terminating),
 # ephemeral volumes, DaemonSets, CronJobs, resource quotas. Controllers that need a cloud
 # provider, node CIDR allocation or a CSR signing key see none configured and stay idle.
-# One left out on purpose: taint-based eviction. A simulated (kwok) node on a loaded small
-# machine misses heartbeats now and then; with eviction its pods would be deleted, which a
-# production node's pods are not for the same seconds-long blips. The node-lifecycle
-# controller still runs (it removes the not-ready taint the apiserver puts on new nodes).
-CONTROLLERS = ("*", "-taint-eviction-controller")
+# One left out where simulated nodes run: taint-based eviction. A simulated (kwok) node on a
+# loaded small machine misses heartbeats now and then; with eviction its pods would be
+# deleted, which a production node's pods are not for the same seconds-long blips. The
+# node-lifecycle controller still runs (it removes the not-ready taint the apiserver puts on
+# new nodes). A cluster of real nodes only runs it, as a real cluster does: a node silent for
+# longer than its pods' NoExecute toleration loses them (300 s unless a pod says otherwise).
+CONTROLLERS = ("*",)
+WITH_SIMULATED_NODES = ("*", "-taint-eviction-controller")
 # Order of start; shutdown goes in reverse. A cluster with real nodes adds the cluster DNS.
 ORDER = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 NODE_NETWORK_ORDER = (*ORDER, "coredns")
@@ -130,8 +133,9 @@ def kube_apiserver(binaries: Binaries, layout: Layout, ports: Ports, host_addres
     )
 
 
-def kube_controller_manager(binaries: Binaries, layout: Layout, ports: Ports) -> Component:
+def kube_controller_manager(binaries: Binaries, layout: Layout, ports: Ports, simulated_nodes: bool) -> Component:
     pki = layout.pki
+    controllers = WITH_SIMULATED_NODES if simulated_nodes else CONTROLLERS
     return Component(
         "kube-controller-manager",
         binaries.kube_controller_manager,
@@ -144,7 +148,7 @@ def kube_controller_manager(binaries: Binaries, layout: Layout, ports: Ports) ->
             # One instance: leader election would only delay a restart by up to a
             # lease duration (the old lease survives in the kept etcd data).
             "--leader-elect=false",
-            f"--controllers={','.join(CONTROLLERS)}",
+            f"--controllers={','.join(controllers)}",
             f"--root-ca-file={pki.ca_cert}",
             f"--service-account-private-key-file={pki.service_account_key}",
             # The defaults (20 qps) make a StatefulSet of a few dozen pods visibly slow.

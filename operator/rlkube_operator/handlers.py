@@ -25,6 +25,7 @@ from rlkube_operator.job_state import JobKey, Manifest, TrackedJob
 from rlkube_operator.kube import Kube, connect
 from rlkube_operator.leader import Election
 from rlkube_operator.metrics import METRICS
+from rlkube_operator.node_loss import loss_message
 from rlkube_operator.observed import PodView, as_lost, pods_to_judge, slim_pod, view_pod
 from rlkube_operator.reconcile import Reconciler, ReconcileResult
 from rlkube_operator.rollout_scaling import scaled_away_in_spec
@@ -168,7 +169,7 @@ def _keep_if_lost(tracked: TrackedJob, view: PodView, pod: Manifest) -> None:
     if scaled_away_in_spec(job.get("spec") or {}, view.role, view.index):
         return  # the rollout scaled down: its StatefulSet removes its highest pods on purpose
     if pod_loss_breaks_gang(status.get("state"), int(status.get("restartCount", 0)), suspended, view.attempt):
-        tracked.lost_pods.setdefault(view.uid, as_lost(slim_pod(pod), "the pod was deleted while the job ran"))
+        tracked.lost_pods.setdefault(view.uid, as_lost(slim_pod(pod), loss_message(view)))
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -50,6 +50,13 @@ class PodView:
     phase: str
     created: datetime | None
     deleting: bool = False
+    # When its deletion's grace period ends (metadata.deletionTimestamp): by then a live
+    # kubelet has ended the pod's containers and confirmed.
+    deletion_due: datetime | None = None
+    node: str = ""
+    # The reason of its DisruptionTarget=True condition (DeletionByTaintManager: evicted from a
+    # node whose NoExecute taint outlasted the pod's toleration).
+    disruption_reason: str | None = None
     ready: bool = False
     # When the pod was bound to a node (its PodScheduled condition turned True).
     scheduled_at: datetime | None = None
@@ -112,6 +119,11 @@ def _stopped_by_kueue(status: dict[str, Any]) -> bool:
     )
 
 
+def _disruption_reason(conditions: dict[Any, dict[str, Any]]) -> str | None:
+    disruption = conditions.get(DISRUPTION_TARGET) or {}
+    return str(disruption.get("reason") or "") if disruption.get("status") == "True" else None
+
+
 def view_pod(pod: dict[str, Any]) -> PodView:
     meta = pod.get("metadata", {})
     status = pod.get("status", {}) or {}
@@ -151,6 +163,9 @@ def view_pod(pod: dict[str, Any]) -> PodView:
         phase=status.get("phase", "Pending"),
         created=parse_time(meta.get("creationTimestamp")),
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_due=parse_time(meta.get("deletionTimestamp")),
+        node=str((pod.get("spec") or {}).get("nodeName") or ""),
+        disruption_reason=_disruption_reason(conditions),
         scheduled_at=parse_time(scheduled.get("lastTransitionTime")) if scheduled.get("status") == "True" else None,
         ready=conditions.get("Ready", {}).get("status") == "True",
         unschedulable_message=unschedulable,

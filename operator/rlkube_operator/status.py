@@ -57,6 +57,7 @@ from rlkube_operator.children.references import Reference, job_references
 from rlkube_operator.children.topology import pod_roles
 from rlkube_operator.failure_policy import COUNTED, FailureAction, classify, gravest
 from rlkube_operator.gang.kueue import ADMISSION_GATE
+from rlkube_operator.node_loss import deletions_past_their_node
 from rlkube_operator.observed import BAD_IMAGE_REASONS, STARTING_REASON, PodView, parse_time
 from rlkube_operator.plan import (
     Action,
@@ -913,6 +914,10 @@ def compute_status(job: RLJob, observed: Observed) -> Plan:
     # For a restart: the new templates first (the attempt annotation), then the old gang goes.
     actions: list[Action] = [ApplyChildren(status.restart_count, pods_wanted=fate not in (Fate.SUSPENDED, Fate.HELD))]
     actions += _stale_pods(observed, status, job.spec.run_policy.termination_grace_period_seconds)
+    gone, events, waits = deletions_past_their_node(observed.pods, status.restart_count, observed.now)
+    actions += gone
+    p.conds.events += events
+    p.requeue += waits
     return _with_write(p, actions, fate)
 
 

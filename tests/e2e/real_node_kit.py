@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rlkube_e2e.cluster import NO_POOLS_FILE, LocalCluster
 from rlkube_e2e.images import ImageArchive, ensure_image
@@ -265,3 +266,73 @@ def wait_renewed_and_ready(api: KubeApi, node: str, since: datetime.datetime, ti
         return renewed >= since and ready
 
     wait_for(renewed_and_ready, f"node {node}'s kubelet to renew its Lease, Ready", timeout)
+
+
+# Run in a probe pod: a TCP connect to each port of one address at once, each "open", "refused"
+# (nothing listens, or a reset) or "timeout" (the SYN dropped: what an enforced NetworkPolicy
+# does to a connection it denies).
+REACH = """
+import concurrent.futures, json, socket, sys
+host, ports = sys.argv[1], [int(port) for port in sys.argv[2:]]
+def reach(port):
+    try:
+        socket.create_connection((host, port), timeout=%(timeout)s).close()
+        return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timeout"
+    except OSError as error:
+        return type(error).__name__
+with concurrent.futures.ThreadPoolExecutor(len(ports)) as pool:
+    print(json.dumps(dict(zip(map(str, ports), pool.map(reach, ports)))))
+"""
+# A dropped SYN is retried after 1 s and 3 s: 3 s tells a drop from a slow answer on a busy
+# machine, where the job's own pods connect in milliseconds.
+REACH_TIMEOUT = 3.0
+
+
+def probe_pod(name: str, image: str, node_index: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod that only sleeps, from an image every node holds, on node `node_index`, which
+    the restricted Pod Security Standard admits; the probes run in it with `kubectl exec`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"test/probe": name}},
+        "spec": {
+            "nodeSelector": {"test/index": str(node_index)},
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "infinity"],
+                    "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                }
+            ],
+        },
+    }
+
+
+def reach(
+    kubectl: Kubectl, namespace: str, pod: str, address: str, ports: list[int], container: str | None = None
+) -> dict[int, str]:
+    """What a TCP connect from `pod` to each of `ports` at `address` meets."""
+    script = REACH % {"timeout": REACH_TIMEOUT}
+    command = ["-n", namespace, "exec", pod, *(["-c", container] if container else []), "--"]
+    result = kubectl(*command, "python3", "-c", script, address, *map(str, ports))
+    return {int(port): verdict for port, verdict in json.loads(result.stdout).items()}
+
+
+def fetch(kubectl: Kubectl, namespace: str, pod: str, url: str) -> str:
+    """`url` read from inside `pod` (an OSError when it cannot be read): how a Prometheus in
+    the pod's namespace scrapes an endpoint."""
+    script = (
+        "import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(sys.argv[1], timeout=5).read().decode())"
+    )
+    result = kubectl("-n", namespace, "exec", pod, "--", "python3", "-c", script, url, check=False)
+    if result.returncode != 0:
+        raise OSError(f"{url} from {namespace}/{pod}: {result.stderr.strip()[-500:]}")
+    return str(result.stdout)

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from rlkube_api.names import LABEL_JOB
+from rlkube_api.names import DRIVER_METRICS_PORT, LABEL_JOB, RAY_PORT
 from rlkube_e2e import tinyjob
+from rlkube_e2e.node import network_policies
+from rlkube_e2e.node.node import RealNode, find_node_binaries
 from rlkube_e2e.testing import Kubectl, wait_for
 from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import RealCluster
@@ -79,6 +81,8 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         spec["controller"]["pool"] = {"nodeSelector": {"test/index": str(apart["controller"])}}
         for role, settings in spec["roles"].items():
             settings["pool"] = {"nodeSelector": {"test/index": str(apart[role])}}
+        spec["networkPolicy"] = {"metricsNamespace": MONITORING}
+        _start_probes(kubectl, namespace, real_cluster.images["base"].ref)
         tinyjob.apply(kubectl, namespace, job)
         seen = wait_for(lambda: _inside(kubectl, namespace, f"{job.name}-actor-0"), "an exec into actor-0", 600)
         # The image's non-root user, a home of its own for the caches (Hugging Face, vLLM,
@@ -86,6 +90,7 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         # operator mounts: the node's memory, not a runtime's 64 MB default, which breaks NCCL.
         assert seen["uid"] == tinyjob.TRAINER_UID and seen["home"] == "/home/rlkube", seen
         assert seen["shm_bytes"] >= 1024**3 and seen["shm_type"] == "tmpfs", seen
+        _check_reachability(kubectl, namespace, job.name)
         final = tinyjob.wait_state(kubectl, namespace, job.name, ("Succeeded", "Failed"), 600)
         assert final["state"] == "Succeeded", final
         assert final["progress"]["step"] == STEPS
@@ -112,8 +117,90 @@ def test_the_chart_and_the_tiny_job_run_from_their_images_under_the_restricted_s
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         role = _plugin(kubeconfig, "-n", namespace, "logs", job.name, "--role", "actor")
         assert role.returncode == 1 and role.stderr.count("error") == 1 and "is Succeeded" in role.stderr
+        _agent_comes_back(real_cluster.nodes[1])
 
 
+def _agent_comes_back(node: RealNode) -> None:
+    """The NetworkPolicy agent killed (after the job, which a fail-closed gap could slow), its
+    supervisor starts it again and it loads its rules anew."""
+    log = node.logs_dir / f"{network_policies.NAME}.log"
+    synced = log.read_text().count(SYNCED)
+    real_node_kit.kill_daemon(node, find_node_binaries().network_policies)
+    wait_for(lambda: log.read_text().count(SYNCED) > synced, "the restarted agent to load its rules", 60)
+    assert node.enforcing()
+
+
+# The job's ports on its controller pod: Ray's GCS, Ray's client server (`ray start --head`
+# opens it) and the driver's metrics.
+RAY_CLIENT_PORT = 10001
+JOB_PORTS = [RAY_PORT, RAY_CLIENT_PORT, DRIVER_METRICS_PORT]
+# A connection that met the pod: accepted, or refused by the pod's own kernel (nothing listens
+# yet). The agent never refuses: what it denies it drops, and the connect times out.
+REACHED = ("open", "refused")
+# The namespace the job names as its monitoring one, and another where nothing is allowed.
+MONITORING, ELSEWHERE = "tiny-monitoring", "tiny-elsewhere"
+# Probe pods: (namespace or None for the job's own, name, node). The job's controller runs on
+# node 1: the probe there reaches it across the node's bridge, the others through the routes
+# between the nodes.
+PROBES = [(ELSEWHERE, "elsewhere", 1), (None, "neighbour", 0), (MONITORING, "monitor", 0)]
+
+
+def _start_probes(kubectl: Kubectl, namespace: str, image: str) -> None:
+    """The probe pods, started with the job so they are up by the time its ports are."""
+    for other in (MONITORING, ELSEWHERE):
+        kubectl("create", "namespace", other, check=False)  # a second run finds it
+        kubectl("label", "namespace", other, "pod-security.kubernetes.io/enforce=restricted")
+    for where, name, node in PROBES:
+        pod = real_node_kit.probe_pod(name, image, node)
+        kubectl("-n", where or namespace, "apply", "-f", "-", input=json.dumps(pod))
+
+
+def _check_reachability(kubectl: Kubectl, namespace: str, job: str) -> None:
+    """The job's NetworkPolicy, as the nodes' agent enforces it: the job's own pods reach its
+    controller's ports (an actor, from the other node); a pod of the job's namespace without
+    the job's labels and a pod of another namespace reach none of them (their connections
+    time out); the monitoring namespace reaches the metrics port only."""
+    started = time.monotonic()
+    own: dict[int, str] = {}
+    ip = ""
+
+    def own_actor_reaches() -> bool:
+        nonlocal ip
+        # Read each time: on a loaded machine the gang may restart, with new pods and addresses.
+        ip = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}").stdout
+        try:
+            own.update(real_node_kit.reach(kubectl, namespace, f"{job}-actor-0", ip, JOB_PORTS, "trainer"))
+        except AssertionError:  # the actor is not (or no longer) running
+            return False
+        # Ray's head serves both its ports; the driver's metrics may still be starting.
+        return own[RAY_PORT] == own[RAY_CLIENT_PORT] == "open" and own[DRIVER_METRICS_PORT] in REACHED
+
+    try:
+        wait_for(own_actor_reaches, "Ray's ports open to the job's own actor", 600, interval=1)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; last seen {own}") from None
+    waited, started = time.monotonic() - started, time.monotonic()
+    for where, name, _node in PROBES:
+
+        def running(where: str = where or namespace, name: str = name) -> bool:
+            pod = kubectl("-n", where, "get", "pod", name, "-o", "jsonpath={.status.phase}")
+            return pod.stdout == "Running"
+
+        wait_for(running, f"probe pod {name}", 60, interval=0.5)
+        seen = real_node_kit.reach(kubectl, where or namespace, name, ip, JOB_PORTS)
+        reached = {port for port, verdict in seen.items() if verdict in REACHED}
+        blocked = {port for port, verdict in seen.items() if verdict == "timeout"}
+        allowed = {DRIVER_METRICS_PORT} if where == MONITORING else set()
+        assert reached == allowed and blocked == set(JOB_PORTS) - allowed, f"from {where or namespace}/{name}: {seen}"
+    print(
+        f"Ray's ports open to the job's actor after {waited:.1f} s; the probes took {time.monotonic() - started:.1f} s"
+    )
+    for where, name, _node in PROBES:
+        kubectl("-n", where or namespace, "delete", "pod", name, "--wait=false", "--grace-period=0", check=False)
+
+
+# The agent's log line once its caches are synced, just before it writes its rules.
+SYNCED = "Caches are synced for kube-network-policies"
 # After a job's end (its completionTime), every pod of it is gone within this many seconds.
 FINISHED_WITHIN = 15.0
 

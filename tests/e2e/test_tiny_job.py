@@ -3,7 +3,8 @@ the package's real nodes (kubelet, containerd, runc) → rendezvous → trainer 
 separate vLLM rollout pod) trains the tiny task:
 
 - it reaches Succeeded with the reward improved, and the operator's and the driver's
-  Prometheus endpoints are scraped while it runs;
+  Prometheus endpoints are scraped while it runs (the driver's from a pod of the monitoring
+  namespace, which the job's NetworkPolicy admits);
 - its checkpoint, taken by 2 actor pods, seeds a job of 1 actor pod that checkpoints to an S3
   server (gofakes3 where the pods reach this machine), loses its driver pod and resumes from
   the object store;
@@ -36,11 +37,12 @@ from typing import TYPE_CHECKING
 import pytest
 
 from rlkube_api.exit_codes import ExitCode
-from rlkube_api.names import ANNOTATION_EXIT_CODE, EVENT_TRAINER_EXITED
+from rlkube_api.names import ANNOTATION_EXIT_CODE, DRIVER_METRICS_PORT, EVENT_TRAINER_EXITED
 from rlkube_e2e import tinyjob
 from rlkube_e2e.s3server import S3Server
 from rlkube_e2e.testing import Kubectl, wait_established, wait_for
 from rlkube_trainer.checkpoint.objectstore import ObjectPath, storage_options
+from tests.e2e import real_node_kit
 from tests.e2e.real_node_kit import PodLogs
 
 if TYPE_CHECKING:
@@ -93,15 +95,28 @@ def operator_process(
         process.wait(timeout=60)
 
 
+# Where the job's NetworkPolicy lets a scraper reach the driver's metrics port
+# (spec.networkPolicy.metricsNamespace's default); nothing outside the job's pods else, the
+# host included, reaches the job's ports.
+MONITORING = "monitoring"
+SCRAPER = "prometheus"
+
+
+def _start_scraper(kubectl: Kubectl, image: str) -> None:
+    """A pod in the monitoring namespace, standing in for the user's Prometheus."""
+    kubectl("create", "namespace", MONITORING, check=False)  # a second run finds it
+    pod = real_node_kit.probe_pod(SCRAPER, image, node_index=0)
+    kubectl("-n", MONITORING, "apply", "-f", "-", input=json.dumps(pod))
+
+
 def _driver_metrics(kubectl: Kubectl, namespace: str, job: str) -> str:
-    """The driver's Prometheus endpoint, at the controller pod's IP (the host routes every
-    node's pod range)."""
+    """The driver's Prometheus endpoint at the controller pod's IP, read as Prometheus reads
+    it: from a pod of the monitoring namespace."""
     pod = kubectl("-n", namespace, "get", "pod", f"{job}-controller-0", "-o", "jsonpath={.status.podIP}", check=False)
     ip = pod.stdout.strip()
     if pod.returncode != 0 or not ip:
         raise OSError(f"no controller pod IP yet: {pod.stderr.strip()}")
-    with urllib.request.urlopen(f"http://{ip}:9400/metrics", timeout=5) as response:
-        return str(response.read().decode())
+    return real_node_kit.fetch(kubectl, MONITORING, SCRAPER, f"http://{ip}:{DRIVER_METRICS_PORT}/metrics")
 
 
 TINY_VAL = "val-core/tiny_first_digit/reward/mean@1"
@@ -130,6 +145,7 @@ def test_tiny_job_trains_through_the_operator(
     kubectl, namespace, trainer = real_kubectl, real_namespace, real_cluster.images["trainer-cpu"]
     job = tinyjob.prepare(tmp_path / "work", name="tiny", steps=40, save_freq=20, pool="real")
     tinyjob.from_image(job, trainer.ref)
+    _start_scraper(kubectl, real_cluster.images["base"].ref)
     tinyjob.apply(kubectl, namespace, job)
 
     # Scraped while it runs: the driver serves verl's metric names under rlkube_.

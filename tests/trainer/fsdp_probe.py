@@ -117,8 +117,11 @@ def resume_main(rank: int, config: Any, batch: TrainBatch, out: str) -> None:
 
 
 def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> None:
-    """`save` or `load:DIR` (see the module's doc), for each strategy, into OUT/<save|load>/."""
-    out = str(Path(out, plan.split(":", maxsplit=1)[0]))
+    """`save` or `load:DIR` (see the module's doc), for each strategy, into OUT/<save|load>/;
+    `load-NAME:DIR` loads as `load:DIR` does, into OUT/load-NAME/ (several resumes, one start)."""
+    kind, _, source = plan.partition(":")
+    out = str(Path(out, kind))
+    plan = "load" if kind.startswith("load") else plan
     Path(out).mkdir(parents=True, exist_ok=True)
     vocab = int(AutoConfig.from_pretrained(config.model.path).vocab_size)
     shares = split(SAMPLES, world)[rank]
@@ -148,7 +151,7 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
             results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": sorted(done.files)}
             continue
         else:
-            load_rank_state(Path(plan.removeprefix("load:"), strategy), {"actor": actor}, rank)
+            load_rank_state(Path(source, strategy), {"actor": actor}, rank)
         results[strategy] = {"sharded": actor.sharded, "metrics": [], "reported": reported}
         weights[strategy] = []
         for update in (2, 3):
@@ -166,7 +169,7 @@ def world_size_main(rank: int, world: int, config: Any, out: str, plan: str) -> 
 
 def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan: str) -> None:
     config = parse_trainer_config(yaml.safe_load(Path(config_path).read_text()))
-    if plan.startswith(("save", "load:", "asyncsave")):
+    if plan.startswith(("save", "load", "asyncsave")):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         for each in plan.split("+"):
             world_size_main(rank, world, config, out, each)

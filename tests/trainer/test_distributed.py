@@ -192,7 +192,7 @@ def test_placements_and_tensor_parallel_sizes_agree_after_the_same_update(tmp_pa
     The slices each colocated rank gives its engine are checked (RLKUBE_CHECK_TP_SLICES: the
     unsent part of every tensor is NaN, which a loader reading it would spread into the logits)."""
     probe = Path(__file__).with_name("placement_probe.py")
-    outputs = {}
+    runs: dict[tuple[str, int], tuple[Path, Path]] = {}
     for placement, tp in ONE_ENGINE_RUNS:
         workdir = tmp_path / f"{placement}-tp{tp}"
         path = init(workdir, "grpo", steps=1)
@@ -204,19 +204,20 @@ def test_placements_and_tensor_parallel_sizes_agree_after_the_same_update(tmp_pa
         raw["actor"]["fsdp_config"] = {"mixed_precision": {"param_dtype": "fp32"}}
         raw["actor"]["ppo_micro_batch_size_per_gpu"] = 32
         path.write_text(yaml.safe_dump(raw))
-        out = workdir / "generated.json"
-        result = subprocess.run(
-            [sys.executable, str(probe), str(path), str(out), "1"],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-            env={**os.environ, "RLKUBE_CHECK_TP_SLICES": "1"},
-        )
-        assert result.returncode == 0, result.stderr[-4000:]
-        if (placement, tp) == ("colocated", 2):
-            assert "tensor-parallel slices" in result.stderr and "(the rest of each tensor NaN)" in result.stderr
-        outputs[(placement, tp)] = json.loads(out.read_text())
+        runs[(placement, tp)] = (path, workdir / "generated.json")
+    # One process and one local Ray for the three placements, one after another.
+    result = subprocess.run(
+        [sys.executable, str(probe), "1", *(str(p) for run in runs.values() for p in run)],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+        env={**os.environ, "RLKUBE_CHECK_TP_SLICES": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    # Only the colocated tensor-parallel placement hands its engines slices.
+    assert "tensor-parallel slices" in result.stderr and "(the rest of each tensor NaN)" in result.stderr
+    outputs = {run: json.loads(out.read_text()) for run, (_, out) in runs.items()}
     reference = outputs[("separate", 1)]
     assert len(reference["after"]["greedy"]) == 16
     assert reference["after"]["logprobs"] != reference["before"]["logprobs"]  # the update changed the policy

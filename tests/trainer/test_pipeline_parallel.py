@@ -2,7 +2,9 @@
 actor's and the critic's own update and forward-only code (workers.builders; FSDP2 per stage,
 fp32, gloo): a tiny 4-layer Llama with tied embeddings (the LM head on the last stage and the
 embeddings on the first share one weight) under roles.<role>.pipelineParallelSize 2 (1F1B)
-and 2 × virtualPipelineParallelSize 2 (interleaved 1F1B, one layer a stage), the actor's policy
+and 2 × virtualPipelineParallelSize 2 (interleaved 1F1B, one layer a stage), and stages whose
+decoder layers are tensor parallel (tensorParallelSize 2 × pipelineParallelSize 2 on 4 ranks:
+DTensor projections over the mesh's "tp" dimension inside each stage), the actor's policy
 loss with its entropy term and the critic's value loss on the last stage. The old log-probs and
 values, each update's loss and gradient norm, the first optimizer step's gradients, the
 weights after three updates (one optimizer step each) and the whole model the rollout receives from every rank match the
@@ -52,8 +54,8 @@ def test_stages_divide_the_layers_evenly_or_are_refused() -> None:
 
 
 ROLES_PROBE = Path(__file__).with_name("pipeline_roles_probe.py")
-# name: (ranks, pipelineParallelSize, virtualPipelineParallelSize)
-ROLE_LAYOUTS = {"one": (1, 1, None), "pp2": (2, 2, None), "pp2v2": (2, 2, 2)}
+# name: (ranks, pipelineParallelSize, virtualPipelineParallelSize, tensorParallelSize)
+ROLE_LAYOUTS = {"one": (1, 1, None, 1), "pp2": (2, 2, None, 1), "pp2v2": (2, 2, 2, 1), "tp2pp2": (4, 2, None, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +72,8 @@ def role_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[s
     (workdir / "data" / "train.parquet").touch()  # the config names it; the probe reads no data
     (workdir / "reward.py").touch()
     arguments = []
-    for name, (ranks, pipeline, virtual) in ROLE_LAYOUTS.items():
-        raw = config_for(workdir, ranks, 1, 1)
+    for name, (ranks, pipeline, virtual, tensor) in ROLE_LAYOUTS.items():
+        raw = config_for(workdir, ranks, tensor, 1)
         sizes = {"pipeline_parallel_size": pipeline, "virtual_pipeline_parallel_size": virtual}
         raw["roles"]["actor"].update(sizes)
         raw["roles"]["critic"].update(sizes)
@@ -85,12 +87,12 @@ def role_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[s
     assert result.returncode == 0, result.stderr[-4000:]
     return {
         name: [torch.load(workdir / name / f"rank_{r}.pt") for r in range(ranks)]
-        for name, (ranks, _, _) in ROLE_LAYOUTS.items()
+        for name, (ranks, *_) in ROLE_LAYOUTS.items()
     }
 
 
 @pytest.mark.trainer
-@pytest.mark.parametrize("layout", ["pp2", "pp2v2"])
+@pytest.mark.parametrize("layout", ["pp2", "pp2v2", "tp2pp2"])
 def test_pipelined_actor_and_critic_train_as_one_rank(role_runs: dict[str, list[dict[str, Any]]], layout: str) -> None:
     """Through the roles' own update and forward-only code: old log-probs and values, each
     update's loss and gradient norm, the first step's gradients, the weights after three
@@ -111,8 +113,10 @@ def test_pipelined_actor_and_critic_train_as_one_rank(role_runs: dict[str, list[
         assert rank["actor_weights"].keys() == one["actor_weights"].keys()
         for name, weight in rank["actor_weights"].items():
             torch.testing.assert_close(weight, one["actor_weights"][name], rtol=0, atol=1e-4, msg=name)
+    # Each rank holds its stages only: the first rank the first stage, the last rank the last
+    # (pipeline outermost in the mesh, its tensor-parallel peers between them).
     layers = [{n for n in rank["actor_own_weights"] if ".layers." in n} for rank in role_runs[layout]]
-    assert layers[0] and layers[1] and not layers[0] & layers[1]  # each rank holds its stages only
+    assert layers[0] and layers[-1] and not layers[0] & layers[-1]
 
 
 @pytest.mark.trainer
@@ -136,5 +140,8 @@ def test_what_a_pipeline_cannot_run_is_refused_naming_the_fields() -> None:
         match=r"roles\.actor\.pipelineParallelSize 2 runs micro-batches of one size: set actor\.use_dynamic_bsz false",
     ):
         check_pipelined(mesh(pipeline=2), False, True, *fields)
-    with pytest.raises(LayoutError, match=r"roles\.actor\.pipelineParallelSize 2 runs with tensorParallelSize"):
-        check_pipelined(mesh(pipeline=2, tensor=2), False, False, *fields)
+    check_pipelined(mesh(pipeline=2, tensor=2), False, False, *fields)  # tensor-parallel stages run
+    with pytest.raises(
+        LayoutError, match=r"roles\.actor\.pipelineParallelSize 2 runs with ulyssesSequenceParallelSize 1"
+    ):
+        check_pipelined(mesh(pipeline=2, sequence=2), False, False, *fields)

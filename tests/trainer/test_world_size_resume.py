@@ -2,7 +2,8 @@
 and resumed on 1 and on 4, saved on 1 and resumed on 2, with full replicas and with FSDP2, and
 between tensor parallel 2 and FSDP 2 both ways (one CPU rank has no process
 group, as in the trainer, so FSDP2's shards go into a whole model and a whole model into
-shards). The resumed updates match the unbroken run's, to float tolerance: the same global
+shards), and from tensor × pipeline parallel 2 × 2 to FSDP 4 and to tensor parallel 2. The
+resumed updates match the unbroken run's, to float tolerance: the same global
 gradient norm and the same weights after each update."""
 
 from __future__ import annotations
@@ -53,15 +54,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     four.mkdir()
     (four / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 4, "replicate", None, "fp32")))
     run_probe(4, four / "config.yaml", four, f"load:{two}/save")
-    # Tensor parallel 2 on 2 ranks: saved, and resumed from FSDP 2's checkpoint; then FSDP 2
-    # resumed from tensor parallel's.
+    # Tensor parallel 2 × pipeline parallel 2 on 4 ranks (padded micro-batches, as a pipeline
+    # runs them): saved, then resumed under FSDP 4 and under tensor parallel 2, the largest the
+    # tiny model's 2 heads allow.
+    tpp, fsdp4 = workdir / "tpp", workdir / "fsdp4"
+    for folder, tensor, pipeline in ((tpp, 2, 2), (fsdp4, 1, 1)):
+        folder.mkdir()
+        raw = config_for(workdir, 4, "fsdp2", None, "fp32")
+        raw["roles"]["actor"].update(tensor_parallel_size=tensor, pipeline_parallel_size=pipeline)
+        raw["model"]["use_remove_padding"] = pipeline == 1
+        (folder / "config.yaml").write_text(yaml.safe_dump(raw))
+    run_probe(4, tpp / "config.yaml", tpp, "save")
+    run_probe(4, fsdp4 / "config.yaml", fsdp4, f"load:{tpp}/save")
+    # Tensor parallel 2 on 2 ranks: saved, and resumed from FSDP 2's checkpoint and from tensor
+    # × pipeline parallel's; then FSDP 2 resumed from tensor parallel's.
     tp, from_tp = workdir / "tp", workdir / "from-tp"
     for folder, tensor in ((tp, 2), (from_tp, 1)):
         folder.mkdir()
         raw = config_for(workdir, 2, "fsdp2", None, "fp32")
         raw["roles"]["actor"]["tensor_parallel_size"] = tensor
         (folder / "config.yaml").write_text(yaml.safe_dump(raw))
-    run_probe(2, tp / "config.yaml", tp, f"save+load:{two}/save")
+    run_probe(2, tp / "config.yaml", tp, f"save+load:{two}/save+load-tpp:{tpp}/save")
     run_probe(2, from_tp / "config.yaml", from_tp, f"load:{tp}/save")
     return {
         "two": results(two / "save", 2),
@@ -72,6 +85,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "tp": results(tp / "save", 2),
         "two-on-tp": results(tp / "load", 2),
         "tp-on-two": results(from_tp / "load", 2),
+        "tpp": results(tpp / "save", 4),
+        "tpp-on-fsdp4": results(fsdp4 / "load", 4),
+        "tpp-on-tp": results(tp / "load-tpp", 2),
         "exports": {
             name: folder / "hf"
             for name, folder in (
@@ -81,6 +97,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
                 ("tp", tp / "save"),
                 ("two-on-tp", tp / "load"),
                 ("tp-on-two", from_tp / "load"),
+                ("tpp", tpp / "save"),
+                ("tpp-on-fsdp4", fsdp4 / "load"),
+                ("tpp-on-tp", tp / "load-tpp"),
             )
         },
         "one-dir": {"path": one / "save"},
@@ -134,9 +153,24 @@ def test_tensor_parallel_and_fsdp_resume_from_each_others_checkpoints(runs: dict
 
 
 @pytest.mark.trainer
+def test_a_tensor_by_pipeline_parallel_checkpoint_resumes_under_fsdp_and_tensor_parallel(
+    runs: dict[str, dict[str, Any]],
+) -> None:
+    """Tensor parallel 2 × pipeline parallel 2 (4 ranks, each holding half of one stage) takes
+    the same updates as FSDP 2 from the same start; its checkpoint (each rank's stage, DTensor
+    shards over the tensor-parallel ranks) resumes under FSDP 4 and under tensor parallel 2,
+    each going on as the unbroken run."""
+    assert runs["tpp"]["ranks"][0]["fsdp2"]["sharded"]
+    assert_continues(runs["two"], runs["tpp"], "fsdp2")
+    assert_continues(runs["tpp"], runs["tpp-on-fsdp4"], "fsdp2")
+    assert_continues(runs["tpp"], runs["tpp-on-tp"], "fsdp2")
+
+
+@pytest.mark.trainer
 def test_the_hugging_face_export_is_the_same_model_on_any_number_of_ranks(runs: dict[str, dict[str, Any]]) -> None:
     """FSDP2 on 2 ranks, resumed on 1 (a whole model) and on 4, tensor parallel 2 and the
-    resumes between it and FSDP 2: the same updates give the same exported model, tensor for
+    resumes between it and FSDP 2, tensor × pipeline parallel and its resumes under FSDP 4 and
+    tensor parallel 2: the same updates give the same exported model, tensor for
     tensor, to the tolerance of the weights."""
     from safetensors.torch import load_file  # noqa: PLC0415
 

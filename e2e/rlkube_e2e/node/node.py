@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from rlkube_e2e import processes
-from rlkube_e2e.binaries import K8S_VERSION, cache_dir
+from rlkube_e2e.binaries import K8S_VERSION, NETWORK_POLICIES_BUILD, cache_dir
 from rlkube_e2e.components import Component
 from rlkube_e2e.errors import ClusterError
 from rlkube_e2e.kubeapi import ApiError, Credentials, KubeApi
 from rlkube_e2e.kubeconfig import write_kubeconfig
-from rlkube_e2e.node import mountns, netns
+from rlkube_e2e.node import mountns, netns, network_policies
 from rlkube_e2e.node.containerd import containerd_config, containerd_paths, cri_serving
 from rlkube_e2e.node.image_store import ImageStoreError, ensure_store, import_archive, seed_root
 from rlkube_e2e.node.kube_proxy import KubeProxyInputs, kube_proxy_args, write_kube_proxy_config
@@ -65,9 +65,11 @@ class NodeError(ClusterError):
 class NodeBinaries:
     kubelet: Path
     kube_proxy: Path
+    network_policies: Path  # the NetworkPolicy agent
     containerd: Path
     ctr: Path
     nsenter: Path
+    nft: Path
     sleep: Path
     pause_archive: Path
 
@@ -76,14 +78,15 @@ def find_node_binaries() -> NodeBinaries:
     """Locate what a node runs, or say in one line what is missing and which target gets it."""
     k8s = cache_dir() / f"k8s-v{K8S_VERSION}" / "bin"
     kubelet, kube_proxy = k8s / "kubelet", k8s / "kube-proxy"
-    for binary in (kubelet, kube_proxy):
+    agent = cache_dir() / NETWORK_POLICIES_BUILD / "bin" / network_policies.NAME
+    for binary in (kubelet, kube_proxy, agent):
         if not os.access(binary, os.X_OK):
             raise NodeError(f"{binary.name} not found (expected {binary}); run `make toolchain`")
     pause = cache_dir() / f"pause-v{K8S_VERSION}" / "pause.oci.tar"
     if not pause.is_file():
         raise NodeError(f"the pause image is not built (expected {pause}); run `bash e2e/toolchain.sh pause`")
     found: dict[str, Path] = {}
-    for name in ("containerd", "ctr", "runc", "nsenter", "sleep", "iptables"):
+    for name in ("containerd", "ctr", "runc", "nsenter", "sleep", "iptables", "nft"):
         path = shutil.which(name, path=os.environ.get("PATH", "") + ":/usr/sbin:/sbin")
         if path is None:
             raise NodeError(f"{name} not found; run `make sysdeps`")
@@ -93,9 +96,11 @@ def find_node_binaries() -> NodeBinaries:
     return NodeBinaries(
         kubelet=kubelet,
         kube_proxy=kube_proxy,
+        network_policies=agent,
         containerd=found["containerd"],
         ctr=found["ctr"],
         nsenter=found["nsenter"],
+        nft=found["nft"],
         sleep=found["sleep"],
         pause_archive=pause,
     )
@@ -224,8 +229,23 @@ class RealNode:
         proxy_config = self.state_dir / "kube-proxy" / "config.json"
         write_kube_proxy_config(proxy_config, self._kube_proxy_inputs())
         self._spawn_supervised("kube-proxy", enter, holder, kube_proxy_args(binaries.kube_proxy, proxy_config))
+        self._start_network_policies(binaries, enter, holder)
         self._wait(deadline, self._node_ready, f"node {self.name} to be Ready")
+        # Ready for pods means NetworkPolicies enforced: the agent has loaded its rules.
+        self._wait(deadline, self.enforcing, f"node {self.name}'s NetworkPolicy agent")
         self._log(f"node {self.name} Ready at {self.address} (pods {self.net.pod_cidr}); logs in {self.logs_dir}")
+
+    def _start_network_policies(self, binaries: NodeBinaries, enter: list[str], holder: int) -> None:
+        token = network_policies.grant_and_issue_token(self.api())
+        network_policies.write_service_account(self.state_dir / "run", token, self.pki.ca_cert)
+        inputs = network_policies.AgentInputs(binaries.network_policies, self.name, self.server)
+        self._spawn_supervised(network_policies.NAME, enter, holder, network_policies.agent_command(inputs))
+
+    def enforcing(self) -> bool:
+        """Whether the node's NetworkPolicy agent has its nftables rules in place."""
+        binaries = find_node_binaries()
+        enter_net = [str(binaries.nsenter), f"--target={self._holder_file.read_text().strip()}", "--net", "--"]
+        return network_policies.rules_loaded([*enter_net, str(binaries.nft)])
 
     @staticmethod
     def _enter(binaries: NodeBinaries, holder: int) -> list[str]:

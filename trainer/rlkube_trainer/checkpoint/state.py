@@ -360,7 +360,13 @@ def load_rank_state(checkpoint: CheckpointPath, trainables: Mapping[str, Checkpo
         state = load_torch(path)
         if "local" in state:
             sharded = trainable.sharded_state_dict()
+            groups = sharded.get("optimizer", {}).get("param_groups", [])
+            own = [list(group["params"]) for group in groups]
             load_sharded(checkpoint / part / "sharded", sharded)
+            # The checkpoint's parameter lists are one saving rank's: under a pipeline, one
+            # stage's names (a tied LM head under the last stage's). This rank's are its own.
+            for group, names in zip(groups, own, strict=True):
+                group["params"] = names
             trainable.load_sharded_state_dict(sharded)
             trainable.load_local_state_dict(state["local"])
         elif "state" in state:

@@ -2,8 +2,8 @@
 random digits and `=`, the answer is the first digit. Reading the prompt is the
 only way to score; a constant answer is right one time in ten.
 
-Everything is made locally — a random-initialised Llama-shaped model with a
-word-level tokenizer of 14 tokens, and the dataset as parquet — so nothing is
+Everything is made locally — a random-initialised Llama-shaped model (or a Qwen3-MoE-shaped
+mixture of experts) with a word-level tokenizer of 14 tokens, and the dataset as parquet — so nothing is
 downloaded. `rlkube-trainer tiny-task DIR` writes model, data,
 reward function and a trainer config into DIR.
 """
@@ -20,7 +20,14 @@ import pyarrow.parquet as pq
 import torch
 import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
 
 DATA_SOURCE = "tiny_first_digit"
 # Inside the package, so `rlkube-trainer tiny-task` works from an installed image too;
@@ -42,7 +49,12 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def build_model(
-    path: Path, seed: int = 0, hidden_size: int = 64, layers: int = 2, initializer_range: float = 0.02
+    path: Path,
+    seed: int = 0,
+    hidden_size: int = 64,
+    layers: int = 2,
+    initializer_range: float = 0.02,
+    experts: int = 0,
 ) -> Path:
     """A random-initialised Llama with the task's tokenizer, saved to `path`.
 
@@ -54,25 +66,41 @@ def build_model(
     Llama rather than Qwen2: transformers maps a qwen2 checkpoint's tokenizer to its
     byte-level class, which would break the word-level vocabulary. vLLM's CPU
     attention needs a head size of 32 or more: 64 hidden over 2 heads.
+
+    `experts` > 0 makes it a Qwen3-MoE instead (head size 32 as well): every layer's MLP is
+    that many experts, two routed per token (the saved tokenizer names its own class, so the qwen model type does
+    not pull in a byte-level tokenizer).
     """
     tokenizer = build_tokenizer()
-    config = LlamaConfig(
-        vocab_size=len(WORDS),
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        dtype="float32",
-        initializer_range=initializer_range,
-    )
+    common: dict[str, Any] = {
+        "vocab_size": len(WORDS),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 128,
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "dtype": "float32",
+        "initializer_range": initializer_range,
+    }
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
+    model: PreTrainedModel
+    if experts:
+        moe = Qwen3MoeConfig(
+            **common,
+            moe_intermediate_size=hidden_size // 2,
+            num_experts=experts,
+            num_experts_per_tok=2,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+        model = Qwen3MoeForCausalLM(moe)  # type: ignore[no-untyped-call]
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))  # type: ignore[no-untyped-call]
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     path.mkdir(parents=True, exist_ok=True)
@@ -144,10 +172,15 @@ def trainer_config(workdir: Path, adv_estimator: str = "grpo", steps: int = 60) 
 
 
 def init(
-    workdir: Path, adv_estimator: str = "grpo", steps: int = 60, seed: int = 0, initializer_range: float = 0.02
+    workdir: Path,
+    adv_estimator: str = "grpo",
+    steps: int = 60,
+    seed: int = 0,
+    initializer_range: float = 0.02,
+    experts: int = 0,
 ) -> Path:
     """Writes model/, data/train.parquet, data/val.parquet, reward.py and config.yaml into workdir."""
-    build_model(workdir / "model", seed=seed, initializer_range=initializer_range)
+    build_model(workdir / "model", seed=seed, initializer_range=initializer_range, experts=experts)
     write_dataset(workdir / "data" / "train.parquet", seed=seed)
     write_dataset(workdir / "data" / "val.parquet", count=VAL_PROMPTS, seed=seed + 1)
     shutil.copyfile(REWARD_FILE, workdir / "reward.py")

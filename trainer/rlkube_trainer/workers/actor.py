@@ -20,6 +20,7 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.algos.rollout_correction import bypass_policy_loss
 from rlkube_trainer.batch import TrainBatch
+from rlkube_trainer.model.checkpoint_names import CheckpointNames, meta_like
 from rlkube_trainer.model.fsdp import DTYPES
 from rlkube_trainer.model.loading import apply_liger, causal_lm_skeleton, compile_decoder_layers, load_causal_lm
 from rlkube_trainer.model.lora import LoraSettings, apply_lora, merged_names, merged_weights
@@ -235,6 +236,8 @@ class Actor(Trainable):
         self.sync_bucket_bytes = rollout.update_weights_bucket_megabytes * 2**20
         if rollout.layered_summon:
             self.sync_bucket_bytes = min(self.sync_bucket_bytes, decoder_layer_bytes(self.model))
+        # The engine loads the checkpoint's tensors, which some architectures (experts) fuse on load.
+        self.checkpoint = CheckpointNames(self.model, self._model_specs())
 
     def _scores(self, batch: TrainBatch, with_entropy: bool, with_sum_pi_squared: bool = False) -> ResponseScores:
         with autocast(self.device):
@@ -328,14 +331,17 @@ class Actor(Trainable):
         if self.pipeline is not None:  # each stage's rank holds its layers only
             gathered = pipelined.every_stage(self.pipeline, gathered, self.device)
         # With LoRA the engine gets the merged weights: W + (alpha / r) * B @ A, under W's name.
-        yield from merged_weights(gathered, self.lora.scaling) if self.lora.enabled else gathered
+        merged = merged_weights(gathered, self.lora.scaling) if self.lora.enabled else gathered
+        yield from self.checkpoint.tensors(merged)
 
     @property
     def whole_weights_only(self) -> bool:
         """Whether the rollout takes this policy's weights only whole, from `named_weights`: a
         LoRA weight is merged from the whole of B and A, and under a pipeline each rank holds
-        only its stages' tensors, so no rank's shards tile the model's boxes alone."""
-        return self.lora.enabled or self.pipeline is not None
+        only its stages' tensors, so no rank's shards tile the model's boxes alone; and a
+        checkpoint tensor converted from the model's (an expert's projection cut from the fused
+        ones) is no box of any rank's shard."""
+        return self.lora.enabled or self.pipeline is not None or self.checkpoint.converts
 
     def _weight_items(self) -> list[tuple[str, torch.Tensor]]:
         """The state dict's tensors: every stage's (on the meta device) under a pipeline."""
@@ -344,12 +350,23 @@ class Actor(Trainable):
 
     def weight_names(self) -> list[str]:
         """The names `named_weights` yields, without gathering anything."""
+        if self.checkpoint.converts:
+            return self.checkpoint.names(self._model_specs())
         names = [name for name, _ in self._weight_items()]
         return merged_names(names) if self.lora.enabled else names
 
     def weight_specs(self) -> list[tuple[str, torch.Tensor]]:
         """(name, sharded tensor) of what `named_weights` yields, for their full shapes and
-        dtypes (a merged weight has its base weight's): nothing is gathered."""
+        dtypes (a merged weight has its base weight's; a converted one is a meta tensor of its
+        checkpoint shape): nothing is gathered."""
+        specs = self._model_specs()
+        if not self.checkpoint.converts:
+            return specs
+        return list(self.checkpoint.tensors((name, meta_like(t)) for name, t in specs))
+
+    def _model_specs(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, sharded tensor) of the model's own tensors as the engine takes them before any
+        checkpoint conversion: LoRA's merged under their base weights' names."""
         items = self._weight_items()
         if not self.lora.enabled:
             return items

@@ -101,6 +101,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
         vllm_device.check_platform(device)
         if device == "cpu":
+            weights.check_updatable_on_cpu(self._model_path)
             vllm_device.eager_without_a_cxx_compiler()
         self._sleep_enabled = vllm_device.sleep_mode(enable_sleep_mode)
         self._sleep_level = sleep_level

