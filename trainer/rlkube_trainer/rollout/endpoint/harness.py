@@ -3,10 +3,11 @@
 Each process gets, in its environment, `OPENAI_BASE_URL` (the endpoint with its episode's path),
 `OPENAI_API_KEY` (the job's token), `RLKUBE_REWARD_URL` (where to POST `{"reward": x}`) and
 `RLKUBE_EPISODE` (the caller's task as JSON: a row's prompt messages, say, and what scores it).
-A harness that crashes (non-zero exit), outlives `timeout` (killed, with its process group), makes
-no call, breaks its context (recorder.py) or, when a reward is required, reports none, loses
-its episode: the loss is logged by episode and reason and counted, and the other episodes go on.
-All episodes of a batch run at once, so the batch is complete when every harness has ended or
+A harness that crashes (non-zero exit), outlives `timeout` from its start (killed, with its
+process group), makes no call, breaks its context (recorder.py) or, when a reward is required,
+reports none, loses its episode: the loss is logged by episode and reason and counted, and the
+other episodes go on. All episodes of a batch run at once unless `max_concurrent` caps them (the
+next starts when one ends), so with no cap the batch is complete when every harness has ended or
 `timeout` has passed, whichever comes first.
 """
 
@@ -64,53 +65,67 @@ def run_episodes(
     timeout: float,
     require_reward: bool,
     prefix: str = "ep",
+    max_concurrent: int | None = None,
 ) -> list[Outcome]:
-    """Run one harness process per task, all at once; the outcomes in task order."""
+    """Run one harness process per task, at most `max_concurrent` at once (all when None); the
+    outcomes in task order."""
     ids = [f"{prefix}-{i}" for i in range(len(tasks))]
     # stderr to files, not pipes: a chatty harness must not block on a full pipe while others run.
     with contextlib.ExitStack() as files:
         errs = [files.enter_context(tempfile.TemporaryFile()) for _ in ids]
-        return _run(endpoint, base_url, command, tasks, timeout, require_reward, ids, errs)
+        episodes = [_Episode(i, t, e) for i, t, e in zip(ids, tasks, errs, strict=True)]
+        cap = max_concurrent or len(episodes)
+        waiting, running = list(episodes), list[_Episode]()
+        while waiting or running:
+            while waiting and len(running) < cap:
+                episode = waiting.pop(0)
+                episode.start(endpoint, base_url, command, timeout)
+                running.append(episode)
+            time.sleep(0.05)
+            running = [e for e in running if not e.ended()]
+        return [e.outcome(endpoint, require_reward, timeout) for e in episodes]
 
 
-def _run(
-    endpoint: Endpoint,
-    base_url: str,
-    command: Sequence[str],
-    tasks: Sequence[dict[str, Any]],
-    timeout: float,
-    require_reward: bool,
-    ids: list[str],
-    errs: Sequence[IO[bytes]],
-) -> list[Outcome]:
-    procs: list[subprocess.Popen[bytes]] = []
-    for episode_id, task, err in zip(ids, tasks, errs, strict=True):
-        endpoint.open(episode_id)
+class _Episode:
+    """One harness process: started with its episode's environment, ended by exiting or by its
+    deadline (its process group killed)."""
+
+    def __init__(self, episode_id: str, task: dict[str, Any], err: IO[bytes]) -> None:
+        self.episode_id, self.task, self.err = episode_id, task, err
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.deadline = 0.0
+        self.code: int | None = None
+
+    def start(self, endpoint: Endpoint, base_url: str, command: Sequence[str], timeout: float) -> None:
+        endpoint.open(self.episode_id)
         env = {
             **os.environ,
-            "OPENAI_BASE_URL": f"{base_url}/episodes/{episode_id}/v1",
+            "OPENAI_BASE_URL": f"{base_url}/episodes/{self.episode_id}/v1",
             "OPENAI_API_KEY": endpoint.token,
-            "RLKUBE_REWARD_URL": f"{base_url}/v1/episodes/{episode_id}/reward",
-            "RLKUBE_EPISODE": json.dumps(task),
+            "RLKUBE_REWARD_URL": f"{base_url}/v1/episodes/{self.episode_id}/reward",
+            "RLKUBE_EPISODE": json.dumps(self.task),
         }
+        self.deadline = time.monotonic() + timeout
         # Its own process group (start_new_session), killed whole on timeout.
-        procs.append(
-            subprocess.Popen(list(command), env=env, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        self.proc = subprocess.Popen(
+            list(command), env=env, stdout=subprocess.DEVNULL, stderr=self.err, start_new_session=True
         )
-    deadline = time.monotonic() + timeout
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    outcomes = []
-    for episode_id, proc, err in zip(ids, procs, errs, strict=True):
-        code = proc.poll()
-        if code is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        err.seek(0)
-        stderr = err.read().decode(errors="replace")
-        record = endpoint.close_episode(episode_id)
-        lost = _lost_reason(code, record, stderr, require_reward, timeout)
+
+    def ended(self) -> bool:
+        """Whether the process has ended, killing it first when past its deadline."""
+        assert self.proc is not None
+        self.code = self.proc.poll()
+        if self.code is None and time.monotonic() >= self.deadline:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return True
+        return self.code is not None
+
+    def outcome(self, endpoint: Endpoint, require_reward: bool, timeout: float) -> Outcome:
+        self.err.seek(0)
+        stderr = self.err.read().decode(errors="replace")
+        record = endpoint.close_episode(self.episode_id)
+        lost = _lost_reason(self.code, record, stderr, require_reward, timeout)
         if lost is not None:
-            log.warning("episode %s lost: %s", episode_id, lost)
-        outcomes.append(Outcome(episode_id, None if lost else record, lost))
-    return outcomes
+            log.warning("episode %s lost: %s", self.episode_id, lost)
+        return Outcome(self.episode_id, None if lost else record, lost)

@@ -10,6 +10,7 @@ from rlkube_trainer.rollout.agent.episode import Trajectory
 from rlkube_trainer.rollout.agent.sampler import to_sample
 from rlkube_trainer.rollout.base import RolloutSample
 from rlkube_trainer.rollout.endpoint.recorder import EpisodeRecord
+from rlkube_trainer.scorers.harness import HARNESS_REWARD
 
 
 def training_sample(
@@ -29,4 +30,4 @@ def training_sample(
         user_turns=traj.user_turns,
     )
     sample = to_sample(prompt_index, cut, response_length, with_logprobs)
-    return replace(sample, reward_info={**(sample.reward_info or {}), "harness_reward": record.reward})
+    return replace(sample, reward_info={**(sample.reward_info or {}), HARNESS_REWARD: record.reward})

@@ -1,0 +1,105 @@
+"""Harness-driven learning: an agent program of its own (a plain Python script using the `openai`
+client, one chat call per episode) drives the rollout through the trainer's endpoint, scores the
+reply itself and reports the reward; the run trains on the recorded tokens and that reward alone
+(no reward function: the built-in scorer returns the harness's), and the reward rises.
+
+The prompt names a key ("key c"), the right reply is the key's value in a table. The tiny model is
+first taught both the right value and a wrong one ("9") for every key, equally: it answers right
+about half the time, and GRPO on the harness's reward has to make it answer right always. Runs
+`rlkube-trainer run --in-process` (real vLLM CPU engine) in a subprocess, as test_learning.py
+does; asserts the reward, never the time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_agent_learning import KEYS, TABLE, metrics, rows, write
+from tiny_model import build_tiny_model, teach
+from transformers import AutoTokenizer
+
+# The user's harness: one chat call, its own verdict, the reward reported.
+HARNESS = """
+import json, os, urllib.request
+from openai import OpenAI
+
+task = json.loads(os.environ["RLKUBE_EPISODE"])
+reply = OpenAI().chat.completions.create(model="policy", messages=task["prompt"]).choices[0].message.content
+reward = float((reply or "").strip() == task["ground_truth"])
+request = urllib.request.Request(
+    os.environ["RLKUBE_REWARD_URL"],
+    data=json.dumps({"reward": reward}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+)
+urllib.request.urlopen(request).read()
+"""
+WRONG = "9"  # no key's value
+STEPS = 12
+
+
+def _prompt_text(tokenizer: Any, key: str) -> str:
+    messages = [{"role": "user", "content": f"key {key}"}]
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+
+def setup(workdir: Path) -> Path:
+    model = build_tiny_model(workdir / "model", vocab=512, seed=0)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    texts = [_prompt_text(tokenizer, k) + f"{answer}<|im_end|>" for k in KEYS for answer in (TABLE[k], WRONG)]
+    loss = teach(model, texts, steps=200)
+    # About ln 2 on the answer token, spread over the sequence; the rest learned.
+    assert loss < 0.1, f"the tiny model did not learn the reply's form (loss {loss:.3f})"
+    (workdir / "harness.py").write_text(HARNESS)
+    config: dict[str, Any] = {
+        "model": {"path": str(model)},
+        "data": {
+            "train_files": [write(workdir / "train.jsonl", rows(256, seed=0))],
+            "max_prompt_length": 32,
+            "max_response_length": 4,
+            "train_batch_size": 4,
+        },
+        "algorithm": {"adv_estimator": "grpo"},
+        "actor": {"optim": {"lr": 1e-3}, "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 16},
+        "rollout": {
+            "name": "vllm",
+            "n": 4,
+            "temperature": 1.0,
+            "gpu_memory_utilization": 0.02,
+            "harness": {"command": [sys.executable, str(workdir / "harness.py")], "timeout_seconds": 120},
+        },
+        "trainer": {"total_training_steps": STEPS, "save_freq": -1, "test_freq": -1, "seed": 1},
+        "checkpoint": {"dir": str(workdir / "checkpoints")},
+        "roles": {"actor": {"replicas": 1, "gpus_per_replica": 0}},
+    }
+    path = workdir / "config.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.mark.trainer
+@pytest.mark.slow
+def test_a_harness_drives_the_rollout_and_its_reward_is_learned(tmp_path: Path) -> None:
+    config = setup(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "rlkube_trainer.pod.cli", "run", str(config), "--in-process", "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    steps = [r for r in metrics(tmp_path) if "critic/score/mean" in r]
+    scores = [r["critic/score/mean"] for r in steps]
+    assert len(scores) == STEPS
+    assert all(r["rollout/episodes_lost"] == 0 and r["rollout/groups_dropped"] == 0 for r in steps), steps
+    first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
+    assert first < 0.75, f"the first steps should score as the taught habit does (about 0.5), got {scores[:3]}"
+    assert last >= first + 0.25, f"the reward should rise, got {scores}"
+    settings = json.loads((tmp_path / "checkpoints" / "effective-settings.json").read_text())
+    assert settings["episodes"]["class"] == "HarnessSampler", settings["episodes"]
