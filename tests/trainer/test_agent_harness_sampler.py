@@ -29,7 +29,9 @@ COMMAND = ["python", "/app/agent.py", "--fast"]
 
 def outcomes(lost: set[int], total: int) -> list[Outcome]:
     return [
-        Outcome(f"b0-{k}", None, "the harness made no call") if k in lost else Outcome(f"b0-{k}", EpisodeRecord(f"b0-{k}"), None)
+        Outcome(f"b0-{k}", None, "the harness made no call")
+        if k in lost
+        else Outcome(f"b0-{k}", EpisodeRecord(f"b0-{k}"), None)
         for k in range(total)
     ]
 
