@@ -4,8 +4,8 @@ reply itself and reports the reward; the run trains on the recorded tokens and t
 (no reward function: the built-in scorer returns the harness's), and the reward rises.
 
 The prompt names a key ("key c"), the right reply is the key's value in a table. The tiny model is
-first taught both the right value and a wrong one ("9") for every key, equally: it answers right
-about half the time, and GRPO on the harness's reward has to make it answer right always. Runs
+first taught the right value once and a wrong one ("9") three times for every key: it answers
+right less often than not, and GRPO on the harness's reward has to make it answer right. Runs
 `rlkube-trainer run --in-process` (real vLLM CPU engine) in a subprocess, as test_learning.py
 does; asserts the reward, never the time.
 """
@@ -40,7 +40,7 @@ request = urllib.request.Request(
 urllib.request.urlopen(request).read()
 """
 WRONG = "9"  # no key's value
-STEPS = 12
+STEPS = 16
 
 
 def _prompt_text(tokenizer: Any, key: str) -> str:
@@ -51,10 +51,10 @@ def _prompt_text(tokenizer: Any, key: str) -> str:
 def setup(workdir: Path) -> Path:
     model = build_tiny_model(workdir / "model", vocab=512, seed=0)
     tokenizer = AutoTokenizer.from_pretrained(model)
-    texts = [_prompt_text(tokenizer, k) + f"{answer}<|im_end|>" for k in KEYS for answer in (TABLE[k], WRONG)]
+    texts = [_prompt_text(tokenizer, k) + f"{answer}<|im_end|>" for k in KEYS for answer in (TABLE[k], WRONG, WRONG, WRONG)]
     loss = teach(model, texts, steps=200)
-    # About ln 2 on the answer token, spread over the sequence; the rest learned.
-    assert loss < 0.1, f"the tiny model did not learn the reply's form (loss {loss:.3f})"
+    # The floor is about 0.11: ln 8 on the prompt's key and 0.56 on the answer, over 25 tokens.
+    assert loss < 0.13, f"the tiny model did not learn the reply's form (loss {loss:.3f})"
     (workdir / "harness.py").write_text(HARNESS)
     config: dict[str, Any] = {
         "model": {"path": str(model)},
@@ -65,7 +65,9 @@ def setup(workdir: Path) -> Path:
             "train_batch_size": 4,
         },
         "algorithm": {"adv_estimator": "grpo"},
-        "actor": {"optim": {"lr": 1e-3}, "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 16},
+        # 1e-3 wrecked the taught form within two steps (replies no longer ended): as in
+        # test_agent_learning.py, a sharp taught model needs a small step.
+        "actor": {"optim": {"lr": 3e-4}, "ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 16},
         "rollout": {
             "name": "vllm",
             "n": 4,
@@ -99,7 +101,9 @@ def test_a_harness_drives_the_rollout_and_its_reward_is_learned(tmp_path: Path) 
     assert len(scores) == STEPS
     assert all(r["rollout/episodes_lost"] == 0 and r["rollout/groups_dropped"] == 0 for r in steps), steps
     first, last = sum(scores[:3]) / 3, sum(scores[-3:]) / 3
-    assert first < 0.75, f"the first steps should score as the taught habit does (about 0.5), got {scores[:3]}"
+    # Seen with one wrong answer taught twice, not three times: 0.62 over the first 3 steps, 0.94
+    # over steps 13-15.
+    assert first < 0.6, f"the first steps should score as the taught habit does, got {scores[:3]}"
     assert last >= first + 0.25, f"the reward should rise, got {scores}"
     settings = json.loads((tmp_path / "checkpoints" / "effective-settings.json").read_text())
     assert settings["episodes"]["class"] == "HarnessSampler", settings["episodes"]

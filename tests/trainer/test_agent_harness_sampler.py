@@ -5,8 +5,6 @@ trains on the reward the harness reported."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -36,7 +34,7 @@ def outcomes(lost: set[int], total: int) -> list[Outcome]:
     ]
 
 
-def to_sample(prompt_index: int, record: Any) -> RolloutSample:
+def to_sample(prompt_index: int, record: EpisodeRecord) -> RolloutSample:
     return RolloutSample(prompt_index, [1], None, "stop")
 
 
@@ -53,8 +51,8 @@ def test_the_kept_groups_split_evenly_over_the_training_ranks() -> None:
     batch = kept_groups(order, outcomes({7}, 8), 2, 4, to_sample, COMMAND)
     assert [s.prompt_index for s in batch.samples] == [0, 0, 1, 1]
     assert batch.metrics == {EPISODES_LOST: 1.0, GROUPS_DROPPED: 2.0}
-    # Nothing lost, groups of 2 over 2 ranks: everything kept.
-    assert len(kept_groups(order, outcomes(set(), 8), 2, 2, to_sample, COMMAND)) == 8
+    # Nothing lost: the batch is the caller's, split evenly or not (validation's prompts need not be).
+    assert len(kept_groups(order, outcomes(set(), 8), 2, 3, to_sample, COMMAND)) == 8
 
 
 def test_a_batch_that_keeps_no_group_fails_naming_the_harness_and_the_losses() -> None:

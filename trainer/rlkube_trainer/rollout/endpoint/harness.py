@@ -76,13 +76,17 @@ def run_episodes(
         episodes = [_Episode(i, t, e) for i, t, e in zip(ids, tasks, errs, strict=True)]
         cap = max_concurrent or len(episodes)
         waiting, running = list(episodes), list[_Episode]()
-        while waiting or running:
-            while waiting and len(running) < cap:
-                episode = waiting.pop(0)
-                episode.start(endpoint, base_url, command, timeout)
-                running.append(episode)
-            time.sleep(0.05)
-            running = [e for e in running if not e.ended()]
+        try:
+            while waiting or running:
+                while waiting and len(running) < cap:
+                    episode = waiting.pop(0)
+                    episode.start(endpoint, base_url, command, timeout)
+                    running.append(episode)
+                time.sleep(0.05)
+                running = [e for e in running if not e.ended()]
+        finally:  # the driver interrupted (or a harness that cannot start): no process outlives it
+            for episode in running:
+                episode.kill()
         return [e.outcome(endpoint, require_reward, timeout) for e in episodes]
 
 
@@ -116,10 +120,16 @@ class _Episode:
         assert self.proc is not None
         self.code = self.proc.poll()
         if self.code is None and time.monotonic() >= self.deadline:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self.kill()
             return True
         return self.code is not None
+
+    def kill(self) -> None:
+        """Its process group, whole (its own children too)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
     def outcome(self, endpoint: Endpoint, require_reward: bool, timeout: float) -> Outcome:
         self.err.seek(0)

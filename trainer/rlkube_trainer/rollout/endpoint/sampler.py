@@ -11,9 +11,9 @@ A lost episode (harness.py says why) takes its whole group out of the step. The 
 group are not a sample of the policy's episodes for that prompt: losses follow behaviour (a
 harness that fails on some answers, a model that loops until the timeout), so a baseline from
 them is biased, and GRPO's advantages are relative to it. Whole groups also keep the batch a
-multiple of samplesPerPrompt, and the kept groups are cut to a number whose samples split evenly
-over the training ranks (`sample_multiple`), so that every rank runs as many mini- and
-micro-batches as the others. Losses are counted in rollout/episodes_lost and
+multiple of samplesPerPrompt, and after a loss the kept groups are cut to a number whose samples
+split evenly over the training ranks (`sample_multiple`), so that every rank runs as many mini-
+and micro-batches as the others. Losses are counted in rollout/episodes_lost and
 rollout/groups_dropped; a batch that keeps no group fails the step, naming the harness and the
 first reasons.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import secrets
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from rlkube_trainer.rollout.agent.engine_adapter import Engine
 from rlkube_trainer.rollout.agent.sampler import messages_of
 from rlkube_trainer.rollout.base import RolloutBatch, RolloutSample, SamplingConfig
 from rlkube_trainer.rollout.endpoint.harness import Outcome, run_episodes
+from rlkube_trainer.rollout.endpoint.recorder import EpisodeRecord
 from rlkube_trainer.rollout.endpoint.samples import training_sample
 from rlkube_trainer.rollout.endpoint.server import Endpoint
 
@@ -67,16 +68,16 @@ def kept_groups(
     outcomes: Sequence[Outcome],
     n: int,
     sample_multiple: int,
-    to_sample: Any,
+    to_sample: Callable[[int, EpisodeRecord], RolloutSample],
     command: Sequence[str],
 ) -> RolloutBatch:
-    """The samples of the groups whose every episode finished, the first of them as many as split
-    evenly (their samples a multiple of `sample_multiple`); `to_sample(prompt_index, record)`.
-    Pure."""
+    """The samples of the groups whose every episode finished; when some were lost, the first of
+    them as many as split evenly (their samples a multiple of `sample_multiple`; a batch with
+    nothing lost is the caller's, as an engine's would be). Pure."""
     lost_prompts = {p for p, o in zip(order, outcomes, strict=True) if o.lost is not None}
     whole = sorted(set(order) - lost_prompts)
-    step = next(g for g in range(1, sample_multiple + 1) if g * n % sample_multiple == 0)
-    kept = set(whole[: len(whole) - len(whole) % step])
+    groups_per_split = next(g for g in range(1, sample_multiple + 1) if g * n % sample_multiple == 0)
+    kept = set(whole[: len(whole) - len(whole) % groups_per_split] if lost_prompts else whole)
     lost = [o for o in outcomes if o.lost is not None]
     if not kept:
         too_few = f"; {len(whole)} whole groups, too few to split evenly over the training ranks" if whole else ""
@@ -136,7 +137,7 @@ class HarnessSampler:
             endpoint.close()
             self._batches += 1
 
-        def to_sample(prompt_index: int, record: Any) -> RolloutSample:
+        def to_sample(prompt_index: int, record: EpisodeRecord) -> RolloutSample:
             return training_sample(prompt_index, record, self.response_length, sampling.logprobs)
 
         return kept_groups(order, outcomes, sampling.n, self.sample_multiple, to_sample, self.command)
