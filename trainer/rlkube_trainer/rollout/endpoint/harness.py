@@ -8,7 +8,8 @@ process group), makes no call, breaks its context (recorder.py) or, when a rewar
 reports none, loses its episode: the loss is logged by episode and reason and counted, and the
 other episodes go on. All episodes of a batch run at once unless `max_concurrent` caps them (the
 next starts when one ends), so with no cap the batch is complete when every harness has ended or
-`timeout` has passed, whichever comes first.
+`timeout` has passed, whichever comes first, and the engine calls of killed harnesses have ended
+(the engine is then free for others).
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ def run_episodes(
         finally:  # the driver interrupted (or a harness that cannot start): no process outlives it
             for episode in running:
                 episode.kill()
+            endpoint.drain()  # nor a killed harness's engine call
         return [e.outcome(endpoint, require_reward, timeout) for e in episodes]
 
 

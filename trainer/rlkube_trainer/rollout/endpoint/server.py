@@ -63,6 +63,11 @@ class Endpoint:
         self.model_name = model_name
         self.records: dict[str, EpisodeRecord] = {}
         self._lock = threading.Lock()
+        # Engine calls in flight (a killed harness's call runs on): waited for before the engine
+        # is anyone else's (`drain`), since it serves one generation at a time.
+        self._calls = threading.Condition()
+        self._in_flight = 0
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._loop.run_forever, name="endpoint-engine", daemon=True)
         self._loop_thread.start()
@@ -87,9 +92,24 @@ class Endpoint:
 
     # Calls.
     def _generate(self, prompt_ids: list[int], max_tokens: int) -> tuple[list[int], list[float]]:
-        future = asyncio.run_coroutine_threadsafe(self._generator(prompt_ids, max_tokens), self._loop)
-        generation = future.result()
+        with self._calls:
+            if self._closed:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, "the endpoint is closed: the batch is over")
+            self._in_flight += 1
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._generator(prompt_ids, max_tokens), self._loop)
+            generation = future.result()
+        finally:
+            with self._calls:
+                self._in_flight -= 1
+                self._calls.notify_all()
         return list(generation.token_ids), list(generation.logprobs)
+
+    def drain(self) -> None:
+        """Wait until no engine call is in flight: a harness killed mid-call leaves its call
+        running, and the engine serves one generation at a time."""
+        with self._calls:
+            self._calls.wait_for(lambda: self._in_flight == 0)
 
     def _budget(self, body: dict[str, Any]) -> int:
         asked = body.get("max_tokens") or body.get("max_completion_tokens")
@@ -237,9 +257,13 @@ class Endpoint:
         return f"http://{host}:{self._server.server_port}"
 
     def close(self) -> None:
+        """Stop serving; calls in flight finish first, later ones are refused (503)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        with self._calls:
+            self._closed = True
+        self.drain()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=5)
