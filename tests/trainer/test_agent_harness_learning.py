@@ -134,8 +134,10 @@ def check_learned(logged: list[dict[str, float]]) -> None:
     # trained policy the right one for most (seen 0.875).
     val = [r["val-core/lookup_task/reward/mean@1"] for r in logged if "val-core/lookup_task/reward/mean@1" in r]
     assert len(val) == 2 and val[0] <= 0.25 and val[1] >= 0.625, val
-    # A step's 2 prompts are 2 keys, some easier than others, so a step's reward is noisy: the last
-    # 8 steps against the first 4 (seen: 0.44 then 0.66, 0.41 then 0.70).
-    first, last = sum(scores[:4]) / 4, sum(scores[-8:]) / 8
+    # A step's 2 prompts are 2 keys, some easier than others, so a step's reward is noisy, and the
+    # rise starts at step 3: the last 8 steps against the first 2 (seen in three runs: 0.19, 0.22
+    # and 0.28, then 0.70, 0.66 and 0.74).
+    first, last = sum(scores[:2]) / 2, sum(scores[-8:]) / 8
+    assert first < 0.5, f"the first steps should score as the taught habit does, got {scores[:2]}"
     lengths = [r["response_length/mean"] for r in steps]
-    assert last >= first + 0.15, f"the reward should rise, got {scores}; response lengths {lengths}"
+    assert last >= first + 0.25, f"the reward should rise, got {scores}; response lengths {lengths}"
