@@ -130,8 +130,8 @@ def check_learned(logged: list[dict[str, float]]) -> None:
     scores = [r["critic/score/mean"] for r in steps]
     assert len(scores) == STEPS
     assert all(r["rollout/episodes_lost"] == 0 and r["rollout/groups_dropped"] == 0 for r in steps), steps
-    # Greedy over every key: the taught habit answers the wrong value for each (seen 0.0), the
-    # trained policy the right one for most (seen 0.875).
+    # Greedy over every key: the taught habit answers the wrong value for each, the trained policy
+    # the right one for most (seen twice: 0.0, then 0.875).
     val = [r["val-core/lookup_task/reward/mean@1"] for r in logged if "val-core/lookup_task/reward/mean@1" in r]
     assert len(val) == 2 and val[0] <= 0.25 and val[1] >= 0.625, val
     # A step's 2 prompts are 2 keys, some easier than others, so a step's reward is noisy, and the
