@@ -388,3 +388,44 @@ def test_runtime_ref_kind_and_name_pick_the_template_the_children_get() -> None:
     assert images("ClusterRLJobRuntime", "a") == {"cluster-a:1"}
     assert images("ClusterRLJobRuntime", "b") == {"cluster-b:1"}  # name
     assert images("RLJobRuntime", "a") == {"namespaced-a:1"}  # kind
+
+
+def test_harness_fields_take_effect_or_are_refused_by_name() -> None:
+    """rollout.harness, unset in the example (the walk skips it): each field reaches the trainer's
+    config (tests/trainer/test_trainer_fields_take_effect.py: each changes the run), a bad value
+    is refused by name, and so is each combination a harness cannot run with."""
+    base_obj = example(GPU)
+    _set(base_obj["spec"], "rollout.harness", {"command": ["python", "/app/agent.py"]})
+    base_children = _children(parse_rljob(copy.deepcopy(base_obj)))
+    for path, value in [
+        ("rollout.harness.command", ["python", "/app/other.py"]),
+        ("rollout.harness.timeoutSeconds", 30.0),
+        ("rollout.harness.requireReward", False),
+        ("rollout.harness.maxConcurrentEpisodes", 4),
+        # Refused by name: bounds.
+        ("rollout.harness.command", []),
+        ("rollout.harness.timeoutSeconds", 0),
+        ("rollout.harness.maxConcurrentEpisodes", 0),
+    ]:
+        assert _verdict(base_obj, base_children, path, value) is None, path
+    config = parse_rljob(copy.deepcopy(base_obj)).spec.trainer_config().to_config()
+    assert parse_trainer_config(config).rollout.harness is not None
+    one_step_off = {"trainer.v1.trainerMode": "separate_async", "trainer.testFreq": -1}
+    for changes, named in [
+        ({"rollout.multiTurn": {"enable": True, "toolConfigPath": "/etc/tools.yaml"}}, "rollout.harness"),
+        ({"algorithm.advEstimator": "remax"}, "algorithm.advEstimator"),
+        (
+            {**one_step_off, "asyncTraining.partialRollout": True},
+            "partialRollout is not supported with rollout.harness",
+        ),
+    ]:
+        obj = copy.deepcopy(base_obj)
+        for path, value in changes.items():
+            _set(obj["spec"], path, value)
+        with pytest.raises((pydantic.ValidationError, ValueError), match=named.replace(".", r"\.")):
+            parse_rljob(obj)
+    obj = copy.deepcopy(base_obj)
+    _set(obj["spec"], "rollout.harness.requireReward", False)
+    obj["spec"].get("reward", {}).pop("function", None)
+    with pytest.raises((pydantic.ValidationError, ValueError), match=r"rollout\.harness\.requireReward"):
+        parse_rljob(obj)

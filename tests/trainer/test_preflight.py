@@ -160,3 +160,11 @@ def test_a_multi_turn_file_missing_is_named_as_a_key_the_config_map_lacks(task: 
     assert error.key == "rollout.multi_turn.tool_config_path"
     assert f"(RLJob spec.rollout.multiTurn.toolConfigPath) '{missing}'" in str(error)
     assert "a key the ConfigMap lacks" in str(error)
+
+
+def test_a_harness_program_that_is_not_there_is_named(task: Path, tmp_path: Path) -> None:
+    """Otherwise every episode of the first batch would be lost to the same error."""
+    error = failure(config_with(task, tmp_path, rollout__harness={"command": ["/app/no-agent.py", "--fast"]}))
+    assert error.key == "rollout.harness.command"
+    assert "'/app/no-agent.py': is not a program in this container" in str(error)
+    check_driver(config_with(task, tmp_path, rollout__harness={"command": [sys.executable, "/app/agent.py"]}))

@@ -33,6 +33,7 @@ from rlkube_api.config.common import MAX_BATCH, MAX_TOKEN_BUDGET, FilePath, KLPe
 from rlkube_api.config.critic import AppliedCriticConfig, CriticConfig, CriticOptimConfig
 from rlkube_api.config.data import DataConfig
 from rlkube_api.config.fsdp import COMPILE_DECODER_LAYERS, FSDPConfig, FSDPDtype, MixedPrecisionConfig, Strategy
+from rlkube_api.config.harness import HarnessConfig
 from rlkube_api.config.model import MAX_LORA_RANK, LoraModules, ModelConfig
 from rlkube_api.config.multi_turn import AgentFilesConfigMap, MultiTurnConfig, SandboxConfig
 from rlkube_api.config.optim import OptimConfig
@@ -55,7 +56,7 @@ from rlkube_api.config.rollout_correction import (
     parse_rollout_rs_options,
     parse_rollout_rs_thresholds,
 )
-from rlkube_api.config.rules import ASYNC_RULES, BATCH_SPLIT_RULES, ROLE_USE_RULES, TOKEN_BUDGET_RULES
+from rlkube_api.config.rules import ASYNC_RULES, BATCH_SPLIT_RULES, HARNESS_RULES, ROLE_USE_RULES, TOKEN_BUDGET_RULES
 from rlkube_api.config.trainer_config import TrainerConfig
 from rlkube_api.config.trainer_section import Logger, TrainerSection
 from rlkube_api.config.update import UpdateConfig
@@ -66,6 +67,7 @@ __all__ = [
     "BATCH_SPLIT_RULES",
     "COMPILE_DECODER_LAYERS",
     "GROUP_ESTIMATORS",
+    "HARNESS_RULES",
     "MAX_BATCH",
     "MAX_LORA_RANK",
     "MAX_TOKEN_BUDGET",
@@ -92,6 +94,7 @@ __all__ = [
     "FSDPDtype",
     "FilePath",
     "FilterGroupsConfig",
+    "HarnessConfig",
     "KLControlConfig",
     "KLPenalty",
     "Logger",

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from rlkube_api.base import ApiModel
+from rlkube_api.config.harness import HarnessConfig
 from rlkube_api.config.multi_turn import MultiTurnConfig
 
 
@@ -81,4 +82,9 @@ class RolloutConfig(ApiModel):
     multi_turn: MultiTurnConfig = Field(
         default_factory=MultiTurnConfig,
         description="Multi-turn episodes with tool calls, in training and validation alike.",
+    )
+    harness: HarnessConfig | None = Field(
+        None,
+        description="An agent harness (a program of the user's, one process per episode) drives the rollout "
+        "through an OpenAI-compatible endpoint, in training and validation alike; unset: the trainer generates.",
     )

@@ -1,5 +1,6 @@
 """CEL rules across sections, on the trainer configuration as a whole: batch arithmetic over
-the roles' ranks, token budgets, roles nothing uses, and what the asynchronous modes need."""
+the roles' ranks, token budgets, roles nothing uses, what the asynchronous modes need and what an
+agent harness cannot run with."""
 
 from __future__ import annotations
 
@@ -156,5 +157,37 @@ ASYNC_RULES: tuple[CelRule, ...] = (
         "trainer.v1.trainerMode colocate_async needs rollout.freeCacheEngine false (the engine generates "
         "while the actor trains; unset, it is false in that mode)",
         ".rollout.freeCacheEngine",
+    ),
+)
+
+
+_HARNESS = "!has(self.rollout.harness)"
+# What a harness-driven rollout (rollout.harness) cannot honour, refused by name.
+HARNESS_RULES: tuple[CelRule, ...] = (
+    CelRule(
+        f"{_HARNESS} || !self.rollout.multiTurn.enable",
+        "rollout.harness and rollout.multiTurn are two ways of running episodes (a program of your own, or "
+        "the trainer's tools): set one",
+        ".rollout.harness",
+    ),
+    CelRule(
+        f"{_HARNESS} || !self.asyncTraining.partialRollout",
+        "asyncTraining.partialRollout is not supported with rollout.harness (a harness's calls cannot be "
+        "paused and resumed across a weight push)",
+        ".asyncTraining.partialRollout",
+    ),
+    # ReMax's baseline is one greedy episode per prompt; a lost one would leave its prompt's
+    # samples without a baseline.
+    CelRule(
+        f"{_HARNESS} || self.algorithm.advEstimator != 'remax'",
+        "algorithm.advEstimator remax is not supported with rollout.harness (its greedy baseline episode can be lost)",
+        ".algorithm.advEstimator",
+    ),
+    CelRule(
+        f"{_HARNESS} || self.rollout.harness.requireReward || has(self.reward.function) || "
+        "has(self.reward.model) || has(self.reward.remote)",
+        "rollout.harness.requireReward false needs reward.function, reward.model or reward.remote: without "
+        "one, the score is the reward the harness reports",
+        ".rollout.harness.requireReward",
     ),
 )

@@ -18,7 +18,7 @@ from rlkube_api.config.reference import ReferenceConfig
 from rlkube_api.config.reward import RewardConfig
 from rlkube_api.config.rollout import RolloutConfig
 from rlkube_api.config.rollout_correction import RolloutCorrectionConfig
-from rlkube_api.config.rules import ASYNC_RULES, BATCH_SPLIT_RULES, ROLE_USE_RULES, TOKEN_BUDGET_RULES
+from rlkube_api.config.rules import ASYNC_RULES, BATCH_SPLIT_RULES, HARNESS_RULES, ROLE_USE_RULES, TOKEN_BUDGET_RULES
 from rlkube_api.config.trainer_section import TrainerSection
 from rlkube_api.roles import Roles
 
@@ -67,6 +67,7 @@ class TrainerConfig(ApiModel):
             ".roles.rollout.tensorParallelSize",
         ),
         *ASYNC_RULES,
+        *HARNESS_RULES,
         CelRule(
             # Refused at admission: accepted, the job's pod would exit 1 at its first validation.
             "self.trainer.testFreq == -1 || (has(self.data.valFiles) && size(self.data.valFiles) > 0)",

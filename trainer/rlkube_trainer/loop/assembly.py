@@ -7,6 +7,7 @@ roles over them (cluster/dispatch.py) are what PPOTrainer.step calls.
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -74,6 +75,16 @@ def engine_spec(placement: Placement, total_steps: int, rank: int) -> RankSpec:
         total_steps=total_steps,
         tensor_parallel_size=placement.engines.tensor_parallel_size,
     )
+
+
+def training_sample_multiple(placement: Placement, groups: Groups) -> int:
+    """What a batch's sample count must be a multiple of for each group that splits it over its
+    ranks (actor, critic, reference) to give every rank an equal share: a rank with more
+    samples would run more mini- or micro-batches, and wait in a collective the others never
+    enter. Batches of whole prompts are multiples by the batch rules; a sampler that drops
+    samples (rollout.harness) keeps to it."""
+    sizes = [len(groups[g.name]) for g in placement.groups if g.hosts & {Role.ACTOR, Role.CRITIC, Role.REFERENCE}]
+    return math.lcm(*sizes) if sizes else 1
 
 
 def launch_local(group: Group, specs: list[RankSpec], config: dict[str, Any]) -> RankGroup:

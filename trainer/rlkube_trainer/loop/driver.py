@@ -30,7 +30,16 @@ from rlkube_api.placement import Group, Placement, Role, placement_of
 from rlkube_trainer.checkpoint.owner import JobIdentity, claim, identity_from_env
 from rlkube_trainer.cluster.elastic_rollout import ElasticRollout, Fleet
 from rlkube_trainer.data.prompts import PromptDataset, PromptLoader
-from rlkube_trainer.loop.assembly import FleetOf, Launch, build_roles, close, engine_spec, launch_local, start_groups
+from rlkube_trainer.loop.assembly import (
+    FleetOf,
+    Launch,
+    build_roles,
+    close,
+    engine_spec,
+    launch_local,
+    start_groups,
+    training_sample_multiple,
+)
 from rlkube_trainer.loop.ppo import PPOTrainer
 from rlkube_trainer.loop.progress import ProgressReporter
 from rlkube_trainer.loop.prometheus import DriverMetrics, metrics_port_from_env
@@ -40,6 +49,7 @@ from rlkube_trainer.loop.validation import Validation, validation_prompts
 from rlkube_trainer.model.loading import load_tokenizer
 from rlkube_trainer.reward.scoring import FunctionRewardScorer, RewardScorer, build_reward_scorer
 from rlkube_trainer.rollout.agent.sampler import episode_sampler
+from rlkube_trainer.rollout.endpoint.sampler import harness_sampler
 from rlkube_trainer.workers.rank import RankSpec
 
 log = logging.getLogger("rlkube.trainer")
@@ -105,7 +115,9 @@ def assembled(
             function_reward = build_reward_scorer(config.reward)
         roles = build_roles(config, placement, groups, function_reward, fleet)
         elastic = roles.rollout if isinstance(roles.rollout, ElasticRollout) else None
-        episodes = episode_sampler(roles.rollout, tokenizer, config)
+        episodes = episode_sampler(roles.rollout, tokenizer, config) or harness_sampler(
+            roles.rollout, tokenizer, config, training_sample_multiple(placement, groups)
+        )
         ppo = PPOTrainer(
             config,
             roles,

@@ -69,6 +69,14 @@ def algorithm_settings(ppo: PPOTrainer) -> Settings:
     }
 
 
+def episodes_settings(episodes: object | None) -> Settings | None:
+    """The episode sampler's (rollout.multi_turn, or rollout.harness: its command, limits and
+    the multiple its batches are cut to); None when the engine samples one response each."""
+    if episodes is None:
+        return None
+    return {"class": type(episodes).__name__, **_plain(episodes)}
+
+
 def data_settings(loader: PromptLoader, total_steps: int) -> Settings:
     dataset = loader.dataset
     return {
@@ -140,6 +148,7 @@ def run_settings(run: TrainingRun, tracker: Tracker) -> Settings:
         "ranks": run.ranks,
         "loop": loop_settings(run),
         "algorithm": algorithm_settings(run.ppo),
+        "episodes": episodes_settings(run.ppo.episodes),
         "data": data_settings(run.loader, run.total_steps),
         "reward": reward_settings(run.ppo.roles.reward),
         "validation": validation_settings(run.validation),

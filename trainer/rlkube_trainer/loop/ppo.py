@@ -163,7 +163,8 @@ class PPOTrainer:
 
     def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch:
         """The samples of `prompts`: one response each from the engine, or with
-        rollout.multi_turn a whole tool-calling episode each."""
+        rollout.multi_turn a whole tool-calling episode each, or with rollout.harness an episode
+        of the user's harness each."""
         if self.episodes is not None:
             return self.episodes.generate(prompts, sampling)
         return self.roles.rollout.generate([p.prompt_token_ids for p in prompts], sampling)
@@ -213,9 +214,12 @@ class PPOTrainer:
         kept_baselines: list[torch.Tensor] = []
         generated_groups = 0
         rounds = 0
+        counted: Metrics = {}  # the sampler's counts (a harness's lost episodes), over the rounds
         while True:
             with timer("gen"):
                 rollout = self.generate(prompts, self.sampling(step, rounds))
+                for name, count in rollout.metrics.items():
+                    counted[name] = counted.get(name, 0.0) + count
                 # verl times ReMax's greedy rollout within gen (one request with the samples).
                 greedy = self.generate(prompts, self.greedy_sampling(step, rounds)) if self.greedy_baseline else None
             with timer("reward"):
@@ -266,7 +270,7 @@ class PPOTrainer:
         batch.reward_extra = {k: torch.tensor(v, dtype=torch.float32) for k, v in scored.extra.items()}
         if self.greedy_baseline:
             batch.reward_baselines = torch.cat(kept_baselines)
-        metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v}
+        metrics = {f"reward_extra/{k}/mean": sum(v) / len(v) for k, v in scored.extra.items() if v} | counted
         if FAILED_METRIC in scored.extra:  # reward.onFailure zero: the rows scored 0 for want of a result
             metrics["reward/failed_samples"] = sum(scored.extra[FAILED_METRIC])
         if filter_groups.enable:

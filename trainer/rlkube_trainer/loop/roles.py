@@ -41,7 +41,8 @@ class Rollout(Protocol):
 
 
 class Episodes(Protocol):
-    """rollout.multi_turn's sampler (rollout/agent/sampler.py): whole tool-calling episodes."""
+    """rollout.multi_turn's sampler (rollout/agent/sampler.py): whole tool-calling episodes; or
+    rollout.harness's (rollout/endpoint/sampler.py): episodes of the user's harness."""
 
     def generate(self, prompts: list[Prompt], sampling: SamplingConfig) -> RolloutBatch: ...
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -163,6 +164,21 @@ def check_multi_turn(config: TrainerConfig) -> None:
         raise PreflightError("rollout.multi_turn", None, str(exc)) from None
 
 
+def check_harness(config: TrainerConfig) -> None:
+    """The harness's program is found (on PATH, or an executable file) before any model loads:
+    otherwise every episode of the first batch would be lost to the same error."""
+    section = config.rollout.harness
+    if section is None:
+        return
+    program = section.command[0]
+    if shutil.which(program) is None:
+        raise PreflightError(
+            "rollout.harness.command",
+            program,
+            "is not a program in this container (not on PATH, or not an executable file)",
+        )
+
+
 def check_checkpoint_dir(path: str) -> None:
     """The checkpoint folder can be made and written (a volume that is missing or read-only
     would fail only at the first save, after a whole saveFreq of training)."""
@@ -230,6 +246,7 @@ def check_driver(config: TrainerConfig) -> None:
         check_data_file(f"data.val_files[{i}]", path, config)
     check_reward_function(config)
     check_multi_turn(config)
+    check_harness(config)
     check_checkpoint_dir(config.checkpoint.dir)
     if config.checkpoint.uri is not None:
         check_checkpoint_uri(config.checkpoint.uri, config.checkpoint.endpoint_url)

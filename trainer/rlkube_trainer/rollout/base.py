@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
 
@@ -88,6 +88,8 @@ class RolloutBatch:
 
     samples: list[RolloutSample]
     n: int
+    # Counts the sampler adds to the step's metrics by name (a harness's lost episodes, ...).
+    metrics: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(self.samples) % self.n != 0:
