@@ -7,7 +7,8 @@ process, without a process group as the trainer's one CPU rank does): `save` mak
 with replicas and with FSDP2, checkpoints each, and makes updates 2 and 3; `load:DIR` resumes
 fresh actors from DIR's checkpoints (saved on another number of ranks) and makes updates 2 and
 3. Each writes the updates' metrics and (rank 0) the weights after each into OUT/<plan>/;
-`save+load:DIR` runs both, one process start for the two. `asyncsave` makes update 1 and
+`save+load:DIR` runs both, one process start for the two; an action ending in `@CONFIG`
+builds its actor from that config instead (another layout over the same ranks). `asyncsave` makes update 1 and
 checkpoints it in the background (checkpoint.async_save), with update 2 made while the write
 is in flight; `load:DIR/asyncsave` must then continue like a resume of `save`'s checkpoint.
 
@@ -172,7 +173,9 @@ def rank_main(rank: int, world: int, port: int, config_path: str, out: str, plan
     if plan.startswith(("save", "load", "asyncsave")):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
         for each in plan.split("+"):
-            world_size_main(rank, world, config, out, each)
+            action, _, other = each.partition("@")
+            layout = parse_trainer_config(yaml.safe_load(Path(other).read_text())) if other else config
+            world_size_main(rank, world, layout, out, action)
         dist.barrier()
         dist.destroy_process_group()
         return

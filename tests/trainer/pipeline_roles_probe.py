@@ -14,7 +14,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import yaml
 from fsdp_probe import SAMPLES  # type: ignore[import-not-found]
-from model_parallel_probe import UPDATES, first_step_gradients, full, gathered, scored_batch  # type: ignore[import-not-found]
+from model_parallel_probe import (  # type: ignore[import-not-found]
+    UPDATES,
+    first_step_gradients,
+    full,
+    gathered,
+    mean_over_ranks,
+    scored_batch,
+)
 
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.cluster.rank_group import split
@@ -33,8 +40,8 @@ def run_layout(rank: int, world: int, config: Any, out: Path) -> None:
         if update == 0:
             results["old_log_probs"] = gathered(batch.old_log_probs)
             results["values"] = gathered(batch.values)
-        results["actor"].append(actor.update(batch))
-        results["critic"].append(critic.update(batch))
+        results["actor"].append(mean_over_ranks(actor.update(batch)))  # as the driver reports them
+        results["critic"].append(mean_over_ranks(critic.update(batch)))
     results["actor_grads"], results["critic_grads"] = actor_grads, critic_grads
     results["actor_weights"] = {name: t.clone() for name, t in actor.named_weights()}
     results["actor_own_weights"] = {name: full(t) for name, t in actor.model.state_dict().items()}

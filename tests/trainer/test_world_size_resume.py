@@ -2,7 +2,7 @@
 and resumed on 1 and on 4, saved on 1 and resumed on 2, with full replicas and with FSDP2, and
 between tensor parallel 2 and FSDP 2 both ways (one CPU rank has no process
 group, as in the trainer, so FSDP2's shards go into a whole model and a whole model into
-shards), and from tensor × pipeline parallel 2 × 2 to FSDP 4 and to tensor parallel 2. The
+shards), and from tensor × pipeline parallel 2 × 2 to FSDP 4 and to tensor parallel 4 and 2. The
 resumed updates match the unbroken run's, to float tolerance: the same global
 gradient norm and the same weights after each update."""
 
@@ -38,7 +38,7 @@ def results(out: Path, world: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("world-size")
-    build_model(workdir / "model")
+    build_model(workdir / "model", heads=4)  # tensor parallel 4 splits its heads
     (workdir / "data").mkdir()
     (workdir / "data" / "train.parquet").touch()  # the config names it; the probe reads no data
     (workdir / "reward.py").touch()
@@ -55,17 +55,17 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     (four / "config.yaml").write_text(yaml.safe_dump(config_for(workdir, 4, "replicate", None, "fp32")))
     run_probe(4, four / "config.yaml", four, f"load:{two}/save")
     # Tensor parallel 2 × pipeline parallel 2 on 4 ranks (padded micro-batches, as a pipeline
-    # runs them): saved, then resumed under FSDP 4 and under tensor parallel 2, the largest the
-    # tiny model's 2 heads allow.
-    tpp, fsdp4 = workdir / "tpp", workdir / "fsdp4"
-    for folder, tensor, pipeline in ((tpp, 2, 2), (fsdp4, 1, 1)):
+    # runs them): saved, then resumed under FSDP 4 and under tensor parallel 4 (one start of the
+    # 4 ranks for both), and under tensor parallel 2 below.
+    tpp, fsdp4, tp4 = workdir / "tpp", workdir / "fsdp4", workdir / "tp4"
+    for folder, tensor, pipeline in ((tpp, 2, 2), (fsdp4, 1, 1), (tp4, 4, 1)):
         folder.mkdir()
         raw = config_for(workdir, 4, "fsdp2", None, "fp32")
         raw["roles"]["actor"].update(tensor_parallel_size=tensor, pipeline_parallel_size=pipeline)
         raw["model"]["use_remove_padding"] = pipeline == 1
         (folder / "config.yaml").write_text(yaml.safe_dump(raw))
     run_probe(4, tpp / "config.yaml", tpp, "save")
-    run_probe(4, fsdp4 / "config.yaml", fsdp4, f"load:{tpp}/save")
+    run_probe(4, fsdp4 / "config.yaml", fsdp4, f"load:{tpp}/save+load-tp4:{tpp}/save@{tp4 / 'config.yaml'}")
     # Tensor parallel 2 on 2 ranks: saved, and resumed from FSDP 2's checkpoint and from tensor
     # × pipeline parallel's; then FSDP 2 resumed from tensor parallel's.
     tp, from_tp = workdir / "tp", workdir / "from-tp"
@@ -88,6 +88,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         "tpp": results(tpp / "save", 4),
         "tpp-on-fsdp4": results(fsdp4 / "load", 4),
         "tpp-on-tp": results(tp / "load-tpp", 2),
+        "tpp-on-tp4": results(fsdp4 / "load-tp4", 4),
         "exports": {
             name: folder / "hf"
             for name, folder in (
@@ -100,20 +101,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
                 ("tpp", tpp / "save"),
                 ("tpp-on-fsdp4", fsdp4 / "load"),
                 ("tpp-on-tp", tp / "load-tpp"),
+                ("tpp-on-tp4", fsdp4 / "load-tp4"),
             )
         },
         "one-dir": {"path": one / "save"},
     }
 
 
-def assert_continues(unbroken: dict[str, Any], resumed: dict[str, Any], strategy: str) -> None:
+# Weights of runs on different layouts from the same start: after AdamW steps at lr 3e-3 a
+# gradient entry near 0 may differ in its rounding and move by up to lr (seen 6e-5 between tensor
+# parallel 2 and FSDP 2 on the 4-head model), a wrong gradient by about lr a step, 30 times this.
+ACROSS_LAYOUTS = 1e-4
+
+
+def assert_continues(unbroken: dict[str, Any], resumed: dict[str, Any], strategy: str, atol: float = 1e-5) -> None:
     for before, after in zip(
         unbroken["ranks"][0][strategy]["metrics"], resumed["ranks"][0][strategy]["metrics"], strict=True
     ):
         assert after["actor/grad_norm"] == pytest.approx(before["actor/grad_norm"], rel=1e-4)
     for before, after in zip(unbroken["weights"][strategy], resumed["weights"][strategy], strict=True):
         for name, tensor in before.items():
-            torch.testing.assert_close(after[name], tensor, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+            torch.testing.assert_close(after[name], tensor, rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.trainer
@@ -147,7 +155,7 @@ def test_tensor_parallel_and_fsdp_resume_from_each_others_checkpoints(runs: dict
     the other's checkpoint (torch distributed checkpoint reshards by parameter name) and goes
     on as the unbroken run of the layout that saved."""
     assert runs["tp"]["ranks"][0]["fsdp2"]["sharded"]
-    assert_continues(runs["two"], runs["tp"], "fsdp2")
+    assert_continues(runs["two"], runs["tp"], "fsdp2", ACROSS_LAYOUTS)
     assert_continues(runs["two"], runs["two-on-tp"], "fsdp2")
     assert_continues(runs["tp"], runs["tp-on-two"], "fsdp2")
 
@@ -158,19 +166,19 @@ def test_a_tensor_by_pipeline_parallel_checkpoint_resumes_under_fsdp_and_tensor_
 ) -> None:
     """Tensor parallel 2 × pipeline parallel 2 (4 ranks, each holding half of one stage) takes
     the same updates as FSDP 2 from the same start; its checkpoint (each rank's stage, DTensor
-    shards over the tensor-parallel ranks) resumes under FSDP 4 and under tensor parallel 2,
-    each going on as the unbroken run."""
+    shards over the tensor-parallel ranks) resumes under FSDP 4, under tensor parallel 4 (each
+    rank one of the model's 4 heads) and under tensor parallel 2, each going on as the unbroken run."""
     assert runs["tpp"]["ranks"][0]["fsdp2"]["sharded"]
-    assert_continues(runs["two"], runs["tpp"], "fsdp2")
-    assert_continues(runs["tpp"], runs["tpp-on-fsdp4"], "fsdp2")
-    assert_continues(runs["tpp"], runs["tpp-on-tp"], "fsdp2")
+    assert_continues(runs["two"], runs["tpp"], "fsdp2", ACROSS_LAYOUTS)
+    for layout in ("tpp-on-fsdp4", "tpp-on-tp4", "tpp-on-tp"):
+        assert_continues(runs["tpp"], runs[layout], "fsdp2")
 
 
 @pytest.mark.trainer
 def test_the_hugging_face_export_is_the_same_model_on_any_number_of_ranks(runs: dict[str, dict[str, Any]]) -> None:
     """FSDP2 on 2 ranks, resumed on 1 (a whole model) and on 4, tensor parallel 2 and the
     resumes between it and FSDP 2, tensor × pipeline parallel and its resumes under FSDP 4 and
-    tensor parallel 2: the same updates give the same exported model, tensor for
+    tensor parallel 4 and 2: the same updates give the same exported model, tensor for
     tensor, to the tolerance of the weights."""
     from safetensors.torch import load_file  # noqa: PLC0415
 
@@ -185,7 +193,9 @@ def test_the_hugging_face_export_is_the_same_model_on_any_number_of_ranks(runs: 
         assert other.keys() - {HEAD} == two.keys() - {HEAD}, name
         for key, tensor in two.items():
             mine = other[key] if key in other else other[tied[key]]
-            torch.testing.assert_close(mine, tensor, rtol=1e-4, atol=1e-5, msg=lambda m, k=f"{name} {key}": f"{k}: {m}")
+            torch.testing.assert_close(
+                mine, tensor, rtol=1e-4, atol=ACROSS_LAYOUTS, msg=lambda m, k=f"{name} {key}": f"{k}: {m}"
+            )
     # And it is the model the actor trained: its weights after the last update.
     last = runs["two"]["weights"]["fsdp2"][-1]
     for key, tensor in two.items():

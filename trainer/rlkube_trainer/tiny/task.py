@@ -55,6 +55,7 @@ def build_model(
     layers: int = 2,
     initializer_range: float = 0.02,
     experts: int = 0,
+    heads: int = 2,
 ) -> Path:
     """A random-initialised Llama with the task's tokenizer, saved to `path`.
 
@@ -65,7 +66,8 @@ def build_model(
 
     Llama rather than Qwen2: transformers maps a qwen2 checkpoint's tokenizer to its
     byte-level class, which would break the word-level vocabulary. vLLM's CPU
-    attention needs a head size of 32 or more: 64 hidden over 2 heads.
+    attention needs a head size of 32 or more: 64 hidden over 2 heads. `heads` 4 (head size 16:
+    no vLLM engine can load it) lets tensor parallel 4 split the attention in the trainer alone.
 
     `experts` > 0 makes it a Qwen3-MoE instead (head size 32 as well): every layer's MLP is
     that many experts, two routed per token (the saved tokenizer names its own class, so the qwen model type does
@@ -77,8 +79,8 @@ def build_model(
         "hidden_size": hidden_size,
         "intermediate_size": hidden_size * 2,
         "num_hidden_layers": layers,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 2,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
         "max_position_embeddings": 128,
         "tie_word_embeddings": True,
         "bos_token_id": tokenizer.bos_token_id,

@@ -330,7 +330,12 @@ class Rank:
                 for _ in named:  # gathering each merged weight is a collective of the actor's ranks
                     pass
                 return 0
-            return self.weight_sync.send(named, manifest, bucket_bytes, self.last_sync)
+            sent = self.weight_sync.send(named, manifest, bucket_bytes, self.last_sync)
+            # Iterated to its end: under a pipeline the stages' broadcasts end with a marker past
+            # the last tensor, which the stage sending it waits for.
+            for _ in named:
+                pass
+            return sent
         except RuntimeError:
             # A rollout engine left mid-sync (elastic rollout): the other actor ranks gather
             # every merged tensor with this one, so take part to the end before the driver retries.
