@@ -167,7 +167,8 @@ def _kill_and_check(
             resumed_before = kills[-1].resumes_before
             # SIGTERM reached the trainer and it ended once its driver had saved: the pod went
             # well within its grace period, not killed at its end (a trainer ignoring SIGTERM
-            # as PID 1 would be, or a role pod waiting for a driver that never stops).
+            # as PID 1 would be, or a role pod waiting for a driver that never stops, takes the
+            # whole period). A fifth of it is left for a loaded machine's slow teardown.
             wait_for(
                 lambda pod=pod, uid=uid: (
                     kubectl("-n", namespace, "get", "pod", pod, "-o", "jsonpath={.metadata.uid}", check=False).stdout
@@ -177,7 +178,7 @@ def _kill_and_check(
                 timeout=GRACE_SECONDS + 30,
             )
             stopped.append(time.monotonic() - deleted)
-            assert stopped[-1] < GRACE_SECONDS / 2, f"{pod} took {stopped[-1]:.0f} s to stop"
+            assert stopped[-1] < GRACE_SECONDS * 0.8, f"{pod} took {stopped[-1]:.0f} s to stop"
             wait_for(
                 lambda k=k: tinyjob.status(kubectl, namespace, job.name).get("restartCount", 0) == k + 1,
                 f"the gang restart after kill {k + 1}",

@@ -1,6 +1,6 @@
-"""Harness-driven learning: an agent program of its own (a plain Python script using the `openai`
-client, one chat call per episode) drives the rollout through the trainer's endpoint, scores the
-reply itself and reports the reward; the run trains on the recorded tokens and that reward alone
+"""Harness-driven learning: an agent program of its own (a Python script speaking the endpoint's
+OpenAI chat API over plain HTTP, one call per episode) drives the rollout through the trainer's
+endpoint, scores the reply itself and reports the reward; the run trains on the recorded tokens and that reward alone
 (no reward function: the built-in scorer returns the harness's), and the reward rises.
 
 The prompt names a key ("key c"), the right reply is the key's value in a table. The tiny model is
@@ -25,20 +25,21 @@ from test_agent_learning import KEYS, TABLE, metrics, rows, write
 from tiny_model import build_tiny_model, teach
 from transformers import AutoTokenizer
 
-# The user's harness: one chat call, its own verdict, the reward reported.
+# The user's harness: one chat call, its own verdict, the reward reported. It speaks HTTP with the
+# standard library: importing the `openai` client costs a CPU-second a process, 16 a step here, and
+# test_agent_endpoint.py already drives the endpoint with that client.
 HARNESS = """
 import json, os, urllib.request
-from openai import OpenAI
+
+def post(url, body):
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    return json.loads(urllib.request.urlopen(request).read() or "null")
 
 task = json.loads(os.environ["RLKUBE_EPISODE"])
-reply = OpenAI().chat.completions.create(model="policy", messages=task["prompt"]).choices[0].message.content
-reward = float((reply or "").strip() == task["ground_truth"])
-request = urllib.request.Request(
-    os.environ["RLKUBE_REWARD_URL"],
-    data=json.dumps({"reward": reward}).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-)
-urllib.request.urlopen(request).read()
+answer = post(os.environ["OPENAI_BASE_URL"] + "/chat/completions", {"model": "policy", "messages": task["prompt"]})
+reply = answer["choices"][0]["message"]["content"] or ""
+post(os.environ["RLKUBE_REWARD_URL"], {"reward": float(reply.strip() == task["ground_truth"])})
 """
 WRONG = "9"  # no key's value
 STEPS = 16
