@@ -96,8 +96,7 @@ def pod_env(
     """A pod of a job as the operator sets it up (a role pod unless named): its ServiceAccount
     and the job's Role (the operator's own builder), the pod's environment and mounted token;
     and the pod's UID."""
-    job = load_job(CPU)
-    job.metadata.namespace = namespace
+    job = load_job(CPU, namespace=namespace)  # the cached example itself stays as other tests expect it
     for child in rbac_children(job):
         kubectl("apply", "-f", "-", input=json.dumps(child))
     create_pod(kubectl, namespace, pod)
