@@ -14,12 +14,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tiny_model import build_tiny_model
+from tiny_model import build_tiny_model, cpu_engine
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlkube_trainer.batch import build_batch
 from rlkube_trainer.data.prompts import Prompt
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from rlkube_trainer.rollout.endpoint.harness import Outcome, run_episodes
 from rlkube_trainer.rollout.endpoint.samples import training_sample
 from rlkube_trainer.rollout.endpoint.server import Endpoint
@@ -74,16 +74,7 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(workdir: Path) -> Iterator[RolloutEngine]:
-    with build_rollout_engine(
-        "vllm",
-        model_path=workdir / "model",
-        dtype="float32",
-        kv_cache_memory_bytes=64 * 2**20,
-        max_model_len=256,
-        enforce_eager=True,
-        seed=0,
-        device="cpu",
-    ) as eng:
+    with cpu_engine(workdir / "model") as eng:
         yield eng
 
 

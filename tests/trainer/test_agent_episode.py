@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_model import build_tiny_model
+from tiny_model import build_tiny_model, cpu_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlkube_api.config import MultiTurnConfig
@@ -25,7 +25,7 @@ from rlkube_trainer.algos import (
 )
 from rlkube_trainer.batch import build_batch, token_level_scores
 from rlkube_trainer.data.prompts import Prompt
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from rlkube_trainer.rollout.agent.chat_format import TemplateChatFormat
 from rlkube_trainer.rollout.agent.engine_adapter import BatchingGenerator
 from rlkube_trainer.rollout.agent.episode import Generation, Trajectory, run_episode
@@ -194,16 +194,7 @@ def test_a_slow_tool_does_not_serialise_the_episodes(tokenizer: PreTrainedTokeni
 
 @pytest.fixture(scope="module")
 def engine(model_path: Path) -> Iterator[RolloutEngine]:
-    with build_rollout_engine(
-        "vllm",
-        model_path=model_path,
-        dtype="float32",
-        kv_cache_memory_bytes=64 * 2**20,
-        max_model_len=512,
-        enforce_eager=True,
-        seed=0,
-        device="cpu",
-    ) as eng:
+    with cpu_engine(model_path, max_model_len=512) as eng:
         yield eng
 
 

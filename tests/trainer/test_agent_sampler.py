@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from tiny_model import build_tiny_model, teach
+from tiny_model import build_tiny_model, cpu_engine, teach
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from rlkube_api.config import MultiTurnConfig, TrainerConfig
 from rlkube_api.validation import parse_trainer_config
 from rlkube_trainer.batch import TrainBatch, build_batch
 from rlkube_trainer.data.prompts import Prompt
-from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig, build_rollout_engine
+from rlkube_trainer.rollout import RolloutBatch, RolloutEngine, SamplingConfig
 from rlkube_trainer.rollout.agent.sampler import EpisodeSampler
 from rlkube_trainer.workers.builders import build_actor
 
@@ -122,16 +122,7 @@ def trainer_config(workdir: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def engine(workdir: Path) -> Iterator[RolloutEngine]:
-    with build_rollout_engine(
-        "vllm",
-        model_path=workdir / "model",
-        dtype="float32",
-        kv_cache_memory_bytes=64 * 2**20,
-        max_model_len=256,
-        enforce_eager=True,
-        seed=0,
-        device="cpu",
-    ) as eng:
+    with cpu_engine(workdir / "model") as eng:
         yield eng
 
 

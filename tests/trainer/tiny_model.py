@@ -8,11 +8,15 @@ vLLM and transformers both load the saved directory like any hub checkpoint.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+from rlkube_trainer.rollout import RolloutEngine, build_rollout_engine
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
@@ -158,3 +162,20 @@ def teach(path: Path, texts: list[str], steps: int, lr: float = 3e-3) -> float:
         optimizer.step()
     model.save_pretrained(path)
     return float(loss.item())
+
+
+@contextmanager
+def cpu_engine(model_path: Path, max_model_len: int = 256) -> Iterator[RolloutEngine]:
+    """The real vLLM CPU engine over a tiny model, as the agent tests share it: float32, eager,
+    a 64 MiB KV cache, seeded."""
+    with build_rollout_engine(
+        "vllm",
+        model_path=model_path,
+        dtype="float32",
+        kv_cache_memory_bytes=64 * 2**20,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        seed=0,
+        device="cpu",
+    ) as engine:
+        yield engine
